@@ -1,0 +1,84 @@
+"""The language-model interface every LLM backend implements.
+
+A backend generates, for a batch of prompts (plain strings or chat message lists), ``n``
+samples each, honouring stop sequences, temperature and a token limit, and reports token counts.
+llama.cpp (:mod:`rag_gym.agents.llama_cpp`, the embedded default) implements it here;
+transformers, vLLM and OpenAI-compatible servers implement the same interface.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+Chat = list[dict[str, str]]
+Prompt = str | Chat
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """Sampling options for one :meth:`LanguageModel.generate` call."""
+
+    max_tokens: int = 64
+    """Most tokens generated per sample."""
+    temperature: float = 0.0
+    """0 is greedy decoding."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (ignored when greedy)."""
+    stop: tuple[str, ...] = ()
+    """Stop sequences (not included in the output)."""
+    n: int = 1
+    """Samples per prompt."""
+    seed: int = 0
+    """Sampling seed (sample ``i`` of a prompt uses ``seed + i``)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"expected max_tokens >= 1, got {self.max_tokens!r}")
+        if self.temperature < 0:
+            raise ValueError(f"expected temperature >= 0, got {self.temperature!r}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"expected 0 < top_p <= 1, got {self.top_p!r}")
+        if not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"expected n >= 1, got {self.n!r}")
+        object.__setattr__(self, "stop", tuple(self.stop))
+
+
+@dataclass
+class Generation:
+    """One sample: its text, token counts and why it stopped (``stop``, ``length``, ``error``)."""
+
+    text: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str = "stop"
+    error: str | None = field(default=None)
+
+
+class LanguageModel(abc.ABC):
+    """A text generator. Subclasses implement :meth:`generate`."""
+
+    name: str = "lm"
+
+    @abc.abstractmethod
+    def generate(self, prompts: Sequence[Prompt], config: GenerationConfig | None = None) -> list[list[Generation]]:
+        """``n`` generations for each prompt, in prompt order."""
+
+    def describe(self) -> dict[str, object]:
+        """What the evaluator records in a run's protocol (model id, backend)."""
+        return {"backend": type(self).__name__, "name": self.name}
+
+
+def check_prompts(prompts: Sequence[Prompt]) -> list[Prompt]:
+    if isinstance(prompts, str):
+        raise TypeError("expected a list of prompts, got a single str; wrap it: [prompt]")
+    out = list(prompts)
+    for i, p in enumerate(out):
+        if isinstance(p, str):
+            continue
+        if not isinstance(p, list) or not all(isinstance(m, dict) and "role" in m and "content" in m for m in p):
+            raise TypeError(
+                f"expected prompt {i} to be a str or a list of {{'role', 'content'}} messages, got {p!r:.80}"
+            )
+    return out

@@ -1,0 +1,56 @@
+"""Random agent: a uniformly random meaningful action each step (a floor for every metric).
+
+Each step it draws an action type uniformly among those ``info["action_mask"]`` allows; a
+SEARCH uses 1-4 random words of the observation, an ANSWER 1-3 random words, an EVALUATE a
+fixed note. Seeded: ``RandomAgent(seed)`` and ``reset(seed)`` make it reproducible.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+from rag_gym.agents.base import Agent
+from rag_gym.envs.search import ActionType
+
+_WORD = re.compile(r"[A-Za-z0-9][\w'-]*")
+
+
+class RandomAgent(Agent):
+    """Uniformly random valid actions."""
+
+    name = "random"
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__()
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)
+
+    def reset(self, seed: int | None = None) -> None:
+        super().reset(seed)
+        if seed is not None:
+            self.rng = np.random.default_rng([self.seed, seed])
+
+    def _words(self, observation: str, lo: int, hi: int) -> str:
+        words = _WORD.findall(observation) or ["unknown"]
+        n = int(self.rng.integers(lo, hi + 1))
+        return " ".join(words[int(i)] for i in self.rng.integers(0, len(words), size=n))
+
+    def act(self, observation: str, info: dict[str, Any]) -> dict[str, Any]:
+        mask = np.asarray(info.get("action_mask", np.ones(len(ActionType))), dtype=bool)
+        choices = np.flatnonzero(mask)
+        atype = ActionType(int(choices[int(self.rng.integers(0, len(choices)))]))
+        if atype == ActionType.SEARCH:
+            text = self._words(observation, 1, 4)
+        elif atype == ActionType.ANSWER:
+            text = self._words(observation, 1, 3)
+        elif atype == ActionType.EVALUATE:
+            text = "The evidence so far may be incomplete."
+        else:
+            text = ""
+        return {"type": atype, "text": text}
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "seed": self.seed}

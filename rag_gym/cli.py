@@ -1,0 +1,136 @@
+"""The ``rag-gym`` command line: ``evaluate``, ``envs``, ``synth``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="rag-gym: the Gymnasium of multi-hop retrieval QA.")
+
+
+def _fail(message: str) -> None:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
+
+
+@app.command()
+def evaluate(
+    env: Annotated[str, typer.Option(help="Registered env id.")] = "rag_gym/SynthHop-v0",
+    split: Annotated[str, typer.Option(help="Split to sample questions from.")] = "validation",
+    n: Annotated[int, typer.Option(help="Questions to sample (fixed by --seed).")] = 100,
+    seed: Annotated[int, typer.Option(help="Seed of the sample, resets and random agents.")] = 0,
+    agents: Annotated[str, typer.Option(help="Comma-separated agent names.")] = "naive_rag,random",
+    model: Annotated[str | None, typer.Option(help="GGUF file for llama.cpp (default: embedded SmolLM2-135M).")] = None,
+    data_path: Annotated[str | None, typer.Option(help="Dataset file for real-data envs.")] = None,
+    corpus: Annotated[str | None, typer.Option(help="Corpus JSONL to search (required for Bamboogle).")] = None,
+    k: Annotated[int | None, typer.Option(help="Passages per search (env default 3).")] = None,
+    out: Annotated[Path, typer.Option(help="Parent folder of the run folder.")] = Path("runs"),
+    run_name: Annotated[str | None, typer.Option(help="Run folder name.")] = None,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+) -> None:
+    """Run agents on an env's sampled questions; print and save a leaderboard."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    import rag_gym  # noqa: F401  (registers the envs)
+    from rag_gym.baselines import make_agent, needs_lm
+    from rag_gym.evaluate import COLUMNS, EvalConfig, format_cell
+    from rag_gym.evaluate import evaluate as run
+
+    env_kwargs = {key: val for key, val in {"data_path": data_path, "corpus": corpus, "k": k}.items() if val is not None}
+    try:
+        config = EvalConfig(env_id=env, split=split, n=n, seed=seed,
+                            agents=tuple(a.strip() for a in agents.split(",") if a.strip()),
+                            env_kwargs=env_kwargs, out_dir=str(out), run_name=run_name)
+    except (TypeError, ValueError) as exc:
+        _fail(str(exc))
+    console = Console(stderr=True)
+    lm = None
+    if any(needs_lm(a) for a in config.agents):
+        try:
+            from rag_gym.agents.llama_cpp import LlamaCppLM
+
+            lm = LlamaCppLM(model_path=model, seed=seed)
+        except (ImportError, FileNotFoundError) as exc:
+            _fail(str(exc))
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, disable=not progress) as bar:
+        tasks: dict[str, int] = {}
+
+        def tick(agent: str, done: int) -> None:
+            if agent not in tasks:
+                tasks[agent] = bar.add_task(agent, total=None)
+            bar.update(tasks[agent], completed=done)
+
+        try:
+            result = run(config, lambda name: make_agent(name, lm=lm, seed=seed), progress=tick,
+                         lm_description=lm.describe() if lm else None)
+        except (TypeError, ValueError, FileNotFoundError, ConnectionError, ImportError) as exc:
+            _fail(str(exc))
+
+    result.protocol["command"] = " ".join(["rag-gym", *sys.argv[1:]])
+    (result.run_dir / "protocol.json").write_text(
+        json.dumps({**result.protocol, "config": json.loads(json.dumps(vars(config), default=str))}, indent=2) + "\n"
+    )
+    table = Table(title=f"{config.env_id} · {config.split} · {result.protocol['n']} questions · seed {seed}")
+    for _, header, _ in COLUMNS:
+        table.add_column(header, justify="left" if header == "agent" else "right")
+    for row in sorted(result.rows, key=lambda r: (-r["em"], -r["f1"])):
+        table.add_row(*(format_cell(key, row[key]) for key, _, _ in COLUMNS))
+    Console().print(table)
+    typer.echo(f"results: {result.run_dir}")
+
+
+@app.command()
+def envs() -> None:
+    """List the registered rag-gym environments."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from rag_gym.envs.registration import ENVS, MAX_EPISODE_STEPS, NAMESPACE
+
+    table = Table(title="rag-gym environments")
+    for col in ("id", "dataset", "max steps", "description"):
+        table.add_column(col)
+    for name, (_, kwargs, desc) in ENVS.items():
+        table.add_row(f"{NAMESPACE}/{name}", kwargs["dataset"], str(MAX_EPISODE_STEPS), desc)
+    Console().print(table)
+
+
+@app.command()
+def synth(
+    out: Annotated[Path, typer.Option(help="Output folder.")],
+    preset: Annotated[str, typer.Option(help="World preset: default or hard.")] = "default",
+    passages: Annotated[int | None, typer.Option(help="World size (passages).")] = None,
+    seed: Annotated[int | None, typer.Option(help="World seed.")] = None,
+) -> None:
+    """Write a SynthHop world (corpus.jsonl, train/validation/test.jsonl, config.json)."""
+    import time
+
+    from rag_gym.data.synthhop import world_for
+
+    overrides = {key: val for key, val in {"n_passages": passages, "seed": seed}.items() if val is not None}
+    t0 = time.perf_counter()
+    try:
+        world = world_for(preset, **overrides)
+    except (TypeError, ValueError) as exc:
+        _fail(str(exc))
+    path = world.save(out)
+    sizes = ", ".join(f"{s} {len(q)}" for s, q in world.questions.items())
+    typer.echo(f"wrote {len(world.corpus)} passages and questions ({sizes}) to {path} "
+               f"in {time.perf_counter() - t0:.1f}s")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

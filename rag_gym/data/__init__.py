@@ -1,0 +1,103 @@
+"""Datasets: the data model, one loader module per benchmark, and the SynthHop world.
+
+One entry point, :func:`load`::
+
+    examples = rag_gym.data.load("hotpotqa", "validation", path="hotpot_dev_distractor_v1.json")
+    examples = rag_gym.data.load("synthhop", "validation")            # embedded, no download
+
+>>> len(load("synthhop", "validation", n_passages=2000, n_questions=(40, 10, 10)))
+10
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from pathlib import Path
+from typing import Any
+
+from rag_gym.data.errors import DataFormatError
+from rag_gym.data.types import Corpus, Passage, QAExample
+
+__all__ = ["DATASETS", "Corpus", "DataFormatError", "Passage", "QAExample", "load", "pooled_corpus"]
+
+#: Dataset name → loader module (each has ``load(path, split, **kwargs)``).
+DATASETS: dict[str, str] = {
+    "synthhop": "rag_gym.data.synthhop",
+    "hotpotqa": "rag_gym.data.hotpotqa",
+    "2wikimultihopqa": "rag_gym.data.twowikimultihopqa",
+    "musique": "rag_gym.data.musique",
+    "bamboogle": "rag_gym.data.bamboogle",
+    "flashrag": "rag_gym.data.flashrag",
+}
+_ALIASES = {"2wiki": "2wikimultihopqa", "twowiki": "2wikimultihopqa", "hotpot": "hotpotqa",
+            "hotpot_qa": "hotpotqa"}
+
+
+def canonical_name(name: str) -> str:
+    """The registered dataset name for ``name`` (case-insensitive, common aliases accepted)."""
+    if not isinstance(name, str):
+        raise TypeError(f"expected a dataset name (str), got {type(name).__name__}")
+    key = name.lower().replace("-", "").replace(" ", "")
+    key = _ALIASES.get(key, key)
+    if key not in DATASETS:
+        close = difflib.get_close_matches(key, list(DATASETS) + list(_ALIASES), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"expected a dataset in {sorted(DATASETS)}, got {name!r}{hint}")
+    return key
+
+
+def load(name: str, split: str = "validation", path: str | Path | None = None, **kwargs: Any) -> list[QAExample]:
+    """Load a dataset's examples.
+
+    Args:
+        name: one of :data:`DATASETS` (``"synthhop"``, ``"hotpotqa"``, ``"2wikimultihopqa"``,
+            ``"musique"``, ``"bamboogle"``, ``"flashrag"``).
+        split: the split; for file-based loads a label (the file *is* the split), for SynthHop
+            and the hub the split to take.
+        path: a local file in the dataset's official format; ``None`` means SynthHop's
+            generator, or the hub where the dataset has an official copy there.
+        **kwargs: loader options (SynthHop: ``preset`` and config fields; HotpotQA:
+            ``setting``; FlashRAG: ``subset``).
+    """
+    module = importlib.import_module(DATASETS[canonical_name(name)])
+    return module.load(path, split=split, **kwargs)
+
+
+def pooled_corpus(examples: list[QAExample], name: str = "pooled") -> tuple[Corpus, list[QAExample]]:
+    """All passages of the examples' own pools in one corpus, deduplicated, and the examples.
+
+    Passages with the same id and text are stored once. Real datasets reuse a title for
+    different paragraphs (HotpotQA has several "Harry Morgan"s), so a second, different text
+    under a known id is stored as ``"<id> #2"`` (``#3``…), and the examples that use it are
+    returned with their passages and gold ids renamed to match. The corpus is what a
+    full-corpus ("fullwiki") env searches.
+
+    >>> a = QAExample("q1", "?", ("x",), ("T",), (Passage("T", "T", "one"),))
+    >>> b = QAExample("q2", "?", ("y",), ("T",), (Passage("T", "T", "two"),))
+    >>> corpus, (a2, b2) = pooled_corpus([a, b])
+    >>> corpus.ids, b2.supporting_ids
+    (['T', 'T #2'], ('T #2',))
+    """
+    from dataclasses import replace
+
+    corpus = Corpus(name=name)
+    out: list[QAExample] = []
+    for ex in examples:
+        renamed: dict[str, str] = {}
+        passages = []
+        for p in ex.passages:
+            pid, n = p.id, 1
+            while pid in corpus and corpus[pid].text != p.text:
+                n += 1
+                pid = f"{p.id} #{n}"
+            if pid not in corpus:
+                corpus.add(Passage(pid, p.title, p.text))
+            if pid != p.id:
+                renamed[p.id] = pid
+            passages.append(Passage(pid, p.title, p.text))
+        if renamed:
+            ex = replace(ex, passages=tuple(passages),
+                         supporting_ids=tuple(renamed.get(g, g) for g in ex.supporting_ids))
+        out.append(ex)
+    return corpus, out

@@ -1,0 +1,56 @@
+"""Bamboogle (Press et al., 2023): 125 two-hop questions written to defeat search engines.
+
+Accepted inputs: JSONL (``{id, question, answer}``, as FlashRAG and Search-R1 distribute it,
+``golden_answers`` accepted too) and the original TSV/CSV export with ``Question`` and ``Answer``
+columns. Bamboogle has no passages: the environment needs a corpus (a JSONL file, an index or a
+server) to search.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from rag_gym.data._io import iter_records
+from rag_gym.data.errors import DataFormatError
+from rag_gym.data.flashrag import parse_record as parse_flashrag
+from rag_gym.data.types import QAExample
+
+
+def load(path: str | Path | None = None, split: str = "test") -> list[QAExample]:
+    """Load Bamboogle from a JSONL or TSV/CSV file (hub: FlashRAG's copy when ``path`` is None)."""
+    if path is None:
+        from rag_gym.data.flashrag import load as load_flashrag
+
+        return [_as_bamboogle(ex) for ex in load_flashrag(None, split="test", subset="bamboogle")]
+    path = Path(path)
+    if path.suffix.lower() in (".tsv", ".csv"):
+        return _load_table(path)
+    return [_as_bamboogle(parse_flashrag(r, path, where, default_id=f"bamboogle-{i}"))
+            for i, (where, r) in enumerate(iter_records(path))]
+
+
+def _as_bamboogle(ex: QAExample) -> QAExample:
+    return QAExample(id=ex.id, question=ex.question, answers=ex.answers, hops=2, type="compositional", meta=ex.meta)
+
+
+def _load_table(path: Path) -> list[QAExample]:
+    if not path.is_file():
+        raise FileNotFoundError(f"no such file: {path}")
+    delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
+    with open(path, encoding="utf-8", newline="") as f:
+        reader = csv.DictReader(f, delimiter=delimiter)
+        header = {(h or "").strip().lower(): h for h in reader.fieldnames or []}
+        for col in ("question", "answer"):
+            if col not in header:
+                raise DataFormatError(path, "line 1", col.capitalize(), "a header column", list(header))
+        examples = []
+        for i, row in enumerate(reader):
+            q = (row.get(header["question"]) or "").strip()
+            a = (row.get(header["answer"]) or "").strip()
+            if not q:
+                raise DataFormatError(path, f"line {i + 2}", "Question", "a non-empty question", q)
+            if not a:
+                raise DataFormatError(path, f"line {i + 2}", "Answer", "a non-empty answer", a)
+            examples.append(QAExample(id=f"bamboogle-{i + 1}", question=q, answers=(a,), hops=2, type="compositional"))
+    return examples

@@ -1,0 +1,59 @@
+"""HotpotQA (Yang et al., 2018): official JSON files and the Hugging Face layout.
+
+Accepted inputs:
+
+* the official JSON list (``hotpot_dev_distractor_v1.json``, ``hotpot_dev_fullwiki_v1.json``,
+  ``hotpot_train_v1.1.json``): ``_id, question, answer, type, level, supporting_facts
+  [[title, sent_id]], context [[title, [sentences]]]``;
+* the Hugging Face ``hotpot_qa`` layout as ``datasets`` yields it, as JSONL or parquet:
+  ``id, …, supporting_facts {title[], sent_id[]}, context {title[], sentences[][]}``;
+* ``path=None``: the hub itself through ``datasets`` (needs a network and ``rag-gym[hub]``).
+
+Gold passages are the paragraphs named by ``supporting_facts`` (their titles are the passage ids);
+HotpotQA does not give hop order, so they keep their order of first appearance. Unlabelled test
+files (no ``answer``) load with empty ``answers``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rag_gym.data._io import iter_records, require
+from rag_gym.data._wiki import context_passages, gold_ids, supporting_titles
+from rag_gym.data.errors import DataFormatError
+from rag_gym.data.types import QAExample
+
+HUB_ID = "hotpotqa/hotpot_qa"
+
+
+def load(path: str | Path | None = None, split: str = "validation", setting: str = "distractor") -> list[QAExample]:
+    """Load HotpotQA examples from ``path`` (or the hub when ``path`` is ``None``)."""
+    if path is None:
+        from rag_gym.data.hub import load_hub_records
+
+        records = load_hub_records(HUB_ID, setting, split, "HotpotQA")
+        return [parse_record(r, Path(f"hub:{HUB_ID}/{setting}/{split}"), f"record {i}") for i, r in enumerate(records)]
+    path = Path(path)
+    return [parse_record(r, path, where) for where, r in iter_records(path)]
+
+
+def parse_record(record: dict[str, Any], path: Path, where: str) -> QAExample:
+    qid = require(record, "_id" if "_id" in record else "id", str, path, where)
+    question = require(record, "question", str, path, where)
+    answer = record.get("answer")
+    if answer is not None and not isinstance(answer, str):
+        raise DataFormatError(path, where, "answer", "a string", answer)
+    passages = context_passages(record, path, where)
+    gold = gold_ids(supporting_titles(record, path, where), passages, path, where)
+    return QAExample(
+        id=qid,
+        question=question,
+        answers=(answer,) if answer is not None else (),
+        supporting_ids=gold,
+        passages=passages,
+        hops=2,
+        answerable=True,
+        type=str(record.get("type", "")),
+        meta={"level": record.get("level", "")},
+    )

@@ -1,0 +1,489 @@
+"""``SearchEnv``: search, evaluate, backtrack, then answer or refuse a multi-hop question."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from rag_gym import metrics
+from rag_gym.data import Corpus, QAExample, canonical_name, pooled_corpus
+from rag_gym.data import load as load_dataset
+from rag_gym.envs.spaces import UnicodeText, sanitize
+from rag_gym.retrieval import BM25Retriever, Retriever
+
+
+class ActionType(enum.IntEnum):
+    """The discrete part of a :class:`SearchEnv` action."""
+
+    SEARCH = 0
+    ANSWER = 1
+    BACKTRACK = 2
+    REFUSE = 3
+    EVALUATE = 4
+
+
+ANSWER_METRICS = ("em", "f1", "em_f1")
+
+
+@dataclass
+class _Hop:
+    step: int
+    kind: str  # "search" or "evaluate"
+    text: str
+    ids: list[str] = field(default_factory=list)
+
+
+class SearchEnv(gym.Env[str, dict[str, Any]]):
+    """Multi-hop question answering by searching a corpus.
+
+    ## Description
+
+    Each episode poses one question of a dataset. The agent searches with free-text queries
+    (BM25 top-``k`` passages come back into its context), may write self-evaluation notes,
+    may backtrack (drop its most recent search from the context), and ends the episode by
+    answering or refusing. Questions whose evidence is missing on purpose (SynthHop-Hard,
+    MuSiQue-Full) should be refused.
+
+    ## Action Space
+
+    ``Dict({"type": Discrete(5), "text": UnicodeText(max_text_chars)})``:
+
+    | type | name      | text                | effect                                              |
+    |------|-----------|---------------------|-----------------------------------------------------|
+    | 0    | SEARCH    | the query           | retrieve top-``k`` passages, append them as a hop   |
+    | 1    | ANSWER    | the answer          | end the episode, scored against the gold aliases    |
+    | 2    | BACKTRACK | ignored             | drop the most recent search hop (and notes after it) from the context; it stays in the history |
+    | 3    | REFUSE    | ignored             | end the episode, declaring the question unanswerable |
+    | 4    | EVALUATE  | the note            | append a self-evaluation note, no retrieval          |
+
+    Use :class:`ActionType` for the ``type`` values. A value outside the action space raises
+    ``TypeError`` or ``ValueError``. A well-typed but meaningless action (an empty or
+    over-long query, an empty answer or note, a backtrack with nothing to drop) is *invalid*:
+    the step is spent, the observation says what was wrong, ``info["invalid_action"]`` is
+    ``True``, the reward is ``invalid_action_penalty`` (0 by default) and the episode goes on.
+
+    ## Observation Space
+
+    ``UnicodeText(max_obs_chars)`` (printable Unicode, see :mod:`rag_gym.envs.spaces`): the
+    question, then the active context in order (each search with its query and numbered
+    passages ``(i) Title: text``, each evaluation note), then a line about the last action
+    (what was invalid, what a backtrack dropped). Rendering is deterministic. When longer than
+    ``max_obs_chars``, the question is kept and the *oldest* context is cut, marked
+    ``[... earlier context clipped ...]``.
+
+    ## Rewards
+
+    At termination only (dense terms are wrappers, :mod:`rag_gym.wrappers`):
+
+    * ANSWER on an answerable question: ``EM`` (``answer_metric="em"``, the default), ``F1``
+      (``"f1"``) or ``(EM + F1) / 2`` (``"em_f1"``), best over the gold aliases;
+    * ANSWER on an unanswerable question: 0; REFUSE: 1 if unanswerable, 0 if answerable;
+    * every other step: 0 (``invalid_action_penalty`` for an invalid one).
+
+    ``info["reward_terms"]`` holds ``{"answer": ..., "invalid": ...}``; their sum is the reward.
+
+    ## Starting State
+
+    ``reset`` draws a question with ``self.np_random`` (seeded by ``reset(seed=...)``), or
+    takes ``options={"index": i}`` or ``options={"question_id": "..."}``.
+
+    ## Episode End
+
+    * Termination: ANSWER or REFUSE.
+    * Truncation: ``max_episode_steps`` (20 in every registration, the EVO-RAG horizon),
+      through Gymnasium's ``TimeLimit``; a truncated episode scores 0.
+
+    ## Information
+
+    | key | value |
+    |-----|-------|
+    | ``question_id``, ``question`` | the episode's question |
+    | ``answerable`` | whether its evidence is in the corpus |
+    | ``gold_ids`` | gold passage ids in hop order |
+    | ``step`` | steps taken so far (0 after reset) |
+    | ``action_type`` | name of this step's action (``None`` after reset) |
+    | ``query`` | this step's query (``None`` unless a SEARCH) |
+    | ``retrieved_ids`` | ids this step retrieved (ranked) |
+    | ``gold_hits`` | the gold ids among them |
+    | ``context_ids`` | ids per active search hop, oldest first |
+    | ``retrieved_history`` | every distinct id retrieved this episode, in order |
+    | ``gold_found`` | gold ids retrieved so far this episode |
+    | ``num_searches`` | SEARCH actions so far (valid ones) |
+    | ``invalid_action``, ``message`` | whether this step was invalid, and why |
+    | ``action_mask`` | ``int8[5]``: 1 where the action type is currently meaningful |
+    | ``reward_terms`` | the reward's terms (see Rewards) |
+    | ``prediction``, ``scores`` | at ANSWER/REFUSE: the answer text and ``{em, f1, cover_em}`` |
+
+    ## Arguments
+
+    * ``dataset``: ``"synthhop"``, ``"hotpotqa"``, ``"2wikimultihopqa"``, ``"musique"``,
+      ``"bamboogle"`` or ``"flashrag"``; ``split``; ``data_path`` (a file in the dataset's
+      official format, ``None`` for SynthHop or the hub); ``dataset_kwargs`` (loader options,
+      e.g. ``{"preset": "hard"}`` for SynthHop).
+    * ``corpus``: a corpus JSONL path to search instead of the questions' own pools.
+    * ``corpus_mode``: ``"pool"`` (each question's own distractor pool) or ``"corpus"`` (the
+      whole corpus: SynthHop's world, the split's pooled passages, or ``corpus``). Default:
+      ``"corpus"`` for SynthHop or when ``corpus`` is given, else ``"pool"``.
+    * ``k`` (3): passages per search; ``exclude_seen`` (False): never return a passage already
+      retrieved this episode.
+    * ``answer_metric``: ``"em"``, ``"f1"`` or ``"em_f1"``.
+    * ``max_query_chars`` (512), ``max_text_chars`` (4096, the action text space),
+      ``max_obs_chars`` (16384).
+    * ``invalid_action_penalty`` (0.0): reward of an invalid action.
+    * ``retriever``, ``examples``: live objects that replace the built ones (not for
+      registration kwargs, which stay plain JSON).
+
+    ## Registered Configurations
+
+    ``rag_gym/SynthHop-v0`` (2-hop, default world), ``rag_gym/SynthHop-Hard-v0`` (2–4 hops,
+    10 % unanswerable), ``rag_gym/HotpotQA-v0``, ``rag_gym/2WikiMultiHopQA-v0``,
+    ``rag_gym/MuSiQue-v0``, ``rag_gym/Bamboogle-v0`` (needs ``corpus=``). See
+    :mod:`rag_gym.envs.registration`.
+
+    ## References
+
+    Action set: EVO-RAG (``000-evo-rag.txt`` §3.1: SEARCH, BACKTRACK, ANSWER, REFUSE) and
+    Eval-RAR (``003-eval-rar.txt`` §4: EVALUATE); the 20-step horizon is EVO-RAG's T_max.
+
+    ## Version History
+
+    * v0: initial release.
+
+    >>> import gymnasium as gym, rag_gym
+    >>> env = gym.make("rag_gym/SynthHop-v0", dataset_kwargs={"n_passages": 2000, "n_questions": [40, 10, 10]})
+    >>> obs, info = env.reset(seed=0)
+    >>> obs.startswith("Question: ")
+    True
+    >>> obs, reward, terminated, truncated, info = env.step({"type": ActionType.SEARCH, "text": info["question"]})
+    >>> len(info["retrieved_ids"]), terminated
+    (3, False)
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi", "human"], "render_fps": 4}
+
+    def __init__(
+        self,
+        dataset: str = "synthhop",
+        split: str = "train",
+        data_path: str | None = None,
+        dataset_kwargs: dict[str, Any] | None = None,
+        corpus: str | None = None,
+        corpus_mode: str | None = None,
+        k: int = 3,
+        exclude_seen: bool = False,
+        answer_metric: str = "em",
+        max_query_chars: int = 512,
+        max_text_chars: int = 4096,
+        max_obs_chars: int = 16384,
+        invalid_action_penalty: float = 0.0,
+        render_mode: str | None = None,
+        retriever: Retriever | None = None,
+        examples: Sequence[QAExample] | None = None,
+    ) -> None:
+        _check_int("k", k, 1)
+        _check_int("max_query_chars", max_query_chars, 1)
+        _check_int("max_text_chars", max_text_chars, max_query_chars)
+        _check_int("max_obs_chars", max_obs_chars, 256)
+        if answer_metric not in ANSWER_METRICS:
+            raise ValueError(f"expected answer_metric in {ANSWER_METRICS}, got {answer_metric!r}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"expected render_mode in {self.metadata['render_modes']} or None, got {render_mode!r}")
+        if corpus_mode not in (None, "pool", "corpus"):
+            raise ValueError(f"expected corpus_mode 'pool', 'corpus' or None, got {corpus_mode!r}")
+        if not isinstance(invalid_action_penalty, (int, float)):
+            raise TypeError(f"expected invalid_action_penalty to be a float, got {invalid_action_penalty!r}")
+        self.dataset = canonical_name(dataset)
+        self.split = split
+        self.k = k
+        self.exclude_seen = bool(exclude_seen)
+        self.answer_metric = answer_metric
+        self.max_query_chars = max_query_chars
+        self.max_obs_chars = max_obs_chars
+        self.invalid_action_penalty = float(invalid_action_penalty)
+        self.render_mode = render_mode
+
+        self.examples, self.corpus, self.corpus_mode = self._load(
+            data_path, dict(dataset_kwargs or {}), corpus, corpus_mode, examples, retriever
+        )
+        if not self.examples:
+            raise ValueError(f"dataset {self.dataset!r} split {split!r} has no questions")
+        self.retriever: Retriever = retriever if retriever is not None else BM25Retriever(self.corpus)
+        self._by_id = {ex.id: i for i, ex in enumerate(self.examples)}
+
+        self.observation_space = UnicodeText(max_length=max_obs_chars)
+        self.action_space = spaces.Dict(
+            {"type": spaces.Discrete(len(ActionType)), "text": UnicodeText(max_length=max_text_chars)}
+        )
+        self._example: QAExample | None = None
+        self._done = True
+
+    # ---- data ---------------------------------------------------------------------------------
+    def _load(self, data_path, dataset_kwargs, corpus_path, corpus_mode, examples, retriever):
+        if examples is None:
+            examples = load_dataset(self.dataset, self.split, path=data_path, **dataset_kwargs)
+        examples = list(examples)
+        if retriever is not None:
+            return examples, retriever.corpus, corpus_mode or "corpus"
+        if corpus_path is not None:
+            if corpus_mode == "pool":
+                raise ValueError("corpus=... searches that corpus; drop corpus_mode='pool' or the corpus")
+            return examples, Corpus.from_jsonl(corpus_path), "corpus"
+        if self.dataset == "synthhop":
+            from rag_gym.data.synthhop import world_for
+
+            world = world_for(**dataset_kwargs)
+            return examples, world.corpus, corpus_mode or "corpus"
+        if not any(ex.passages for ex in examples):
+            raise ValueError(
+                f"{self.dataset} has no passages of its own; pass corpus='path/to/corpus.jsonl' "
+                "(a JSONL corpus of {id, contents} or {id, title, text} records)"
+            )
+        pooled, examples = pooled_corpus(examples, name=f"{self.dataset}-{self.split}")
+        return examples, pooled, corpus_mode or "pool"
+
+    # ---- Gymnasium API --------------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        options = options or {}
+        if "question_id" in options:
+            qid = options["question_id"]
+            if qid not in self._by_id:
+                raise ValueError(f"no question with id {qid!r} in {self.dataset}/{self.split}")
+            index = self._by_id[qid]
+        elif "index" in options:
+            index = options["index"]
+            if not isinstance(index, (int, np.integer)) or not 0 <= index < len(self.examples):
+                raise ValueError(f"expected options['index'] in [0, {len(self.examples)}), got {index!r}")
+        else:
+            index = int(self.np_random.integers(len(self.examples)))
+        self._example = self.examples[int(index)]
+        self._pool = [p.id for p in self._example.passages] if self.corpus_mode == "pool" else None
+        if self._pool is not None and not self._pool:
+            raise ValueError(f"question {self._example.id!r} has an empty pool; use corpus_mode='corpus'")
+        self._gold = list(self._example.supporting_ids)
+        self._context: list[_Hop] = []
+        self._history: list[_Hop] = []
+        self._seen: dict[str, None] = {}
+        self._step_count = 0
+        self._num_searches = 0
+        self._done = False
+        self._last_message = ""
+        info = self._info(action_type=None, query=None, retrieved=[], invalid=False, terms={"answer": 0.0, "invalid": 0.0})
+        return self._render_obs(), info
+
+    def step(self, action: dict[str, Any]) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self._example is None:
+            raise RuntimeError("call reset() before step()")
+        if self._done:
+            raise RuntimeError("the episode has ended (ANSWER or REFUSE); call reset() to start a new one")
+        atype, text = self._validate(action)
+        self._step_count += 1
+        self._last_message = ""
+        invalid = False
+        terminated = False
+        answer_term = 0.0
+        query = None
+        retrieved: list[str] = []
+        extra: dict[str, Any] = {}
+
+        if atype == ActionType.SEARCH:
+            query = text.strip()
+            if not query:
+                invalid, self._last_message = True, "Invalid action: SEARCH needs a non-empty query."
+            elif len(query) > self.max_query_chars:
+                invalid = True
+                self._last_message = (
+                    f"Invalid action: the query has {len(query)} characters; the limit is {self.max_query_chars}."
+                )
+            else:
+                retrieved = self._search(query)
+                hop = _Hop(self._step_count, "search", query, retrieved)
+                self._context.append(hop)
+                self._history.append(hop)
+                self._num_searches += 1
+                for pid in retrieved:
+                    self._seen.setdefault(pid, None)
+                if not retrieved:
+                    self._last_message = "No new passages: every candidate was already retrieved."
+        elif atype == ActionType.EVALUATE:
+            note = text.strip()
+            if not note:
+                invalid, self._last_message = True, "Invalid action: EVALUATE needs a non-empty note."
+            elif len(note) > self.max_query_chars:
+                invalid = True
+                self._last_message = f"Invalid action: the note has {len(note)} characters; the limit is {self.max_query_chars}."
+            else:
+                hop = _Hop(self._step_count, "evaluate", note)
+                self._context.append(hop)
+                self._history.append(hop)
+        elif atype == ActionType.BACKTRACK:
+            last_search = max((i for i, h in enumerate(self._context) if h.kind == "search"), default=None)
+            if last_search is None:
+                invalid, self._last_message = True, "Invalid action: BACKTRACK needs a search in the context to drop."
+            else:
+                dropped = self._context[last_search]
+                del self._context[last_search:]
+                self._last_message = f'Backtracked: dropped the search "{dropped.text}" (step {dropped.step}).'
+                self._history.append(_Hop(self._step_count, "backtrack", dropped.text))
+        elif atype == ActionType.ANSWER:
+            answer = text.strip()
+            if not answer:
+                invalid, self._last_message = True, "Invalid action: ANSWER needs a non-empty answer."
+            else:
+                terminated = True
+                scores = metrics.answer_scores(answer, self._example.answers) if self._example.answers else \
+                    {"em": 0.0, "f1": 0.0, "cover_em": 0.0}
+                if self._example.answerable:
+                    answer_term = self._answer_reward(scores)
+                extra = {"prediction": answer, "scores": scores}
+        else:  # REFUSE
+            terminated = True
+            answer_term = 0.0 if self._example.answerable else 1.0
+            extra = {"prediction": None, "scores": {"em": 0.0, "f1": 0.0, "cover_em": 0.0}}
+
+        self._done = terminated
+        invalid_term = self.invalid_action_penalty if invalid else 0.0
+        terms = {"answer": answer_term, "invalid": invalid_term}
+        info = self._info(ActionType(atype).name, query, retrieved, invalid, terms)
+        info.update(extra)
+        obs = self._render_obs()
+        if self.render_mode == "human":
+            print(obs)
+        return obs, float(answer_term + invalid_term), terminated, False, info
+
+    def render(self) -> str | None:
+        if self.render_mode is None:
+            gym.logger.warn("render() was called without a render_mode; pass render_mode='ansi' or 'human'")
+            return None
+        obs = self._render_obs() if self._example is not None else ""
+        if self.render_mode == "ansi":
+            return obs
+        print(obs)
+        return None
+
+    # ---- internals ----------------------------------------------------------------------------
+    def _validate(self, action: Any) -> tuple[int, str]:
+        if not isinstance(action, dict):
+            raise TypeError(
+                f"expected an action dict {{'type': ActionType, 'text': str}}, got {type(action).__name__}"
+            )
+        missing = {"type", "text"} - set(action)
+        extra = set(action) - {"type", "text"}
+        if missing or extra:
+            raise ValueError(
+                f"expected action keys {{'type', 'text'}}, got {sorted(action)}; e.g. "
+                "{'type': ActionType.SEARCH, 'text': 'query'}"
+            )
+        atype, text = action["type"], action["text"]
+        if isinstance(atype, np.ndarray) and atype.shape == ():
+            atype = atype.item()
+        if isinstance(atype, bool) or not isinstance(atype, (int, np.integer)):
+            raise TypeError(
+                f"expected action['type'] to be an int (use rag_gym.envs.ActionType), got {type(atype).__name__}: {atype!r}"
+            )
+        if not 0 <= int(atype) < len(ActionType):
+            raise ValueError(f"expected action['type'] in 0..{len(ActionType) - 1} (ActionType), got {atype}")
+        if not isinstance(text, str):
+            raise TypeError(f"expected action['text'] to be a str, got {type(text).__name__}")
+        text_space = self.action_space["text"]
+        if len(text) > text_space.max_length:
+            raise ValueError(
+                f"expected action['text'] of at most {text_space.max_length} characters, got {len(text)}; "
+                "clip the text (or raise max_text_chars)"
+            )
+        if not text_space.contains(text):
+            bad = next(ch for ch in text if ch not in text_space.character_set)
+            raise ValueError(
+                f"expected action['text'] in printable Unicode, got character {bad!r}; "
+                "clean it with rag_gym.envs.spaces.sanitize"
+            )
+        return int(atype), text
+
+    def _search(self, query: str) -> list[str]:
+        exclude = [list(self._seen)] if self.exclude_seen and self._seen else None
+        if self._pool is not None:
+            k = min(self.k, len(self._pool))
+            result = self.retriever.retrieve([query], k, exclude=exclude, within=[self._pool])
+        else:
+            k = min(self.k, len(self.corpus))
+            result = self.retriever.retrieve([query], k, exclude=exclude)
+        return result.ids[0]
+
+    def _answer_reward(self, scores: dict[str, float]) -> float:
+        if self.answer_metric == "em":
+            return scores["em"]
+        if self.answer_metric == "f1":
+            return scores["f1"]
+        return (scores["em"] + scores["f1"]) / 2
+
+    def _info(self, action_type, query, retrieved, invalid, terms) -> dict[str, Any]:
+        ex = self._example
+        assert ex is not None
+        gold = set(self._gold)
+        mask = np.ones(len(ActionType), dtype=np.int8)
+        if not any(h.kind == "search" for h in self._context):
+            mask[ActionType.BACKTRACK] = 0
+        return {
+            "question_id": ex.id,
+            "question": ex.question,
+            "answerable": ex.answerable,
+            "gold_ids": list(self._gold),
+            "step": self._step_count,
+            "action_type": action_type,
+            "query": query,
+            "retrieved_ids": list(retrieved),
+            "gold_hits": [pid for pid in retrieved if pid in gold],
+            "context_ids": [list(h.ids) for h in self._context if h.kind == "search"],
+            "retrieved_history": list(self._seen),
+            "gold_found": [pid for pid in self._gold if pid in self._seen],
+            "num_searches": self._num_searches,
+            "invalid_action": invalid,
+            "message": self._last_message,
+            "action_mask": mask,
+            "reward_terms": dict(terms),
+        }
+
+    def _render_obs(self) -> str:
+        ex = self._example
+        assert ex is not None
+        head = f"Question: {ex.question}"
+        blocks = []
+        for n, hop in enumerate(self._context, 1):
+            if hop.kind == "search":
+                lines = [f"[{n}] Search: {hop.text}"]
+                for r, pid in enumerate(hop.ids, 1):
+                    p = self.corpus[pid]
+                    lines.append(f"  ({r}) {p.title}: {p.text}" if p.title else f"  ({r}) {p.text}")
+                if not hop.ids:
+                    lines.append("  (no new passages)")
+                blocks.append("\n".join(lines))
+            else:
+                blocks.append(f"[{n}] Evaluation: {hop.text}")
+        if self._last_message:
+            blocks.append(f"Note: {self._last_message}")
+        return _clip(sanitize(head), [sanitize(b) for b in blocks], self.max_obs_chars)
+
+
+def _clip(head: str, blocks: list[str], limit: int) -> str:
+    """Join head and blocks; if too long keep the head and the newest text that fits."""
+    text = "\n\n".join([head, *blocks])
+    if len(text) <= limit:
+        return text
+    marker = "[... earlier context clipped ...]"
+    head = head[: limit // 2]
+    budget = limit - len(head) - len(marker) - 4
+    body = "\n\n".join(blocks)
+    return f"{head}\n\n{marker}\n\n{body[len(body) - budget:] if budget > 0 else ''}"
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"expected {name} to be an int, got {type(value).__name__}: {value!r}")
+    if value < minimum:
+        raise ValueError(f"expected {name} >= {minimum}, got {value}")

@@ -1,0 +1,160 @@
+"""The one scoring core: answer normalisation, EM/F1/cover-EM and retrieval metrics.
+
+Every env, reward wrapper, TRL-style reward function and the evaluator calls these functions;
+nothing else in rag-gym re-implements them.
+
+Answer metrics follow the SQuAD / HotpotQA official evaluation scripts: normalise (lower-case,
+remove punctuation, remove the articles *a, an, the*, collapse white space; rag-gym also turns
+underscores into spaces, as FlashRAG does), then take the best score over all gold aliases.
+
+>>> normalize_answer("The  Eiffel_Tower!")
+'eiffel tower'
+>>> exact_match("the eiffel tower", ["Eiffel Tower", "La tour Eiffel"])
+1.0
+>>> round(f1_score("Eiffel tower in Paris", ["Eiffel Tower"]), 4)
+0.6667
+>>> cover_exact_match("It is the Eiffel Tower.", ["eiffel tower"])
+1.0
+
+Retrieval metrics take the ranked retrieved ids and the gold ids:
+
+>>> recall_at_k(["a", "x", "b"], ["a", "b"], k=2)
+0.5
+>>> average_precision(["a", "x", "b"], ["a", "b"])  # (1/1 + 2/3) / 2
+0.8333333333333333
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+_PUNCT = set(string.punctuation)
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_YES_NO = {"yes", "no", "noanswer"}
+
+
+def normalize_answer(text: str) -> str:
+    """Lower-case, underscores to spaces, strip punctuation and articles, collapse spaces."""
+    text = text.lower().replace("_", " ")
+    text = "".join(ch for ch in text if ch not in _PUNCT)
+    text = _ARTICLES.sub(" ", text)
+    return " ".join(text.split())
+
+
+def _as_list(golds: str | Iterable[str]) -> list[str]:
+    return [golds] if isinstance(golds, str) else list(golds)
+
+
+def exact_match(prediction: str, golds: str | Iterable[str]) -> float:
+    """1.0 when the normalised prediction equals some normalised gold alias, else 0.0."""
+    pred = normalize_answer(prediction)
+    return float(any(pred == normalize_answer(g) for g in _as_list(golds)))
+
+
+def _f1_single(prediction: str, gold: str) -> float:
+    pred, ref = normalize_answer(prediction), normalize_answer(gold)
+    # HotpotQA's official script: a yes/no/noanswer mismatch scores 0 even if tokens overlap.
+    if (pred in _YES_NO or ref in _YES_NO) and pred != ref:
+        return 0.0
+    pred_toks, ref_toks = pred.split(), ref.split()
+    common = Counter(pred_toks) & Counter(ref_toks)
+    overlap = sum(common.values())
+    if overlap == 0:
+        return 0.0
+    precision = overlap / len(pred_toks)
+    recall = overlap / len(ref_toks)
+    return 2 * precision * recall / (precision + recall)
+
+
+def f1_score(prediction: str, golds: str | Iterable[str]) -> float:
+    """Token-level F1 of the normalised prediction, the maximum over gold aliases."""
+    return max((_f1_single(prediction, g) for g in _as_list(golds)), default=0.0)
+
+
+def cover_exact_match(prediction: str, golds: str | Iterable[str]) -> float:
+    """1.0 when some normalised gold alias occurs, token-aligned, in the normalised prediction.
+
+    This is the "cover EM" of Search-R1 and LWTS (a gold answer contained in the response).
+    """
+    pred = f" {normalize_answer(prediction)} "
+    return float(any(g and f" {g} " in pred for g in map(normalize_answer, _as_list(golds))))
+
+
+def answer_scores(prediction: str, golds: str | Iterable[str]) -> dict[str, float]:
+    """EM, F1 and cover-EM at once."""
+    golds = _as_list(golds)
+    return {
+        "em": exact_match(prediction, golds),
+        "f1": f1_score(prediction, golds),
+        "cover_em": cover_exact_match(prediction, golds),
+    }
+
+
+# ---- retrieval ----------------------------------------------------------------------------------
+def _dedup(ids: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(ids))
+
+
+def recall_at_k(retrieved: Sequence[str], gold: Iterable[str], k: int | None = None) -> float:
+    """Fraction of gold ids among the first ``k`` distinct retrieved ids (all when ``k`` is None).
+
+    An example with no gold ids has recall 0.0 (nothing to find, nothing found); callers that
+    average should skip such examples.
+    """
+    gold_set = set(gold)
+    if not gold_set:
+        return 0.0
+    top = _dedup(retrieved)
+    if k is not None:
+        top = top[:k]
+    return len(gold_set.intersection(top)) / len(gold_set)
+
+
+def full_recall(retrieved: Sequence[str], gold: Iterable[str], k: int | None = None) -> float:
+    """1.0 when every gold id is among the first ``k`` retrieved ids (Full-Recall@k, R²AG §4.1)."""
+    gold_set = set(gold)
+    if not gold_set:
+        return 0.0
+    top = _dedup(retrieved)
+    if k is not None:
+        top = top[:k]
+    return float(gold_set.issubset(top))
+
+
+def average_precision(retrieved: Sequence[str], gold: Iterable[str], k: int | None = None) -> float:
+    """Average precision normalised by the number of gold documents, as R²AG defines it.
+
+    R²AG (``002-r2ag.md`` §2.4, eq. 5):
+    ``AP = 1/|g| * sum_{u=1..t} P@u * 1{r_u in g}``, with ``P@u`` the precision of the first
+    ``u`` results. Dividing by ``|g|`` (not by the number of hits) means a missed gold document
+    lowers AP. Duplicate retrieved ids count once, at their first rank.
+
+    >>> average_precision(["x", "a"], ["a", "b"])  # (1/2) / 2
+    0.25
+    """
+    gold_set = set(gold)
+    if not gold_set:
+        return 0.0
+    top = _dedup(retrieved)
+    if k is not None:
+        top = top[:k]
+    hits, total = 0, 0.0
+    for u, doc in enumerate(top, 1):
+        if doc in gold_set:
+            hits += 1
+            total += hits / u
+    return total / len(gold_set)
+
+
+def mean_average_precision(runs: Iterable[tuple[Sequence[str], Iterable[str]]], k: int | None = None) -> float:
+    """Mean of :func:`average_precision` over ``(retrieved, gold)`` pairs (mAP)."""
+    aps = [average_precision(r, g, k) for r, g in runs]
+    return sum(aps) / len(aps) if aps else 0.0
+
+
+def retrieval_count(action_types: Iterable[str]) -> int:
+    """Number of SEARCH actions in an episode (the RC of LWTS §3.3)."""
+    return sum(1 for a in action_types if str(a).upper() == "SEARCH")

@@ -1,0 +1,100 @@
+"""The retriever protocol every retrieval backend implements, and the shared top-k selection.
+
+A retriever indexes a :class:`~rag_gym.data.Corpus` and answers batches of queries::
+
+    result = retriever.retrieve(["who founded x", "where is y"], k=3)
+    result.ids[0], result.scores[0]          # ranked ids and scores of the first query
+
+``exclude`` removes ids per query (already-seen passages); ``within`` restricts each query to a
+candidate set (a question's own distractor pool). Ties in score are broken by passage id, so a
+ranking never depends on corpus order or on the selection algorithm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from rag_gym.data.types import Corpus
+
+
+@dataclass(frozen=True)
+class RetrievalResult:
+    """Ranked results of a batch of queries: ``ids[i]`` and ``scores[i]`` belong to query ``i``."""
+
+    ids: list[list[str]]
+    scores: list[list[float]]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+@runtime_checkable
+class Retriever(Protocol):
+    """What an environment needs from a retriever."""
+
+    corpus: Corpus
+
+    def index(self, corpus: Corpus) -> None: ...
+
+    def retrieve(
+        self,
+        queries: Sequence[str],
+        k: int,
+        exclude: Sequence[Iterable[str] | None] | None = None,
+        within: Sequence[Sequence[str] | None] | None = None,
+    ) -> RetrievalResult: ...
+
+
+def check_queries(queries: Sequence[str]) -> list[str]:
+    if isinstance(queries, str):
+        raise TypeError("expected a list of query strings, got a single str; wrap it: [query]")
+    queries = list(queries)
+    bad = [q for q in queries if not isinstance(q, str)]
+    if bad:
+        raise TypeError(f"expected every query to be a str, got {type(bad[0]).__name__}: {bad[0]!r}")
+    return queries
+
+
+def check_k(k: int, n_candidates: int, what: str = "the corpus") -> int:
+    if not isinstance(k, (int, np.integer)) or isinstance(k, bool):
+        raise TypeError(f"expected k to be an int, got {type(k).__name__}")
+    if k < 1:
+        raise ValueError(f"expected k >= 1, got {k}")
+    if k > n_candidates:
+        raise ValueError(f"expected k <= {n_candidates} (the size of {what}), got k={k}; lower k")
+    return int(k)
+
+
+def per_query(arg: Sequence | None, n: int, name: str) -> list:
+    if arg is None:
+        return [None] * n
+    arg = list(arg)
+    if len(arg) != n:
+        raise ValueError(f"expected {name} to have one entry per query ({n}), got {len(arg)}")
+    return arg
+
+
+def top_k(scores: np.ndarray, k: int, id_rank: np.ndarray) -> np.ndarray:
+    """Positions of the ``k`` best scores, best first, ties broken by ``id_rank`` (ascending).
+
+    Runs in O(n) plus O(m log m) for the m candidates tied with the k-th score. Positions whose
+    score is ``-inf`` (excluded) are never returned, so fewer than ``k`` may come back.
+
+    >>> top_k(np.array([1.0, 3.0, 3.0, 2.0]), 2, np.array([0, 2, 1, 3]))
+    array([2, 1])
+    """
+    n = scores.shape[0]
+    if k < n:
+        kth = np.partition(scores, n - k)[n - k]
+        cand = np.flatnonzero(scores >= kth)
+    else:
+        cand = np.arange(n)
+    order = np.lexsort((id_rank[cand], -scores[cand]))[:k]
+    picked = cand[order]
+    if np.isneginf(scores[picked]).any():
+        picked = picked[~np.isneginf(scores[picked])]
+    return picked
