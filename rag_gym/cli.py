@@ -9,8 +9,11 @@ from typing import Annotated
 
 import typer
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="rag-gym: the Gymnasium of multi-hop retrieval QA.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="rag-gym: the Gymnasium of multi-hop retrieval QA.",
+)
 
 
 def _fail(message: str) -> None:
@@ -25,9 +28,13 @@ def evaluate(
     n: Annotated[int, typer.Option(help="Questions to sample (fixed by --seed).")] = 100,
     seed: Annotated[int, typer.Option(help="Seed of the sample, resets and random agents.")] = 0,
     agents: Annotated[str, typer.Option(help="Comma-separated agent names.")] = "naive_rag,random",
-    model: Annotated[str | None, typer.Option(help="GGUF file for llama.cpp (default: embedded SmolLM2-135M).")] = None,
+    model: Annotated[
+        str | None, typer.Option(help="GGUF file for llama.cpp (default: embedded SmolLM2-135M).")
+    ] = None,
     data_path: Annotated[str | None, typer.Option(help="Dataset file for real-data envs.")] = None,
-    corpus: Annotated[str | None, typer.Option(help="Corpus JSONL to search (required for Bamboogle).")] = None,
+    corpus: Annotated[
+        str | None, typer.Option(help="Corpus JSONL to search (required for Bamboogle).")
+    ] = None,
     k: Annotated[int | None, typer.Option(help="Passages per search (env default 3).")] = None,
     out: Annotated[Path, typer.Option(help="Parent folder of the run folder.")] = Path("runs"),
     run_name: Annotated[str | None, typer.Option(help="Run folder name.")] = None,
@@ -43,11 +50,22 @@ def evaluate(
     from rag_gym.evaluate import COLUMNS, EvalConfig, format_cell
     from rag_gym.evaluate import evaluate as run
 
-    env_kwargs = {key: val for key, val in {"data_path": data_path, "corpus": corpus, "k": k}.items() if val is not None}
+    env_kwargs = {
+        key: val
+        for key, val in {"data_path": data_path, "corpus": corpus, "k": k}.items()
+        if val is not None
+    }
     try:
-        config = EvalConfig(env_id=env, split=split, n=n, seed=seed,
-                            agents=tuple(a.strip() for a in agents.split(",") if a.strip()),
-                            env_kwargs=env_kwargs, out_dir=str(out), run_name=run_name)
+        config = EvalConfig(
+            env_id=env,
+            split=split,
+            n=n,
+            seed=seed,
+            agents=tuple(a.strip() for a in agents.split(",") if a.strip()),
+            env_kwargs=env_kwargs,
+            out_dir=str(out),
+            run_name=run_name,
+        )
     except (TypeError, ValueError) as exc:
         _fail(str(exc))
     console = Console(stderr=True)
@@ -60,8 +78,14 @@ def evaluate(
         except (ImportError, FileNotFoundError) as exc:
             _fail(str(exc))
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, disable=not progress) as bar:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        disable=not progress,
+    ) as bar:
         tasks: dict[str, int] = {}
 
         def tick(agent: str, done: int) -> None:
@@ -70,16 +94,26 @@ def evaluate(
             bar.update(tasks[agent], completed=done)
 
         try:
-            result = run(config, lambda name: make_agent(name, lm=lm, seed=seed), progress=tick,
-                         lm_description=lm.describe() if lm else None)
+            result = run(
+                config,
+                lambda name: make_agent(name, lm=lm, seed=seed),
+                progress=tick,
+                lm_description=lm.describe() if lm else None,
+            )
         except (TypeError, ValueError, FileNotFoundError, ConnectionError, ImportError) as exc:
             _fail(str(exc))
 
     result.protocol["command"] = " ".join(["rag-gym", *sys.argv[1:]])
     (result.run_dir / "protocol.json").write_text(
-        json.dumps({**result.protocol, "config": json.loads(json.dumps(vars(config), default=str))}, indent=2) + "\n"
+        json.dumps(
+            {**result.protocol, "config": json.loads(json.dumps(vars(config), default=str))},
+            indent=2,
+        )
+        + "\n"
     )
-    table = Table(title=f"{config.env_id} · {config.split} · {result.protocol['n']} questions · seed {seed}")
+    table = Table(
+        title=f"{config.env_id} · {config.split} · {result.protocol['n']} questions · seed {seed}"
+    )
     for _, header, _ in COLUMNS:
         table.add_column(header, justify="left" if header == "agent" else "right")
     for row in sorted(result.rows, key=lambda r: (-r["em"], -r["f1"])):
@@ -116,7 +150,9 @@ def synth(
 
     from rag_gym.data.synthhop import world_for
 
-    overrides = {key: val for key, val in {"n_passages": passages, "seed": seed}.items() if val is not None}
+    overrides = {
+        key: val for key, val in {"n_passages": passages, "seed": seed}.items() if val is not None
+    }
     t0 = time.perf_counter()
     try:
         world = world_for(preset, **overrides)
@@ -124,8 +160,10 @@ def synth(
         _fail(str(exc))
     path = world.save(out)
     sizes = ", ".join(f"{s} {len(q)}" for s, q in world.questions.items())
-    typer.echo(f"wrote {len(world.corpus)} passages and questions ({sizes}) to {path} "
-               f"in {time.perf_counter() - t0:.1f}s")
+    typer.echo(
+        f"wrote {len(world.corpus)} passages and questions ({sizes}) to {path} "
+        f"in {time.perf_counter() - t0:.1f}s"
+    )
 
 
 def main() -> None:

@@ -78,7 +78,9 @@ class EvalConfig:
             ids = [i for i in gym.registry if i.startswith("rag_gym/")]
             close = difflib.get_close_matches(self.env_id, ids, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"expected a registered env id (rag-gym envs lists them), got {self.env_id!r}{hint}")
+            raise ValueError(
+                f"expected a registered env id (rag-gym envs lists them), got {self.env_id!r}{hint}"
+            )
 
 
 @dataclass
@@ -132,15 +134,19 @@ def run_episode(env: gym.Env, agent: Agent, index: int, seed: int) -> dict[str, 
         "answerable": start_info["answerable"],
         "prediction": last_info.get("prediction"),
         "refused": bool(actions and actions[-1] == "REFUSE"),
-        "em": scores["em"], "f1": scores["f1"], "cover_em": scores["cover_em"],
-        "gold_ids": gold, "retrieved_ids": retrieved,
+        "em": scores["em"],
+        "f1": scores["f1"],
+        "cover_em": scores["cover_em"],
+        "gold_ids": gold,
+        "retrieved_ids": retrieved,
         "recall": metrics.recall_at_k(retrieved, gold) if gold else None,
         "full_recall": metrics.full_recall(retrieved, gold) if gold else None,
         "searches": last_info["num_searches"],
         "steps": last_info["step"],
         "actions": actions,
         "reward": total_reward,
-        "terminated": terminated, "truncated": truncated,
+        "terminated": terminated,
+        "truncated": truncated,
         "prompt_tokens": agent.usage["prompt_tokens"],
         "completion_tokens": agent.usage["completion_tokens"],
         "seconds": seconds,
@@ -159,9 +165,13 @@ def summarise(agent: str, episodes: list[dict[str, Any]]) -> dict[str, Any]:
     refused_unans = sum(e["refused"] for e in unans)
     return {
         "agent": agent,
-        "em": mean("em"), "f1": mean("f1"), "cover_em": mean("cover_em"),
-        "recall": mean("recall"), "full_recall": mean("full_recall"),
-        "searches": mean("searches"), "steps": mean("steps"),
+        "em": mean("em"),
+        "f1": mean("f1"),
+        "cover_em": mean("cover_em"),
+        "recall": mean("recall"),
+        "full_recall": mean("full_recall"),
+        "searches": mean("searches"),
+        "steps": mean("steps"),
         "refusal_unanswerable": f"{refused_unans}/{len(unans)}" if unans else "-",
         "refusal_answerable": sum(e["refused"] for e in episodes if e["answerable"]),
         "tokens": float(np.mean([e["prompt_tokens"] + e["completion_tokens"] for e in episodes])),
@@ -184,7 +194,10 @@ def evaluate(
     env = gym.make(config.env_id, split=config.split, **config.env_kwargs)
     unwrapped = env.unwrapped
     indices = sample_indices(len(unwrapped.examples), config.n, config.seed)
-    run_name = config.run_name or f"{config.env_id.split('/')[-1]}__{config.split}__{config.seed}__{int(time.time())}"
+    run_name = (
+        config.run_name
+        or f"{config.env_id.split('/')[-1]}__{config.split}__{config.seed}__{int(time.time())}"
+    )
     run_dir = Path(config.out_dir) / run_name
     run_dir.mkdir(parents=True, exist_ok=True)
 

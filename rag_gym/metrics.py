@@ -149,7 +149,9 @@ def average_precision(retrieved: Sequence[str], gold: Iterable[str], k: int | No
     return total / len(gold_set)
 
 
-def mean_average_precision(runs: Iterable[tuple[Sequence[str], Iterable[str]]], k: int | None = None) -> float:
+def mean_average_precision(
+    runs: Iterable[tuple[Sequence[str], Iterable[str]]], k: int | None = None
+) -> float:
     """Mean of :func:`average_precision` over ``(retrieved, gold)`` pairs (mAP)."""
     aps = [average_precision(r, g, k) for r, g in runs]
     return sum(aps) / len(aps) if aps else 0.0

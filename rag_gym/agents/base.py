@@ -29,7 +29,9 @@ class Agent(abc.ABC):
     def act(self, observation: str, info: dict[str, Any]) -> dict[str, Any]:
         """The next action for this observation."""
 
-    def act_batch(self, observations: Sequence[str], infos: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    def act_batch(
+        self, observations: Sequence[str], infos: Sequence[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
         return [self.act(o, i) for o, i in zip(observations, infos, strict=True)]
 
     def describe(self) -> dict[str, Any]:

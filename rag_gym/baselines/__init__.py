@@ -42,6 +42,8 @@ def make_agent(name: str, lm: Any = None, seed: int = 0) -> Agent:
     klass = getattr(importlib.import_module(module), cls)
     if uses_lm:
         if lm is None:
-            raise ValueError(f"agent {name!r} needs a language model: pass lm=LlamaCppLM() (or another backend)")
+            raise ValueError(
+                f"agent {name!r} needs a language model: pass lm=LlamaCppLM() (or another backend)"
+            )
         return klass(lm)
     return klass(seed=seed)

@@ -35,7 +35,7 @@ def clean_answer(text: str) -> str:
     line = next((ln.strip() for ln in text.strip().splitlines() if ln.strip()), "")
     for prefix in ("answer:", "final answer:", "a:"):
         if line.lower().startswith(prefix):
-            line = line[len(prefix):].strip()
+            line = line[len(prefix) :].strip()
     line = line.strip("\"'` ")
     if line.endswith("."):
         line = line[:-1].rstrip()
@@ -65,19 +65,31 @@ class NaiveRAG(Agent):
             if self._needs_search(info):
                 actions[i] = {"type": ActionType.SEARCH, "text": info["question"]}
             else:
-                prompts.append([
-                    {"role": "system", "content": SYSTEM_PROMPT},
-                    {"role": "user", "content": f"{obs}\n\nAnswer the question in a few words.\nAnswer:"},
-                ])
+                prompts.append(
+                    [
+                        {"role": "system", "content": SYSTEM_PROMPT},
+                        {
+                            "role": "user",
+                            "content": f"{obs}\n\nAnswer the question in a few words.\nAnswer:",
+                        },
+                    ]
+                )
                 slots.append(i)
         if prompts:
             for slot, gens in zip(slots, self.lm.generate(prompts, self.config), strict=True):
                 gen = gens[0]
                 self.usage["prompt_tokens"] += gen.prompt_tokens
                 self.usage["completion_tokens"] += gen.completion_tokens
-                actions[slot] = {"type": ActionType.ANSWER, "text": clean_answer(gen.text)[:200] or "unknown"}
+                actions[slot] = {
+                    "type": ActionType.ANSWER,
+                    "text": clean_answer(gen.text)[:200] or "unknown",
+                }
         return [a for a in actions if a is not None]
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "prompt_version": PROMPT_VERSION, "lm": self.lm.describe(),
-                "max_tokens": self.config.max_tokens}
+        return {
+            "name": self.name,
+            "prompt_version": PROMPT_VERSION,
+            "lm": self.lm.describe(),
+            "max_tokens": self.config.max_tokens,
+        }

@@ -30,8 +30,12 @@ DATASETS: dict[str, str] = {
     "bamboogle": "rag_gym.data.bamboogle",
     "flashrag": "rag_gym.data.flashrag",
 }
-_ALIASES = {"2wiki": "2wikimultihopqa", "twowiki": "2wikimultihopqa", "hotpot": "hotpotqa",
-            "hotpot_qa": "hotpotqa"}
+_ALIASES = {
+    "2wiki": "2wikimultihopqa",
+    "twowiki": "2wikimultihopqa",
+    "hotpot": "hotpotqa",
+    "hotpot_qa": "hotpotqa",
+}
 
 
 def canonical_name(name: str) -> str:
@@ -47,7 +51,9 @@ def canonical_name(name: str) -> str:
     return key
 
 
-def load(name: str, split: str = "validation", path: str | Path | None = None, **kwargs: Any) -> list[QAExample]:
+def load(
+    name: str, split: str = "validation", path: str | Path | None = None, **kwargs: Any
+) -> list[QAExample]:
     """Load a dataset's examples.
 
     Args:
@@ -64,7 +70,9 @@ def load(name: str, split: str = "validation", path: str | Path | None = None, *
     return module.load(path, split=split, **kwargs)
 
 
-def pooled_corpus(examples: list[QAExample], name: str = "pooled") -> tuple[Corpus, list[QAExample]]:
+def pooled_corpus(
+    examples: list[QAExample], name: str = "pooled"
+) -> tuple[Corpus, list[QAExample]]:
     """All passages of the examples' own pools in one corpus, deduplicated, and the examples.
 
     Passages with the same id and text are stored once. Real datasets reuse a title for
@@ -97,7 +105,10 @@ def pooled_corpus(examples: list[QAExample], name: str = "pooled") -> tuple[Corp
                 renamed[p.id] = pid
             passages.append(Passage(pid, p.title, p.text))
         if renamed:
-            ex = replace(ex, passages=tuple(passages),
-                         supporting_ids=tuple(renamed.get(g, g) for g in ex.supporting_ids))
+            ex = replace(
+                ex,
+                passages=tuple(passages),
+                supporting_ids=tuple(renamed.get(g, g) for g in ex.supporting_ids),
+            )
         out.append(ex)
     return corpus, out

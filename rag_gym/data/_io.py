@@ -20,7 +20,9 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise DataFormatError(path, f"line {lineno}", "(json)", "valid JSON", str(exc)) from None
+                raise DataFormatError(
+                    path, f"line {lineno}", "(json)", "valid JSON", str(exc)
+                ) from None
             if not isinstance(record, dict):
                 raise DataFormatError(path, f"line {lineno}", "(record)", "a JSON object", record)
             yield lineno, record
@@ -46,7 +48,9 @@ def iter_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
         if isinstance(data, dict) and isinstance(data.get("data"), list):
             data = data["data"]
         if not isinstance(data, list):
-            raise DataFormatError(path, "(file)", "(top level)", "a JSON list of records", type(data).__name__)
+            raise DataFormatError(
+                path, "(file)", "(top level)", "a JSON list of records", type(data).__name__
+            )
         for i, record in enumerate(data):
             if not isinstance(record, dict):
                 raise DataFormatError(path, f"record {i}", "(record)", "a JSON object", record)
@@ -55,9 +59,7 @@ def iter_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
         try:
             import pyarrow.parquet as pq
         except ImportError as exc:
-            raise ImportError(
-                f"reading {path} needs pyarrow: pip install 'rag-gym[hub]'"
-            ) from exc
+            raise ImportError(f"reading {path} needs pyarrow: pip install 'rag-gym[hub]'") from exc
         for i, record in enumerate(pq.read_table(path).to_pylist()):
             yield f"record {i}", record
     else:
@@ -75,7 +77,11 @@ def _check_file(path: Path) -> None:
 
 
 def require(
-    record: Mapping[str, Any], key: str, types: type | tuple[type, ...], path: Path | str, where: str
+    record: Mapping[str, Any],
+    key: str,
+    types: type | tuple[type, ...],
+    path: Path | str,
+    where: str,
 ) -> Any:
     """``record[key]`` checked against ``types``; raises DataFormatError naming file, record, field."""
     if key not in record:

@@ -24,9 +24,17 @@ def context_passages(record: dict[str, Any], path: Path, where: str) -> tuple[Pa
         return ()
     if isinstance(context, dict):  # Hugging Face layout
         titles, sentences = context.get("title"), context.get("sentences")
-        if not isinstance(titles, list) or not isinstance(sentences, list) or len(titles) != len(sentences):
+        if (
+            not isinstance(titles, list)
+            or not isinstance(sentences, list)
+            or len(titles) != len(sentences)
+        ):
             raise DataFormatError(
-                path, where, "context", "{'title': [...], 'sentences': [[...]]} of equal length", context
+                path,
+                where,
+                "context",
+                "{'title': [...], 'sentences': [[...]]} of equal length",
+                context,
             )
         pairs = list(zip(titles, sentences, strict=True))
     elif isinstance(context, list):
@@ -65,15 +73,25 @@ def supporting_titles(record: dict[str, Any], path: Path, where: str) -> tuple[s
     if isinstance(facts, dict):
         titles = facts.get("title")
         if not isinstance(titles, list):
-            raise DataFormatError(path, where, "supporting_facts", "{'title': [...], 'sent_id': [...]}", facts)
+            raise DataFormatError(
+                path, where, "supporting_facts", "{'title': [...], 'sent_id': [...]}", facts
+            )
     elif isinstance(facts, list):
         titles = []
         for j, fact in enumerate(facts):
-            if not isinstance(fact, (list, tuple)) or len(fact) != 2 or not isinstance(fact[0], str):
-                raise DataFormatError(path, where, f"supporting_facts[{j}]", "[title, sentence index]", fact)
+            if (
+                not isinstance(fact, (list, tuple))
+                or len(fact) != 2
+                or not isinstance(fact[0], str)
+            ):
+                raise DataFormatError(
+                    path, where, f"supporting_facts[{j}]", "[title, sentence index]", fact
+                )
             titles.append(fact[0])
     else:
-        raise DataFormatError(path, where, "supporting_facts", "a list of [title, sentence index]", facts)
+        raise DataFormatError(
+            path, where, "supporting_facts", "a list of [title, sentence index]", facts
+        )
     return tuple(dict.fromkeys(titles))
 
 

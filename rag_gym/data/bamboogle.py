@@ -26,12 +26,21 @@ def load(path: str | Path | None = None, split: str = "test") -> list[QAExample]
     path = Path(path)
     if path.suffix.lower() in (".tsv", ".csv"):
         return _load_table(path)
-    return [_as_bamboogle(parse_flashrag(r, path, where, default_id=f"bamboogle-{i}"))
-            for i, (where, r) in enumerate(iter_records(path))]
+    return [
+        _as_bamboogle(parse_flashrag(r, path, where, default_id=f"bamboogle-{i}"))
+        for i, (where, r) in enumerate(iter_records(path))
+    ]
 
 
 def _as_bamboogle(ex: QAExample) -> QAExample:
-    return QAExample(id=ex.id, question=ex.question, answers=ex.answers, hops=2, type="compositional", meta=ex.meta)
+    return QAExample(
+        id=ex.id,
+        question=ex.question,
+        answers=ex.answers,
+        hops=2,
+        type="compositional",
+        meta=ex.meta,
+    )
 
 
 def _load_table(path: Path) -> list[QAExample]:
@@ -43,7 +52,9 @@ def _load_table(path: Path) -> list[QAExample]:
         header = {(h or "").strip().lower(): h for h in reader.fieldnames or []}
         for col in ("question", "answer"):
             if col not in header:
-                raise DataFormatError(path, "line 1", col.capitalize(), "a header column", list(header))
+                raise DataFormatError(
+                    path, "line 1", col.capitalize(), "a header column", list(header)
+                )
         examples = []
         for i, row in enumerate(reader):
             q = (row.get(header["question"]) or "").strip()
@@ -52,5 +63,9 @@ def _load_table(path: Path) -> list[QAExample]:
                 raise DataFormatError(path, f"line {i + 2}", "Question", "a non-empty question", q)
             if not a:
                 raise DataFormatError(path, f"line {i + 2}", "Answer", "a non-empty answer", a)
-            examples.append(QAExample(id=f"bamboogle-{i + 1}", question=q, answers=(a,), hops=2, type="compositional"))
+            examples.append(
+                QAExample(
+                    id=f"bamboogle-{i + 1}", question=q, answers=(a,), hops=2, type="compositional"
+                )
+            )
     return examples

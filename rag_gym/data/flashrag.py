@@ -17,21 +17,30 @@ from rag_gym.data.types import QAExample
 HUB_ID = "RUC-NLPIR/FlashRAG_datasets"
 
 
-def load(path: str | Path | None = None, split: str = "test", subset: str | None = None) -> list[QAExample]:
+def load(
+    path: str | Path | None = None, split: str = "test", subset: str | None = None
+) -> list[QAExample]:
     """Load a FlashRAG-format JSONL file (or ``subset`` of the hub dataset when ``path`` is None)."""
     if path is None:
         if not subset:
-            raise ValueError("expected path=... or subset='nq' (a FlashRAG dataset name), got neither")
+            raise ValueError(
+                "expected path=... or subset='nq' (a FlashRAG dataset name), got neither"
+            )
         from rag_gym.data.hub import load_hub_records
 
         records = load_hub_records(HUB_ID, subset, split, "FlashRAG")
         src = Path(f"hub:{HUB_ID}/{subset}/{split}")
         return [parse_record(r, src, f"record {i}") for i, r in enumerate(records)]
     path = Path(path)
-    return [parse_record(r, path, where, default_id=f"{path.stem}-{i}") for i, (where, r) in enumerate(iter_records(path))]
+    return [
+        parse_record(r, path, where, default_id=f"{path.stem}-{i}")
+        for i, (where, r) in enumerate(iter_records(path))
+    ]
 
 
-def parse_record(record: dict[str, Any], path: Path, where: str, default_id: str | None = None) -> QAExample:
+def parse_record(
+    record: dict[str, Any], path: Path, where: str, default_id: str | None = None
+) -> QAExample:
     qid = record.get("id", default_id)
     if qid is None or not isinstance(qid, (str, int)):
         raise DataFormatError(path, where, "id", "a string or integer id", qid)
@@ -51,7 +60,9 @@ def parse_record(record: dict[str, Any], path: Path, where: str, default_id: str
         else:
             raise DataFormatError(path, where, "answer", "a string or a list of strings", answer)
     else:
-        raise DataFormatError(path, where, "golden_answers", "the field to be present", "it is missing")
+        raise DataFormatError(
+            path, where, "golden_answers", "the field to be present", "it is missing"
+        )
     meta = record.get("metadata") or {}
     return QAExample(
         id=str(qid),

@@ -27,13 +27,18 @@ from rag_gym.data.types import QAExample
 HUB_ID = "hotpotqa/hotpot_qa"
 
 
-def load(path: str | Path | None = None, split: str = "validation", setting: str = "distractor") -> list[QAExample]:
+def load(
+    path: str | Path | None = None, split: str = "validation", setting: str = "distractor"
+) -> list[QAExample]:
     """Load HotpotQA examples from ``path`` (or the hub when ``path`` is ``None``)."""
     if path is None:
         from rag_gym.data.hub import load_hub_records
 
         records = load_hub_records(HUB_ID, setting, split, "HotpotQA")
-        return [parse_record(r, Path(f"hub:{HUB_ID}/{setting}/{split}"), f"record {i}") for i, r in enumerate(records)]
+        return [
+            parse_record(r, Path(f"hub:{HUB_ID}/{setting}/{split}"), f"record {i}")
+            for i, r in enumerate(records)
+        ]
     path = Path(path)
     return [parse_record(r, path, where) for where, r in iter_records(path)]
 

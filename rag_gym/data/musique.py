@@ -77,8 +77,11 @@ def parse_record(record: dict[str, Any], path: Path, where: str) -> QAExample:
             continue
         if support not in by_idx:
             raise DataFormatError(
-                path, where, f"question_decomposition[{j}].paragraph_support_idx",
-                "the idx of one of the paragraphs", support,
+                path,
+                where,
+                f"question_decomposition[{j}].paragraph_support_idx",
+                "the idx of one of the paragraphs",
+                support,
             )
         if by_idx[support] not in ordered:
             ordered.append(by_idx[support])

@@ -60,26 +60,90 @@ from rag_gym.data.types import Corpus, Passage, QAExample
 SPLITS = ("train", "validation", "test")
 
 # ---- names ----------------------------------------------------------------------------------
-_ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z",
-           "th", "sh", "dr", "kr", "br", "gr", "tr", "vr", "zh", "kh")
+_ONSETS = (
+    "b",
+    "d",
+    "f",
+    "g",
+    "k",
+    "l",
+    "m",
+    "n",
+    "p",
+    "r",
+    "s",
+    "t",
+    "v",
+    "z",
+    "th",
+    "sh",
+    "dr",
+    "kr",
+    "br",
+    "gr",
+    "tr",
+    "vr",
+    "zh",
+    "kh",
+)
 _VOWELS = ("a", "e", "i", "o", "u", "ae", "ei", "ou", "ia")
 _CODAS = ("", "n", "r", "s", "th", "l", "x", "k", "m")
 _SYLLABLES = tuple(o + v for o in _ONSETS for v in _VOWELS)
 
-_OCCUPATIONS = ("cartographer", "botanist", "architect", "composer", "engineer", "historian",
-                "painter", "physician", "astronomer", "sculptor", "linguist", "chemist",
-                "navigator", "poet", "jurist", "weaver")
-_ORG_KINDS = (("Institute", "research institute"), ("Guild", "craft guild"),
-              ("Dynamics", "engineering firm"), ("Press", "publishing house"),
-              ("Collective", "artists' collective"), ("Foundry", "metalworks"),
-              ("Observatory", "observatory"), ("Trading Company", "trading company"),
-              ("Academy", "academy"), ("Bank", "bank"))
-_WORK_NOUNS = ("Lantern", "Harbor", "Orchard", "Compass", "Archive", "Tide", "Meridian",
-               "Garden", "Atlas", "Bell", "Mirror", "Citadel", "Voyage", "Ember", "Quarry",
-               "Loom", "Canticle", "Estuary", "Lighthouse", "Almanac")
+_OCCUPATIONS = (
+    "cartographer",
+    "botanist",
+    "architect",
+    "composer",
+    "engineer",
+    "historian",
+    "painter",
+    "physician",
+    "astronomer",
+    "sculptor",
+    "linguist",
+    "chemist",
+    "navigator",
+    "poet",
+    "jurist",
+    "weaver",
+)
+_ORG_KINDS = (
+    ("Institute", "research institute"),
+    ("Guild", "craft guild"),
+    ("Dynamics", "engineering firm"),
+    ("Press", "publishing house"),
+    ("Collective", "artists' collective"),
+    ("Foundry", "metalworks"),
+    ("Observatory", "observatory"),
+    ("Trading Company", "trading company"),
+    ("Academy", "academy"),
+    ("Bank", "bank"),
+)
+_WORK_NOUNS = (
+    "Lantern",
+    "Harbor",
+    "Orchard",
+    "Compass",
+    "Archive",
+    "Tide",
+    "Meridian",
+    "Garden",
+    "Atlas",
+    "Bell",
+    "Mirror",
+    "Citadel",
+    "Voyage",
+    "Ember",
+    "Quarry",
+    "Loom",
+    "Canticle",
+    "Estuary",
+    "Lighthouse",
+    "Almanac",
+)
 _GENRES = ("novel", "play", "treatise", "poetry collection", "memoir", "chronicle", "essay")
 _CURRENCY_UNITS = ("crown", "mark", "florin", "talent", "shell", "ducat")
-
 
 
 def _a(noun: str) -> str:
@@ -97,7 +161,12 @@ RELATIONS: dict[str, tuple[str, str | None, str, str]] = {
     "mentor": ("person", "person", "the mentor of {X}", "Who was the mentor of {X}?"),
     "birth_year": ("person", None, "", "In what year was {X} born?"),
     "occupation": ("person", None, "", "What is the occupation of {X}?"),
-    "headquarters": ("org", "city", "the headquarters city of {X}", "In which city is {X} headquartered?"),
+    "headquarters": (
+        "org",
+        "city",
+        "the headquarters city of {X}",
+        "In which city is {X} headquartered?",
+    ),
     "founder": ("org", "person", "the founder of {X}", "Who founded {X}?"),
     "founded_year": ("org", None, "", "In what year was {X} founded?"),
     "country": ("city", "country", "the country of {X}", "In which country is {X}?"),
@@ -147,7 +216,9 @@ class SynthHopConfig:
                 raise ValueError(f"expected {name} in [0, 1], got {rate!r}")
         nq = tuple(self.n_questions)
         if len(nq) != 3 or any(not isinstance(n, int) or n < 0 for n in nq):
-            raise ValueError(f"expected n_questions as (train, validation, test) counts, got {self.n_questions!r}")
+            raise ValueError(
+                f"expected n_questions as (train, validation, test) counts, got {self.n_questions!r}"
+            )
         object.__setattr__(self, "n_questions", nq)
         if sum(nq) > self.n_passages // 4:
             raise ValueError(
@@ -186,8 +257,12 @@ class SynthHopWorld:
             with open(out / f"{split}.jsonl", "w", encoding="utf-8") as f:
                 for ex in examples:
                     f.write(json.dumps(example_to_json(ex), ensure_ascii=False) + "\n")
-        params = {"rag_gym_version": __version__, "config": asdict(self.config),
-                  "n_passages": len(self.corpus), "removed_ids": list(self.removed_ids)}
+        params = {
+            "rag_gym_version": __version__,
+            "config": asdict(self.config),
+            "n_passages": len(self.corpus),
+            "removed_ids": list(self.removed_ids),
+        }
         (out / "config.json").write_text(json.dumps(params, indent=2) + "\n")
         return out
 
@@ -195,10 +270,15 @@ class SynthHopWorld:
 def example_to_json(ex: QAExample) -> dict[str, Any]:
     """A JSON-serialisable dict of a QAExample (passages as ``{id, title, text}``)."""
     return {
-        "id": ex.id, "question": ex.question, "answers": list(ex.answers),
+        "id": ex.id,
+        "question": ex.question,
+        "answers": list(ex.answers),
         "supporting_ids": list(ex.supporting_ids),
         "passages": [{"id": p.id, "title": p.title, "text": p.text} for p in ex.passages],
-        "hops": ex.hops, "answerable": ex.answerable, "type": ex.type, "meta": dict(ex.meta),
+        "hops": ex.hops,
+        "answerable": ex.answerable,
+        "type": ex.type,
+        "meta": dict(ex.meta),
     }
 
 
@@ -209,14 +289,19 @@ def generate(config: SynthHopConfig = PRESETS["default"]) -> SynthHopWorld:
 
 
 def load(
-    path: str | Path | None = None, split: str = "validation", preset: str = "default", **overrides: Any
+    path: str | Path | None = None,
+    split: str = "validation",
+    preset: str = "default",
+    **overrides: Any,
 ) -> list[QAExample]:
     """Questions of one split of a preset world (``"default"`` or ``"hard"``), with overrides.
 
     ``path`` is accepted for symmetry with the file loaders and must be ``None``.
     """
     if path is not None:
-        raise ValueError("SynthHop is generated, not read from a file; drop path=... (use preset= and overrides)")
+        raise ValueError(
+            "SynthHop is generated, not read from a file; drop path=... (use preset= and overrides)"
+        )
     return world_for(preset, **overrides).questions[_check_split(split)]
 
 
@@ -231,7 +316,9 @@ def world_for(preset: str = "default", **overrides: Any) -> SynthHopWorld:
     base = asdict(PRESETS[preset])
     unknown = set(overrides) - set(base)
     if unknown:
-        raise TypeError(f"unknown SynthHop config fields {sorted(unknown)}; expected some of {sorted(base)}")
+        raise TypeError(
+            f"unknown SynthHop config fields {sorted(unknown)}; expected some of {sorted(base)}"
+        )
     base.update(overrides)
     for key in ("hops", "n_questions"):
         base[key] = tuple(base[key])
@@ -302,35 +389,49 @@ class _Generator:
 
     def _entities(self) -> None:
         n = self.cfg.n_passages
-        counts = {"country": max(6, n // 100), "city": max(20, int(n * 0.15)),
-                  "org": max(20, int(n * 0.15)), "work": max(20, int(n * 0.28))}
+        counts = {
+            "country": max(6, n // 100),
+            "city": max(20, int(n * 0.15)),
+            "org": max(20, int(n * 0.15)),
+            "work": max(20, int(n * 0.28)),
+        }
         counts["person"] = n - sum(counts.values())
         self.counts = counts
         rng = self.rng
         n_last = max(10, counts["person"] // 3)
-        unique = _unique_words(rng, counts["country"] + counts["city"] + counts["org"] + counts["work"] + n_last, 3)
+        unique = _unique_words(
+            rng, counts["country"] + counts["city"] + counts["org"] + counts["work"] + n_last, 3
+        )
         firsts = [w for w in _unique_words(rng, 600, 2) if w not in set(unique)]
         pos = 0
 
         def take(k: int) -> list[str]:
             nonlocal pos
             pos += k
-            return unique[pos - k: pos]
+            return unique[pos - k : pos]
 
         self.names: dict[str, list[str]] = {}
         self.names["country"] = take(counts["country"])
         self.names["city"] = take(counts["city"])
         org_words = take(counts["org"])
         self.org_kind = rng.integers(0, len(_ORG_KINDS), size=counts["org"])
-        self.names["org"] = [f"{w} {_ORG_KINDS[k][0]}" for w, k in zip(org_words, self.org_kind.tolist(), strict=True)]
+        self.names["org"] = [
+            f"{w} {_ORG_KINDS[k][0]}"
+            for w, k in zip(org_words, self.org_kind.tolist(), strict=True)
+        ]
         work_words = take(counts["work"])
         self.work_noun = rng.integers(0, len(_WORK_NOUNS), size=counts["work"])
-        self.names["work"] = [f"The {w} {_WORK_NOUNS[k]}" for w, k in zip(work_words, self.work_noun.tolist(), strict=True)]
+        self.names["work"] = [
+            f"The {w} {_WORK_NOUNS[k]}"
+            for w, k in zip(work_words, self.work_noun.tolist(), strict=True)
+        ]
         lasts = take(n_last)
         npers = counts["person"]
         # unique (first, last) pairs
         pair_space = len(firsts) * len(lasts)
-        codes = rng.choice(pair_space, size=npers, replace=False) if pair_space < 5 * npers else None
+        codes = (
+            rng.choice(pair_space, size=npers, replace=False) if pair_space < 5 * npers else None
+        )
         if codes is None:
             chosen: dict[int, None] = {}
             while len(chosen) < npers:
@@ -341,7 +442,10 @@ class _Generator:
             codes = np.fromiter(chosen, dtype=np.int64, count=npers)
         self.person_last = codes % len(lasts)
         first_idx = codes // len(lasts)
-        self.names["person"] = [f"{firsts[f]} {lasts[la]}" for f, la in zip(first_idx.tolist(), self.person_last.tolist(), strict=True)]
+        self.names["person"] = [
+            f"{firsts[f]} {lasts[la]}"
+            for f, la in zip(first_idx.tolist(), self.person_last.tolist(), strict=True)
+        ]
         self.ids = {t: [f"{_PREFIX[t]}{i:07d}" for i in range(counts[t])] for t in _TYPES}
 
     def _facts(self) -> None:
@@ -359,7 +463,10 @@ class _Generator:
         self.country_capital = capital
         self.country_year = rng.integers(900, 1900, size=c["country"])
         currency_words = _unique_words(rng, c["country"], 2)
-        self.country_currency = [f"{w.lower()} {_CURRENCY_UNITS[i % len(_CURRENCY_UNITS)]}" for i, w in enumerate(currency_words)]
+        self.country_currency = [
+            f"{w.lower()} {_CURRENCY_UNITS[i % len(_CURRENCY_UNITS)]}"
+            for i, w in enumerate(currency_words)
+        ]
         self.person_birth = rng.integers(1700, 2000, size=c["person"])
         self.person_city = rng.integers(0, c["city"], size=c["person"])
         self.person_org = rng.integers(0, c["org"], size=c["person"])
@@ -391,12 +498,21 @@ class _Generator:
         if etype == "city":
             return {"country": ("country", int(self.city_country[i]))}
         if etype == "country":
-            return {"capital": ("city", int(self.country_capital[i])), "currency": self.country_currency[i]}
+            return {
+                "capital": ("city", int(self.country_capital[i])),
+                "currency": self.country_currency[i],
+            }
         if etype == "org":
-            return {"headquarters": ("city", int(self.org_city[i])), "founder": ("person", int(self.org_founder[i])),
-                    "founded_year": str(self.org_year[i])}
-        return {"author": ("person", int(self.work_author[i])), "publisher": ("org", int(self.work_publisher[i])),
-                "published_year": str(self.work_year[i])}
+            return {
+                "headquarters": ("city", int(self.org_city[i])),
+                "founder": ("person", int(self.org_founder[i])),
+                "founded_year": str(self.org_year[i]),
+            }
+        return {
+            "author": ("person", int(self.work_author[i])),
+            "publisher": ("org", int(self.work_publisher[i])),
+            "published_year": str(self.work_year[i]),
+        }
 
     def _texts(self) -> dict[str, list[str]]:
         nm = self.names
@@ -405,28 +521,57 @@ class _Generator:
         texts["person"] = [
             f"{person[i]} is {_a(_OCCUPATIONS[occ])} born in {by} in {city[pc]}. {person[i]} works for {org[po]}"
             + (f" and studied under {person[m]}." if m >= 0 else ".")
-            for i, (occ, by, pc, po, m) in enumerate(zip(
-                self.person_occ.tolist(), self.person_birth.tolist(), self.person_city.tolist(),
-                self.person_org.tolist(), self.person_mentor.tolist(), strict=True))
+            for i, (occ, by, pc, po, m) in enumerate(
+                zip(
+                    self.person_occ.tolist(),
+                    self.person_birth.tolist(),
+                    self.person_city.tolist(),
+                    self.person_org.tolist(),
+                    self.person_mentor.tolist(),
+                    strict=True,
+                )
+            )
         ]
         texts["city"] = [
             f"{city[i]} is a city in {country[k]}, founded in {y}."
-            for i, (k, y) in enumerate(zip(self.city_country.tolist(), self.city_founded.tolist(), strict=True))
+            for i, (k, y) in enumerate(
+                zip(self.city_country.tolist(), self.city_founded.tolist(), strict=True)
+            )
         ]
         texts["country"] = [
             f"{country[i]} is a country whose capital is {city[cap]}. Its currency is the {cur}, and it was established in {y}."
-            for i, (cap, cur, y) in enumerate(zip(self.country_capital.tolist(), self.country_currency,
-                                                  self.country_year.tolist(), strict=True))
+            for i, (cap, cur, y) in enumerate(
+                zip(
+                    self.country_capital.tolist(),
+                    self.country_currency,
+                    self.country_year.tolist(),
+                    strict=True,
+                )
+            )
         ]
         texts["org"] = [
             f"{org[i]} is {_a(_ORG_KINDS[k][1])} founded in {y} by {person[f]}. Its headquarters are in {city[hc]}."
-            for i, (k, y, f, hc) in enumerate(zip(self.org_kind.tolist(), self.org_year.tolist(),
-                                                  self.org_founder.tolist(), self.org_city.tolist(), strict=True))
+            for i, (k, y, f, hc) in enumerate(
+                zip(
+                    self.org_kind.tolist(),
+                    self.org_year.tolist(),
+                    self.org_founder.tolist(),
+                    self.org_city.tolist(),
+                    strict=True,
+                )
+            )
         ]
         texts["work"] = [
             f"{nm['work'][i]} is {_a(_GENRES[g])} published in {y} by {org[p]}. It was written by {person[a]}."
-            for i, (g, y, p, a) in enumerate(zip(self.work_genre.tolist(), self.work_year.tolist(),
-                                                 self.work_publisher.tolist(), self.work_author.tolist(), strict=True))
+            for i, (g, y, p, a) in enumerate(
+                zip(
+                    self.work_genre.tolist(),
+                    self.work_year.tolist(),
+                    self.work_publisher.tolist(),
+                    self.work_author.tolist(),
+                    strict=True,
+                )
+            )
         ]
         return texts
 
@@ -437,8 +582,14 @@ class _Generator:
         def add(target: tuple[str, int], source: tuple[str, int]) -> None:
             refs.setdefault(target, []).append(source)
 
-        for i, (pc, po, m) in enumerate(zip(self.person_city.tolist(), self.person_org.tolist(),
-                                            self.person_mentor.tolist(), strict=True)):
+        for i, (pc, po, m) in enumerate(
+            zip(
+                self.person_city.tolist(),
+                self.person_org.tolist(),
+                self.person_mentor.tolist(),
+                strict=True,
+            )
+        ):
             add(("city", pc), ("person", i))
             add(("org", po), ("person", i))
             if m >= 0:
@@ -447,10 +598,14 @@ class _Generator:
             add(("country", k), ("city", i))
         for i, cap in enumerate(self.country_capital.tolist()):
             add(("city", cap), ("country", i))
-        for i, (hc, f) in enumerate(zip(self.org_city.tolist(), self.org_founder.tolist(), strict=True)):
+        for i, (hc, f) in enumerate(
+            zip(self.org_city.tolist(), self.org_founder.tolist(), strict=True)
+        ):
             add(("city", hc), ("org", i))
             add(("person", f), ("org", i))
-        for i, (a, p) in enumerate(zip(self.work_author.tolist(), self.work_publisher.tolist(), strict=True)):
+        for i, (a, p) in enumerate(
+            zip(self.work_author.tolist(), self.work_publisher.tolist(), strict=True)
+        ):
             add(("person", a), ("work", i))
             add(("org", p), ("work", i))
         self.refs = refs
@@ -506,7 +661,9 @@ class _Generator:
     def _chain_question(self, hops: int, removed: set, seen: set) -> dict[str, Any] | None:
         rng = self.rng
         hops = int(hops)
-        start_type = str(rng.choice(["work", "person", "org", "city", "country"], p=[0.3, 0.3, 0.2, 0.15, 0.05]))
+        start_type = str(
+            rng.choice(["work", "person", "org", "city", "country"], p=[0.3, 0.3, 0.2, 0.15, 0.05])
+        )
         start = (start_type, int(rng.integers(0, self.counts[start_type])))
         if start in removed:
             return None
@@ -542,13 +699,23 @@ class _Generator:
         decomposition = []
         for ent, rel in zip(chain, rels, strict=True):
             sub_answer = self._value(ent, rel)
-            decomposition.append({
-                "question": RELATIONS[rel][3].format(X=self.names[ent[0]][ent[1]]),
-                "answer": sub_answer, "passage_id": self.ids[ent[0]][ent[1]],
-            })
-        return {"question": question, "answer": answer, "chain": chain, "type": "compositional",
-                "start": self.names[start[0]][start[1]],
-                "relations": rels, "decomposition": decomposition, "missing": None}
+            decomposition.append(
+                {
+                    "question": RELATIONS[rel][3].format(X=self.names[ent[0]][ent[1]]),
+                    "answer": sub_answer,
+                    "passage_id": self.ids[ent[0]][ent[1]],
+                }
+            )
+        return {
+            "question": question,
+            "answer": answer,
+            "chain": chain,
+            "type": "compositional",
+            "start": self.names[start[0]][start[1]],
+            "relations": rels,
+            "decomposition": decomposition,
+            "missing": None,
+        }
 
     def _value(self, ent: tuple[str, int], rel: str) -> str:
         val = self._edges(*ent)[rel]
@@ -573,12 +740,24 @@ class _Generator:
             return None
         answer = na if va < vb else nb
         decomposition = [
-            {"question": RELATIONS[attr][3].format(X=n), "answer": str(v), "passage_id": self.ids[etype][i]}
+            {
+                "question": RELATIONS[attr][3].format(X=n),
+                "answer": str(v),
+                "passage_id": self.ids[etype][i],
+            }
             for n, v, i in ((na, va, a), (nb, vb, b))
         ]
-        return {"question": question, "answer": answer, "chain": [ea, eb], "type": "comparison",
-                "start": na, "other": nb,
-                "relations": [attr, attr], "decomposition": decomposition, "missing": None}
+        return {
+            "question": question,
+            "answer": answer,
+            "chain": [ea, eb],
+            "type": "comparison",
+            "start": na,
+            "other": nb,
+            "relations": [attr, attr],
+            "decomposition": decomposition,
+            "missing": None,
+        }
 
     # -- corpus and pools --
     def _corpus(self, removed: set[tuple[str, int]]) -> Corpus:
@@ -596,7 +775,9 @@ class _Generator:
                 ids += self.ids[t]
                 titles += self.names[t]
                 texts += self.texts[t]
-        return Corpus.from_columns(ids, titles, texts, name=f"synthhop-{self.cfg.seed}-{self.cfg.n_passages}")
+        return Corpus.from_columns(
+            ids, titles, texts, name=f"synthhop-{self.cfg.seed}-{self.cfg.n_passages}"
+        )
 
     def _family(self, ent: tuple[str, int]) -> list[tuple[str, int]]:
         """Same-type entities that share a name part (surname, suffix, noun) or a country."""
@@ -613,12 +794,18 @@ class _Generator:
                 fam.setdefault(("city", key), []).append(j)
             fam[("country", 0)] = list(range(self.counts["country"]))
             self._families = fam
-        key = {"person": lambda: int(self.person_last[i]), "org": lambda: int(self.org_kind[i]),
-               "work": lambda: int(self.work_noun[i]), "city": lambda: int(self.city_country[i]),
-               "country": lambda: 0}[etype]()
+        key = {
+            "person": lambda: int(self.person_last[i]),
+            "org": lambda: int(self.org_kind[i]),
+            "work": lambda: int(self.work_noun[i]),
+            "city": lambda: int(self.city_country[i]),
+            "country": lambda: 0,
+        }[etype]()
         return [(etype, j) for j in self._families[(etype, key)] if j != i]
 
-    def _pools(self, questions: dict[str, list[dict[str, Any]]], removed: set, corpus: Corpus) -> None:
+    def _pools(
+        self, questions: dict[str, list[dict[str, Any]]], removed: set, corpus: Corpus
+    ) -> None:
         rng, size = self.rng, self.cfg.pool_size
         for qs in questions.values():
             for q in qs:
@@ -658,16 +845,25 @@ class _Generator:
         gold = tuple(ids[t][i] for t, i in q["chain"] if (t, i) != q["missing"])
         passages = tuple(corpus[ids[t][i]] for t, i in q["pool"])
         qid = f"synthhop-{self.cfg.seed}-{abs(hash_text(q['question'])) % 10**10:010d}"
-        meta: dict[str, Any] = {"decomposition": q["decomposition"], "relations": q["relations"],
-                                "start_entity": q["start"]}
+        meta: dict[str, Any] = {
+            "decomposition": q["decomposition"],
+            "relations": q["relations"],
+            "start_entity": q["start"],
+        }
         if "other" in q:
             meta["other_entity"] = q["other"]
         if q["missing"] is not None:
             meta["missing_id"] = ids[q["missing"][0]][q["missing"][1]]
         return QAExample(
-            id=qid, question=q["question"], answers=(q["answer"],), supporting_ids=gold,
-            passages=passages, hops=len(q["decomposition"]), answerable=q["missing"] is None,
-            type=q["type"], meta=meta,
+            id=qid,
+            question=q["question"],
+            answers=(q["answer"],),
+            supporting_ids=gold,
+            passages=passages,
+            hops=len(q["decomposition"]),
+            answerable=q["missing"] is None,
+            type=q["type"],
+            meta=meta,
         )
 
 
@@ -675,7 +871,9 @@ def hash_text(text: str) -> int:
     """A stable (not salted) 64-bit hash of ``text``."""
     import hashlib
 
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big", signed=True)
+    return int.from_bytes(
+        hashlib.blake2b(text.encode(), digest_size=8).digest(), "big", signed=True
+    )
 
 
 def passages_naming(corpus: Corpus, names: Sequence[str]) -> list[Passage]:

@@ -37,7 +37,9 @@ def parse_record(record: dict[str, Any], path: Path, where: str) -> QAExample:
         raise DataFormatError(path, where, "answer", "a string", answer)
     evidences = record.get("evidences", [])
     if not isinstance(evidences, list):
-        raise DataFormatError(path, where, "evidences", "a list of [subject, relation, object]", evidences)
+        raise DataFormatError(
+            path, where, "evidences", "a list of [subject, relation, object]", evidences
+        )
     passages = context_passages(record, path, where)
     gold = gold_ids(supporting_titles(record, path, where), passages, path, where)
     return QAExample(

@@ -226,4 +226,3 @@ class Corpus:
                 else:
                     rec = {"id": pid, "title": title, "text": text}
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-

@@ -193,11 +193,15 @@ class SearchEnv(gym.Env[str, dict[str, Any]]):
         if answer_metric not in ANSWER_METRICS:
             raise ValueError(f"expected answer_metric in {ANSWER_METRICS}, got {answer_metric!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(f"expected render_mode in {self.metadata['render_modes']} or None, got {render_mode!r}")
+            raise ValueError(
+                f"expected render_mode in {self.metadata['render_modes']} or None, got {render_mode!r}"
+            )
         if corpus_mode not in (None, "pool", "corpus"):
             raise ValueError(f"expected corpus_mode 'pool', 'corpus' or None, got {corpus_mode!r}")
         if not isinstance(invalid_action_penalty, (int, float)):
-            raise TypeError(f"expected invalid_action_penalty to be a float, got {invalid_action_penalty!r}")
+            raise TypeError(
+                f"expected invalid_action_penalty to be a float, got {invalid_action_penalty!r}"
+            )
         self.dataset = canonical_name(dataset)
         self.split = split
         self.k = k
@@ -213,12 +217,17 @@ class SearchEnv(gym.Env[str, dict[str, Any]]):
         )
         if not self.examples:
             raise ValueError(f"dataset {self.dataset!r} split {split!r} has no questions")
-        self.retriever: Retriever = retriever if retriever is not None else BM25Retriever(self.corpus)
+        self.retriever: Retriever = (
+            retriever if retriever is not None else BM25Retriever(self.corpus)
+        )
         self._by_id = {ex.id: i for i, ex in enumerate(self.examples)}
 
         self.observation_space = UnicodeText(max_length=max_obs_chars)
         self.action_space = spaces.Dict(
-            {"type": spaces.Discrete(len(ActionType)), "text": UnicodeText(max_length=max_text_chars)}
+            {
+                "type": spaces.Discrete(len(ActionType)),
+                "text": UnicodeText(max_length=max_text_chars),
+            }
         )
         self._example: QAExample | None = None
         self._done = True
@@ -232,7 +241,9 @@ class SearchEnv(gym.Env[str, dict[str, Any]]):
             return examples, retriever.corpus, corpus_mode or "corpus"
         if corpus_path is not None:
             if corpus_mode == "pool":
-                raise ValueError("corpus=... searches that corpus; drop corpus_mode='pool' or the corpus")
+                raise ValueError(
+                    "corpus=... searches that corpus; drop corpus_mode='pool' or the corpus"
+                )
             return examples, Corpus.from_jsonl(corpus_path), "corpus"
         if self.dataset == "synthhop":
             from rag_gym.data.synthhop import world_for
@@ -248,7 +259,9 @@ class SearchEnv(gym.Env[str, dict[str, Any]]):
         return examples, pooled, corpus_mode or "pool"
 
     # ---- Gymnasium API --------------------------------------------------------------------------
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
         options = options or {}
         if "question_id" in options:
@@ -259,13 +272,17 @@ class SearchEnv(gym.Env[str, dict[str, Any]]):
         elif "index" in options:
             index = options["index"]
             if not isinstance(index, (int, np.integer)) or not 0 <= index < len(self.examples):
-                raise ValueError(f"expected options['index'] in [0, {len(self.examples)}), got {index!r}")
+                raise ValueError(
+                    f"expected options['index'] in [0, {len(self.examples)}), got {index!r}"
+                )
         else:
             index = int(self.np_random.integers(len(self.examples)))
         self._example = self.examples[int(index)]
         self._pool = [p.id for p in self._example.passages] if self.corpus_mode == "pool" else None
         if self._pool is not None and not self._pool:
-            raise ValueError(f"question {self._example.id!r} has an empty pool; use corpus_mode='corpus'")
+            raise ValueError(
+                f"question {self._example.id!r} has an empty pool; use corpus_mode='corpus'"
+            )
         self._gold = list(self._example.supporting_ids)
         self._context: list[_Hop] = []
         self._history: list[_Hop] = []
@@ -274,14 +291,22 @@ class SearchEnv(gym.Env[str, dict[str, Any]]):
         self._num_searches = 0
         self._done = False
         self._last_message = ""
-        info = self._info(action_type=None, query=None, retrieved=[], invalid=False, terms={"answer": 0.0, "invalid": 0.0})
+        info = self._info(
+            action_type=None,
+            query=None,
+            retrieved=[],
+            invalid=False,
+            terms={"answer": 0.0, "invalid": 0.0},
+        )
         return self._render_obs(), info
 
     def step(self, action: dict[str, Any]) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._example is None:
             raise RuntimeError("call reset() before step()")
         if self._done:
-            raise RuntimeError("the episode has ended (ANSWER or REFUSE); call reset() to start a new one")
+            raise RuntimeError(
+                "the episode has ended (ANSWER or REFUSE); call reset() to start a new one"
+            )
         atype, text = self._validate(action)
         self._step_count += 1
         self._last_message = ""
@@ -295,12 +320,13 @@ class SearchEnv(gym.Env[str, dict[str, Any]]):
         if atype == ActionType.SEARCH:
             query = text.strip()
             if not query:
-                invalid, self._last_message = True, "Invalid action: SEARCH needs a non-empty query."
+                invalid, self._last_message = (
+                    True,
+                    "Invalid action: SEARCH needs a non-empty query.",
+                )
             elif len(query) > self.max_query_chars:
                 invalid = True
-                self._last_message = (
-                    f"Invalid action: the query has {len(query)} characters; the limit is {self.max_query_chars}."
-                )
+                self._last_message = f"Invalid action: the query has {len(query)} characters; the limit is {self.max_query_chars}."
             else:
                 retrieved = self._search(query)
                 hop = _Hop(self._step_count, "search", query, retrieved)
@@ -314,7 +340,10 @@ class SearchEnv(gym.Env[str, dict[str, Any]]):
         elif atype == ActionType.EVALUATE:
             note = text.strip()
             if not note:
-                invalid, self._last_message = True, "Invalid action: EVALUATE needs a non-empty note."
+                invalid, self._last_message = (
+                    True,
+                    "Invalid action: EVALUATE needs a non-empty note.",
+                )
             elif len(note) > self.max_query_chars:
                 invalid = True
                 self._last_message = f"Invalid action: the note has {len(note)} characters; the limit is {self.max_query_chars}."
@@ -323,22 +352,35 @@ class SearchEnv(gym.Env[str, dict[str, Any]]):
                 self._context.append(hop)
                 self._history.append(hop)
         elif atype == ActionType.BACKTRACK:
-            last_search = max((i for i, h in enumerate(self._context) if h.kind == "search"), default=None)
+            last_search = max(
+                (i for i, h in enumerate(self._context) if h.kind == "search"), default=None
+            )
             if last_search is None:
-                invalid, self._last_message = True, "Invalid action: BACKTRACK needs a search in the context to drop."
+                invalid, self._last_message = (
+                    True,
+                    "Invalid action: BACKTRACK needs a search in the context to drop.",
+                )
             else:
                 dropped = self._context[last_search]
                 del self._context[last_search:]
-                self._last_message = f'Backtracked: dropped the search "{dropped.text}" (step {dropped.step}).'
+                self._last_message = (
+                    f'Backtracked: dropped the search "{dropped.text}" (step {dropped.step}).'
+                )
                 self._history.append(_Hop(self._step_count, "backtrack", dropped.text))
         elif atype == ActionType.ANSWER:
             answer = text.strip()
             if not answer:
-                invalid, self._last_message = True, "Invalid action: ANSWER needs a non-empty answer."
+                invalid, self._last_message = (
+                    True,
+                    "Invalid action: ANSWER needs a non-empty answer.",
+                )
             else:
                 terminated = True
-                scores = metrics.answer_scores(answer, self._example.answers) if self._example.answers else \
-                    {"em": 0.0, "f1": 0.0, "cover_em": 0.0}
+                scores = (
+                    metrics.answer_scores(answer, self._example.answers)
+                    if self._example.answers
+                    else {"em": 0.0, "f1": 0.0, "cover_em": 0.0}
+                )
                 if self._example.answerable:
                     answer_term = self._answer_reward(scores)
                 extra = {"prediction": answer, "scores": scores}
@@ -359,7 +401,9 @@ class SearchEnv(gym.Env[str, dict[str, Any]]):
 
     def render(self) -> str | None:
         if self.render_mode is None:
-            gym.logger.warn("render() was called without a render_mode; pass render_mode='ansi' or 'human'")
+            gym.logger.warn(
+                "render() was called without a render_mode; pass render_mode='ansi' or 'human'"
+            )
             return None
         obs = self._render_obs() if self._example is not None else ""
         if self.render_mode == "ansi":
@@ -388,7 +432,9 @@ class SearchEnv(gym.Env[str, dict[str, Any]]):
                 f"expected action['type'] to be an int (use rag_gym.envs.ActionType), got {type(atype).__name__}: {atype!r}"
             )
         if not 0 <= int(atype) < len(ActionType):
-            raise ValueError(f"expected action['type'] in 0..{len(ActionType) - 1} (ActionType), got {atype}")
+            raise ValueError(
+                f"expected action['type'] in 0..{len(ActionType) - 1} (ActionType), got {atype}"
+            )
         if not isinstance(text, str):
             raise TypeError(f"expected action['text'] to be a str, got {type(text).__name__}")
         text_space = self.action_space["text"]
@@ -479,7 +525,7 @@ def _clip(head: str, blocks: list[str], limit: int) -> str:
     head = head[: limit // 2]
     budget = limit - len(head) - len(marker) - 4
     body = "\n\n".join(blocks)
-    return f"{head}\n\n{marker}\n\n{body[len(body) - budget:] if budget > 0 else ''}"
+    return f"{head}\n\n{marker}\n\n{body[len(body) - budget :] if budget > 0 else ''}"
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:

@@ -55,7 +55,9 @@ def check_queries(queries: Sequence[str]) -> list[str]:
     queries = list(queries)
     bad = [q for q in queries if not isinstance(q, str)]
     if bad:
-        raise TypeError(f"expected every query to be a str, got {type(bad[0]).__name__}: {bad[0]!r}")
+        raise TypeError(
+            f"expected every query to be a str, got {type(bad[0]).__name__}: {bad[0]!r}"
+        )
     return queries
 
 

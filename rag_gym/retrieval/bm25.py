@@ -45,7 +45,9 @@ class BM25Config:
 
     def __post_init__(self) -> None:
         if self.method not in ("lucene", "robertson", "atire", "bm25l", "bm25+"):
-            raise ValueError(f"expected method in lucene/robertson/atire/bm25l/bm25+, got {self.method!r}")
+            raise ValueError(
+                f"expected method in lucene/robertson/atire/bm25l/bm25+, got {self.method!r}"
+            )
         if self.k1 < 0 or not 0 <= self.b <= 1:
             raise ValueError(f"expected k1 >= 0 and 0 <= b <= 1, got k1={self.k1}, b={self.b}")
 
@@ -53,7 +55,12 @@ class BM25Config:
 class BM25Retriever:
     """BM25 over a :class:`Corpus` (title and text are indexed together)."""
 
-    def __init__(self, corpus: Corpus | None = None, config: BM25Config | None = None, show_progress: bool = False) -> None:
+    def __init__(
+        self,
+        corpus: Corpus | None = None,
+        config: BM25Config | None = None,
+        show_progress: bool = False,
+    ) -> None:
         import bm25s
 
         self._bm25s = bm25s
@@ -72,8 +79,11 @@ class BM25Retriever:
     def tokenize(self, texts: list[str]) -> list[list[str]]:
         """Tokens exactly as the index saw them (lower-case, stop words out, stemmed)."""
         return self._bm25s.tokenize(
-            texts, stopwords=self.config.stopwords, stemmer=self._stemmer,
-            return_ids=False, show_progress=False,
+            texts,
+            stopwords=self.config.stopwords,
+            stemmer=self._stemmer,
+            return_ids=False,
+            show_progress=False,
         )
 
     def index(self, corpus: Corpus) -> None:
@@ -84,7 +94,9 @@ class BM25Retriever:
             raise ValueError(f"expected a non-empty corpus, got {corpus!r}")
         bm25s = self._bm25s
         tokens = bm25s.tokenize(
-            corpus.contents(), stopwords=self.config.stopwords, stemmer=self._stemmer,
+            corpus.contents(),
+            stopwords=self.config.stopwords,
+            stemmer=self._stemmer,
             show_progress=self.show_progress,
         )
         model = bm25s.BM25(k1=self.config.k1, b=self.config.b, method=self.config.method)
@@ -159,7 +171,9 @@ class BM25Retriever:
             try:
                 return np.fromiter((index[i] for i in ids), dtype=np.int64)
             except KeyError as exc:
-                raise KeyError(f"id {exc.args[0]!r} is not in the corpus {self.corpus.name!r}") from None
+                raise KeyError(
+                    f"id {exc.args[0]!r} is not in the corpus {self.corpus.name!r}"
+                ) from None
         return np.fromiter((index[i] for i in ids if i in index), dtype=np.int64)
 
     def __repr__(self) -> str:
