@@ -67,6 +67,6 @@ def parse_record(
     return QAExample(
         id=str(qid),
         question=question,
-        answers=tuple(dict.fromkeys(answers)),
+        answers=tuple(dict.fromkeys(a.strip() for a in answers)),
         meta=meta if isinstance(meta, dict) else {"metadata": meta},
     )

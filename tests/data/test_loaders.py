@@ -1,0 +1,265 @@
+"""Loaders on the real samples in ../shared/data, and on malformed files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rag_gym.data import DataFormatError, canonical_name, load, pooled_corpus
+from tests.conftest import shared_file
+
+HOTPOT = "hotpotqa/hotpot_dev_distractor_300.json"
+HOTPOT_HF = "hotpotqa/hotpot_dev_distractor_hf_layout_300.jsonl"
+TWOWIKI = "2wikimultihopqa/dev_250.json"
+MUSIQUE = "musique/musique_ans_dev_100.jsonl"
+BAMBOOGLE = "bamboogle/bamboogle.jsonl"
+
+
+@pytest.mark.shared_data
+@pytest.mark.parametrize(
+    ("name", "relative", "count"),
+    [
+        ("hotpotqa", HOTPOT, 300),
+        ("hotpotqa", HOTPOT_HF, 300),
+        ("2wikimultihopqa", TWOWIKI, 250),
+        ("musique", MUSIQUE, 100),
+        ("bamboogle", BAMBOOGLE, 125),
+    ],
+)
+def test_counts_and_basic_fields(name, relative, count):
+    examples = load(name, path=shared_file(relative))
+    assert len(examples) == count
+    assert len({ex.id for ex in examples}) == count
+    assert all(ex.question and ex.answers for ex in examples)
+
+
+@pytest.mark.shared_data
+@pytest.mark.parametrize("relative", [HOTPOT, HOTPOT_HF])
+def test_hotpotqa_two_gold_passages_in_pool(relative):
+    examples = load("hotpotqa", path=shared_file(relative))
+    for ex in examples:
+        pool = {p.id for p in ex.passages}
+        assert len(ex.supporting_ids) == 2, ex.id
+        assert set(ex.supporting_ids) <= pool, ex.id
+        assert ex.hops == 2 and ex.type in ("bridge", "comparison")
+
+
+@pytest.mark.shared_data
+def test_hotpotqa_first_record_matches_file():
+    path = shared_file(HOTPOT)
+    raw = json.loads(path.read_text())[0]
+    ex = load("hotpotqa", path=path)[0]
+    assert ex.id == raw["_id"] and ex.answers == (raw["answer"],)
+    assert ex.supporting_ids == ("Tinted Windows (album)", "Tinted Windows (band)")
+    first_title, first_sents = raw["context"][0]
+    assert ex.passages[0].title == first_title
+    assert ex.passages[0].text == "".join(first_sents).strip()
+
+
+@pytest.mark.shared_data
+def test_hotpotqa_parquet_layout(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    src = shared_file(HOTPOT_HF)
+    rows = [json.loads(line) for line in src.read_text().splitlines()[:20]]
+    path = tmp_path / "validation.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    from_parquet = load("hotpotqa", path=path)
+    from_jsonl = load("hotpotqa", path=src)[:20]
+    assert [e.supporting_ids for e in from_parquet] == [e.supporting_ids for e in from_jsonl]
+    assert [e.passages for e in from_parquet] == [e.passages for e in from_jsonl]
+
+
+@pytest.mark.shared_data
+def test_2wiki_gold_in_pool_and_evidences_kept():
+    examples = load("2wiki", path=shared_file(TWOWIKI))
+    for ex in examples:
+        assert set(ex.supporting_ids) <= {p.id for p in ex.passages}
+        assert ex.hops == len(ex.supporting_ids) in (2, 4)
+        assert ex.meta["evidences"]
+    assert examples[0].supporting_ids == ("Girl Rising (film)", "Richard E. Robbins")
+
+
+@pytest.mark.shared_data
+def test_musique_gold_count_equals_hops_and_aliases_kept():
+    examples = load("musique", path=shared_file(MUSIQUE))
+    for ex in examples:
+        assert len(ex.supporting_ids) == ex.hops, ex.id
+        assert ex.hops in (2, 3, 4)
+        assert len(ex.passages) == 20
+        assert ex.answerable is True
+    first = examples[0]
+    assert first.answers == ("The Hateful Eight", "Hateful Eight")
+    # hop order follows the decomposition: paragraph 2 (hop 1) then paragraph 5 (hop 2)
+    assert first.supporting_ids == (f"{first.id}::2", f"{first.id}::5")
+    assert sum(len(ex.answers) > 1 for ex in examples) > 10
+
+
+def test_musique_full_unanswerable_kept(tmp_path):
+    record = {
+        "id": "2hop__1_2",
+        "question": "q?",
+        "answer": "a",
+        "answer_aliases": [],
+        "answerable": False,
+        "paragraphs": [
+            {"idx": 0, "title": "T", "paragraph_text": "x", "is_supporting": True},
+            {"idx": 1, "title": "U", "paragraph_text": "y", "is_supporting": False},
+        ],
+        "question_decomposition": [
+            {"id": 1, "question": "a", "answer": "b", "paragraph_support_idx": 0},
+            {"id": 2, "question": "c", "answer": "a", "paragraph_support_idx": None},
+        ],
+    }
+    path = tmp_path / "musique_full_dev.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    (ex,) = load("musique", path=path)
+    assert ex.answerable is False and ex.supporting_ids == ("2hop__1_2::0",) and ex.hops == 2
+
+
+@pytest.mark.shared_data
+def test_bamboogle_jsonl_and_tsv_agree(tmp_path):
+    examples = load("bamboogle", path=shared_file(BAMBOOGLE))
+    assert examples[0].answers == ("james madison",) and not examples[0].passages
+    tsv = tmp_path / "bamboogle.tsv"
+    tsv.write_text("Question\tAnswer\n" + "".join(f"{e.question}\t{e.answer}\n" for e in examples))
+    from_tsv = load("bamboogle", path=tsv)
+    assert [(e.question, e.answers) for e in from_tsv] == [
+        (e.question, e.answers) for e in examples
+    ]
+
+
+def test_flashrag_format(tmp_path):
+    path = tmp_path / "nq_test.jsonl"
+    path.write_text(
+        json.dumps(
+            {"id": "test_0", "question": "who?", "golden_answers": ["A", "B"], "metadata": {"x": 1}}
+        )
+        + "\n"
+    )
+    (ex,) = load("flashrag", path=path)
+    assert ex.answers == ("A", "B") and ex.meta == {"x": 1} and ex.passages == ()
+
+
+@pytest.mark.shared_data
+def test_pooled_corpus_renames_conflicting_titles():
+    examples = load("hotpotqa", path=shared_file(HOTPOT))
+    corpus, renamed = pooled_corpus(examples)
+    assert any(" #2" in pid for pid in corpus.ids)  # the sample has two different "Harry Morgan"s
+    for ex in renamed:
+        for p in ex.passages:
+            assert corpus[p.id].text == p.text
+        assert set(ex.supporting_ids) <= {p.id for p in ex.passages}
+
+
+# ---- malformed files name the file, the record and the field --------------------------------
+def _write_json(tmp_path: Path, name: str, data) -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_hotpotqa_missing_question(tmp_path):
+    path = _write_json(
+        tmp_path,
+        "bad.json",
+        [{"_id": "a", "question": "q", "answer": "x", "context": []}, {"_id": "b", "answer": "x"}],
+    )
+    with pytest.raises(
+        DataFormatError,
+        match=r"bad\.json, record 1, field 'question': expected the field to be present",
+    ):
+        load("hotpotqa", path=path)
+
+
+def test_hotpotqa_gold_title_not_in_context(tmp_path):
+    rec = {
+        "_id": "a",
+        "question": "q",
+        "answer": "x",
+        "supporting_facts": [["Missing", 0]],
+        "context": [["Other", ["s."]]],
+    }
+    path = _write_json(tmp_path, "bad.json", [rec])
+    with pytest.raises(
+        DataFormatError,
+        match=r"record 0, field 'supporting_facts': expected titles that appear in 'context'",
+    ):
+        load("hotpotqa", path=path)
+
+
+def test_2wiki_bad_context_pair(tmp_path):
+    rec = {"_id": "a", "question": "q", "answer": "x", "context": [["T", "not a list"]]}
+    path = _write_json(tmp_path, "dev.json", [rec])
+    with pytest.raises(DataFormatError, match=r"dev\.json, record 0, field 'context\[0\]'"):
+        load("2wikimultihopqa", path=path)
+
+
+def test_musique_bad_support_idx(tmp_path):
+    rec = {
+        "id": "x",
+        "question": "q",
+        "answer": "a",
+        "paragraphs": [{"idx": 0, "title": "T", "paragraph_text": "p"}],
+        "question_decomposition": [{"paragraph_support_idx": 7}],
+    }
+    path = tmp_path / "m.jsonl"
+    path.write_text("\n" + json.dumps(rec) + "\n")
+    with pytest.raises(
+        DataFormatError,
+        match=r"m\.jsonl, line 2, field 'question_decomposition\[0\]\.paragraph_support_idx'",
+    ):
+        load("musique", path=path)
+
+
+def test_jsonl_bad_json_line(tmp_path):
+    path = tmp_path / "b.jsonl"
+    path.write_text('{"id": "1", "question": "q", "answer": "a"}\n{not json\n')
+    with pytest.raises(
+        DataFormatError, match=r"b\.jsonl, line 2, field '\(json\)': expected valid JSON"
+    ):
+        load("bamboogle", path=path)
+
+
+def test_flashrag_answers_wrong_type(tmp_path):
+    path = tmp_path / "f.jsonl"
+    path.write_text(json.dumps({"id": "1", "question": "q", "golden_answers": [1, 2]}) + "\n")
+    with pytest.raises(
+        DataFormatError, match=r"line 1, field 'golden_answers': expected a list of strings"
+    ):
+        load("flashrag", path=path)
+
+
+def test_bamboogle_tsv_missing_column(tmp_path):
+    path = tmp_path / "b.tsv"
+    path.write_text("Q\tAnswer\nx\ty\n")
+    with pytest.raises(DataFormatError, match=r"b\.tsv, line 1, field 'Question'"):
+        load("bamboogle", path=path)
+
+
+def test_missing_file_and_wrong_suffix(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        load("hotpotqa", path=tmp_path / "nope.json")
+    path = tmp_path / "data.xml"
+    path.write_text("<x/>")
+    with pytest.raises(
+        ValueError, match=r"expected a \.json, \.jsonl or \.parquet file, got 'data.xml'"
+    ):
+        load("hotpotqa", path=path)
+
+
+def test_unknown_dataset_did_you_mean():
+    with pytest.raises(ValueError, match="did you mean 'musique'"):
+        canonical_name("musiqe")
+    with pytest.raises(TypeError, match="expected a dataset name"):
+        canonical_name(3)
+    assert canonical_name("2Wiki") == "2wikimultihopqa"
+
+
+def test_datasets_without_hub_copy_say_where_to_get_them():
+    with pytest.raises(ValueError, match="pass path="):
+        load("musique")
+    with pytest.raises(ValueError, match="pass path="):
+        load("2wikimultihopqa")

@@ -1,0 +1,109 @@
+"""BM25 through bm25s: same scores as the raw library, batching, exclusion, pools, ties."""
+
+from __future__ import annotations
+
+import bm25s
+import numpy as np
+import pytest
+import Stemmer
+
+from rag_gym.data import Corpus, Passage
+from rag_gym.data.synthhop import SynthHopConfig, generate
+from rag_gym.retrieval import BM25Retriever
+
+
+@pytest.fixture(scope="module")
+def world():
+    return generate(SynthHopConfig(n_passages=2000, n_questions=(40, 10, 10)))
+
+
+@pytest.fixture(scope="module")
+def bm25(world):
+    return BM25Retriever(world.corpus)
+
+
+def test_matches_raw_bm25s(world, bm25):
+    stemmer = Stemmer.Stemmer("english")
+    raw = bm25s.BM25()
+    raw.index(
+        bm25s.tokenize(
+            world.corpus.contents(), stopwords="en", stemmer=stemmer, show_progress=False
+        ),
+        show_progress=False,
+    )
+    queries = [q.question for q in world.questions["train"][:20]]
+    tokens = bm25s.tokenize(
+        queries, stopwords="en", stemmer=stemmer, show_progress=False, return_ids=False
+    )
+    ours = bm25.retrieve(queries, k=5)
+    ids = world.corpus.ids
+    for i, toks in enumerate(tokens):
+        scores = raw.get_scores(toks)  # bm25s's own scores for every passage
+        expected = sorted(range(len(ids)), key=lambda d: (-scores[d], ids[d]))[:5]
+        assert ours.ids[i] == [ids[d] for d in expected]
+        np.testing.assert_allclose(ours.scores[i], scores[expected], rtol=1e-6)
+
+
+def test_first_hop_is_found(world, bm25):
+    questions = world.questions["validation"]
+    result = bm25.retrieve([q.question for q in questions], k=3)
+    hits = sum(q.supporting_ids[0] in ids for q, ids in zip(questions, result.ids, strict=True))
+    assert hits >= 0.8 * len(questions)
+
+
+def test_batch_equals_single(world, bm25):
+    queries = [q.question for q in world.questions["train"][:8]]
+    batch = bm25.retrieve(queries, k=4)
+    for i, q in enumerate(queries):
+        single = bm25.retrieve([q], k=4)
+        assert single.ids[0] == batch.ids[i] and single.scores[0] == batch.scores[i]
+
+
+def test_ties_broken_by_id():
+    # identical texts -> identical scores -> id order, whatever the corpus order
+    corpus = Corpus(
+        [Passage(pid, "", "red apple") for pid in ["d9", "d2", "d5", "d1"]]
+        + [Passage("z", "", "pear")]
+    )
+    bm25 = BM25Retriever(corpus)
+    assert bm25.retrieve(["apple"], k=3).ids == [["d1", "d2", "d5"]]
+    # an empty query scores everything 0: pure id order
+    assert bm25.retrieve([""], k=2).ids == [["d1", "d2"]]
+
+
+def test_exclude_and_within(world, bm25):
+    q = world.questions["validation"][0]
+    top = bm25.retrieve([q.question], k=3).ids[0]
+    excluded = bm25.retrieve([q.question], k=3, exclude=[top[:1]]).ids[0]
+    assert top[0] not in excluded and excluded[:2] == top[1:]
+    pool = [p.id for p in q.passages]
+    inside = bm25.retrieve([q.question], k=3, within=[pool]).ids[0]
+    assert set(inside) <= set(pool) and len(inside) == 3
+    # ranking within the pool equals the corpus ranking filtered to the pool
+    full = bm25.retrieve([q.question], k=len(world.corpus)).ids[0]
+    assert inside == [pid for pid in full if pid in set(pool)][:3]
+    # exclusion can exhaust a pool: fewer results, never a skipped error
+    assert bm25.retrieve([q.question], k=10, within=[pool], exclude=[pool[:8]]).ids[0] == [
+        pid for pid in full if pid in set(pool[8:])
+    ]
+
+
+def test_errors(bm25):
+    with pytest.raises(
+        ValueError, match=r"expected k <= 2000 \(the size of the corpus\), got k=2001"
+    ):
+        bm25.retrieve(["x"], k=2001)
+    with pytest.raises(ValueError, match="expected k >= 1"):
+        bm25.retrieve(["x"], k=0)
+    with pytest.raises(TypeError, match="got a single str"):
+        bm25.retrieve("x", k=1)
+    with pytest.raises(ValueError, match=r"expected k <= 2 \(the size of the candidate pool\)"):
+        bm25.retrieve(["x"], k=3, within=[["P0000001", "P0000002"]])
+    with pytest.raises(KeyError, match="id 'nope' is not in the corpus"):
+        bm25.retrieve(["x"], k=1, within=[["nope"]])
+    with pytest.raises(
+        ValueError, match=r"expected exclude to have one entry per query \(1\), got 2"
+    ):
+        bm25.retrieve(["x"], k=1, exclude=[[], []])
+    with pytest.raises(ValueError, match="expected a non-empty corpus"):
+        BM25Retriever(Corpus())
