@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -99,18 +98,11 @@ def evaluate(
                 lambda name: make_agent(name, lm=lm, seed=seed),
                 progress=tick,
                 lm_description=lm.describe() if lm else None,
+                command=" ".join(["rag-gym", *sys.argv[1:]]),
             )
         except (TypeError, ValueError, FileNotFoundError, ConnectionError, ImportError) as exc:
             _fail(str(exc))
 
-    result.protocol["command"] = " ".join(["rag-gym", *sys.argv[1:]])
-    (result.run_dir / "protocol.json").write_text(
-        json.dumps(
-            {**result.protocol, "config": json.loads(json.dumps(vars(config), default=str))},
-            indent=2,
-        )
-        + "\n"
-    )
     table = Table(
         title=f"{config.env_id} · {config.split} · {result.protocol['n']} questions · seed {seed}"
     )
@@ -118,14 +110,13 @@ def evaluate(
         table.add_column(header, justify="left" if header == "agent" else "right")
     for row in sorted(result.rows, key=lambda r: (-r["em"], -r["f1"])):
         table.add_row(*(format_cell(key, row[key]) for key, _, _ in COLUMNS))
-    Console().print(table)
+    _console().print(table)
     typer.echo(f"results: {result.run_dir}")
 
 
 @app.command()
 def envs() -> None:
     """List the registered rag-gym environments."""
-    from rich.console import Console
     from rich.table import Table
 
     from rag_gym.envs.registration import ENVS, MAX_EPISODE_STEPS, NAMESPACE
@@ -135,7 +126,15 @@ def envs() -> None:
         table.add_column(col)
     for name, (_, kwargs, desc) in ENVS.items():
         table.add_row(f"{NAMESPACE}/{name}", kwargs["dataset"], str(MAX_EPISODE_STEPS), desc)
-    Console().print(table)
+    _console().print(table)
+
+
+def _console():
+    from rich.console import Console
+
+    console = Console()
+    # piped output (CI logs, files) gets a fixed wide layout instead of rich's 80 columns
+    return console if console.is_terminal else Console(width=200)
 
 
 @app.command()

@@ -186,10 +186,12 @@ def evaluate(
     agent_factory: Callable[[str], Agent],
     progress: Callable[[str, int], None] | None = None,
     lm_description: dict[str, Any] | None = None,
+    command: str | None = None,
 ) -> EvalResult:
     """Run every agent on the sampled questions, write the run folder and return the rows.
 
-    ``agent_factory(name)`` builds an agent; ``progress(agent, done)`` is called per episode.
+    ``agent_factory(name)`` builds an agent; ``progress(agent, done)`` is called per episode;
+    ``lm_description`` and ``command`` are recorded in the protocol.
     """
     env = gym.make(config.env_id, split=config.split, **config.env_kwargs)
     unwrapped = env.unwrapped
@@ -219,7 +221,7 @@ def evaluate(
         "answer_metric": unwrapped.answer_metric,
         "agents": {name: a.describe() for name, a in agents.items()},
         "lm": lm_description,
-        "command": None,
+        "command": command,
     }
     episodes: list[dict[str, Any]] = []
     rows = []
