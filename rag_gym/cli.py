@@ -143,15 +143,25 @@ def synth(
     preset: Annotated[str, typer.Option(help="World preset: default or hard.")] = "default",
     passages: Annotated[int | None, typer.Option(help="World size (passages).")] = None,
     seed: Annotated[int | None, typer.Option(help="World seed.")] = None,
+    questions: Annotated[
+        str | None,
+        typer.Option(help="Questions per split as 'train,validation,test', e.g. 1000,200,200."),
+    ] = None,
 ) -> None:
     """Write a SynthHop world (corpus.jsonl, train/validation/test.jsonl, config.json)."""
     import time
 
     from rag_gym.data.synthhop import world_for
 
-    overrides = {
-        key: val for key, val in {"n_passages": passages, "seed": seed}.items() if val is not None
-    }
+    overrides: dict = {"n_passages": passages, "seed": seed}
+    overrides = {key: val for key, val in overrides.items() if val is not None}
+    if questions is not None:
+        try:
+            overrides["n_questions"] = tuple(int(x) for x in questions.split(","))
+        except ValueError:
+            _fail(
+                f"expected --questions as three integers 'train,validation,test', got {questions!r}"
+            )
     t0 = time.perf_counter()
     try:
         world = world_for(preset, **overrides)

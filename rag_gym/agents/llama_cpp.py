@@ -99,6 +99,10 @@ class LlamaCppLM(LanguageModel):
         )
         if config.temperature == 0:
             kwargs["top_k"] = 1
+        # Forget the KV cache: re-using a cached prefix changes the batch shapes of the prompt
+        # evaluation, which changes logits in the last bits and can flip a greedy choice.
+        # Evaluating every prompt from scratch makes greedy generation reproducible.
+        self._llm.reset()
         if isinstance(prompt, str):
             res = self._llm.create_completion(prompt, **kwargs)
             text = res["choices"][0]["text"]

@@ -36,9 +36,7 @@ def clean_answer(text: str) -> str:
     for prefix in ("answer:", "final answer:", "a:"):
         if line.lower().startswith(prefix):
             line = line[len(prefix) :].strip()
-    line = line.strip("\"'` ")
-    if line.endswith("."):
-        line = line[:-1].rstrip()
+    line = line.rstrip(". ").strip("\"'` ").rstrip(". ")
     return line
 
 
