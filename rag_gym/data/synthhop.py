@@ -402,7 +402,8 @@ class _Generator:
         unique = _unique_words(
             rng, counts["country"] + counts["city"] + counts["org"] + counts["work"] + n_last, 3
         )
-        firsts = [w for w in _unique_words(rng, 600, 2) if w not in set(unique)]
+        unique_set = set(unique)
+        firsts = [w for w in _unique_words(rng, 600, 2) if w not in unique_set]
         pos = 0
 
         def take(k: int) -> list[str]:
@@ -779,29 +780,35 @@ class _Generator:
             ids, titles, texts, name=f"synthhop-{self.cfg.seed}-{self.cfg.n_passages}"
         )
 
-    def _family(self, ent: tuple[str, int]) -> list[tuple[str, int]]:
-        """Same-type entities that share a name part (surname, suffix, noun) or a country."""
+    def _family(self, ent: tuple[str, int], limit: int) -> list[tuple[str, int]]:
+        """Up to ``limit`` same-type entities that share a name part (surname, suffix, noun) or
+        a country with ``ent``, in random order."""
         etype, i = ent
         if not hasattr(self, "_families"):
             fam: dict[tuple[str, int], list[int]] = {}
-            for j, key in enumerate(self.person_last.tolist()):
-                fam.setdefault(("person", key), []).append(j)
-            for j, key in enumerate(self.org_kind.tolist()):
-                fam.setdefault(("org", key), []).append(j)
-            for j, key in enumerate(self.work_noun.tolist()):
-                fam.setdefault(("work", key), []).append(j)
-            for j, key in enumerate(self.city_country.tolist()):
-                fam.setdefault(("city", key), []).append(j)
+            for t, keys in (
+                ("person", self.person_last),
+                ("org", self.org_kind),
+                ("work", self.work_noun),
+                ("city", self.city_country),
+            ):
+                for j, key in enumerate(keys.tolist()):
+                    fam.setdefault((t, key), []).append(j)
             fam[("country", 0)] = list(range(self.counts["country"]))
             self._families = fam
-        key = {
-            "person": lambda: int(self.person_last[i]),
-            "org": lambda: int(self.org_kind[i]),
-            "work": lambda: int(self.work_noun[i]),
-            "city": lambda: int(self.city_country[i]),
-            "country": lambda: 0,
-        }[etype]()
-        return [(etype, j) for j in self._families[(etype, key)] if j != i]
+            self._family_key = {
+                "person": self.person_last,
+                "org": self.org_kind,
+                "work": self.work_noun,
+                "city": self.city_country,
+            }
+        key = int(self._family_key[etype][i]) if etype in self._family_key else 0
+        members = self._families[(etype, key)]
+        if len(members) > limit + 1:
+            picks = self.rng.choice(len(members), size=limit + 1, replace=False).tolist()
+        else:
+            picks = self.rng.permutation(len(members)).tolist()
+        return [(etype, members[p]) for p in picks if members[p] != i][:limit]
 
     def _pools(
         self, questions: dict[str, list[dict[str, Any]]], removed: set, corpus: Corpus
@@ -811,16 +818,9 @@ class _Generator:
             for q in qs:
                 gold = [e for e in q["chain"] if e not in removed]
                 pool: list[tuple[str, int]] = list(gold)
-                candidates: list[list[tuple[str, int]]] = []
-                for e in q["chain"]:
-                    fam = self._family(e)
-                    if len(fam) > 4 * size:
-                        idx = rng.choice(len(fam), size=4 * size, replace=False)
-                        fam = [fam[j] for j in sorted(idx.tolist())]
-                    order = rng.permutation(len(fam)).tolist()
-                    candidates.append([fam[j] for j in order])
-                # round-robin over the gold entities' families, then random same-type entities
                 taken = set(pool)
+                candidates = [self._family(e, 4 * size) for e in q["chain"]]
+                # round-robin over the gold entities' families, then random same-type entities
                 while len(pool) < size and any(candidates):
                     for cands in candidates:
                         while cands:
