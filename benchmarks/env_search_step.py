@@ -25,7 +25,9 @@ from rag_gym.envs import ActionType
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--passages", type=int, default=100_000)
     parser.add_argument("--queries", type=int, default=600)
     parser.add_argument("--k", type=int, default=3)
@@ -44,12 +46,18 @@ def main() -> None:
 
     t0 = time.perf_counter()
     env = gym.make("rag_gym/SynthHop-v0", dataset_kwargs=world_kwargs, k=args.k)
-    print(f"corpus: {len(world.corpus):,} passages; env built (BM25 index) in {time.perf_counter() - t0:.1f}s")
+    print(
+        f"corpus: {len(world.corpus):,} passages; env built (BM25 index) in {time.perf_counter() - t0:.1f}s"
+    )
 
     stemmer = Stemmer.Stemmer("english")
     raw = bm25s.BM25()
-    raw.index(bm25s.tokenize(world.corpus.contents(), stopwords="en", stemmer=stemmer, show_progress=False),
-              show_progress=False)
+    raw.index(
+        bm25s.tokenize(
+            world.corpus.contents(), stopwords="en", stemmer=stemmer, show_progress=False
+        ),
+        show_progress=False,
+    )
 
     def time_raw() -> float:
         t = time.perf_counter()
@@ -78,7 +86,9 @@ def main() -> None:
     raw_best, env_best = min(raw_times), min(env_times)
     n = len(queries)
     print(f"queries: {n}, k={args.k}, best of {args.repeats} repeats")
-    print(f"raw bm25s retrieve : {raw_best / n * 1e3:8.3f} ms/query ({n / raw_best:8.1f} queries/s)")
+    print(
+        f"raw bm25s retrieve : {raw_best / n * 1e3:8.3f} ms/query ({n / raw_best:8.1f} queries/s)"
+    )
     print(f"env SEARCH step    : {env_best / n * 1e3:8.3f} ms/step  ({n / env_best:8.1f} steps/s)")
     print(f"ratio env / raw    : {env_best / raw_best:.3f}  (target <= 1.15)")
 

@@ -16,7 +16,9 @@ from rag_gym.data.synthhop import SynthHopConfig, generate
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--passages", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()

@@ -99,6 +99,11 @@ class BM25Retriever:
             stemmer=self._stemmer,
             show_progress=self.show_progress,
         )
+        if not any(tokens.vocab.keys() - {""}):
+            raise ValueError(
+                f"corpus {corpus.name!r} has no indexable words (every passage is empty, stop words "
+                "or one-letter tokens); check the corpus text"
+            )
         model = bm25s.BM25(k1=self.config.k1, b=self.config.b, method=self.config.method)
         model.index(tokens, show_progress=self.show_progress)
         self.model = model
