@@ -94,8 +94,10 @@ def answer_scores(prediction: str, golds: str | Iterable[str]) -> dict[str, floa
 
 
 # ---- retrieval ----------------------------------------------------------------------------------
-def _dedup(ids: Iterable[str]) -> list[str]:
-    return list(dict.fromkeys(ids))
+def _top(retrieved: Sequence[str], k: int | None) -> list[str]:
+    """The first ``k`` distinct retrieved ids (all when ``k`` is None)."""
+    top = list(dict.fromkeys(retrieved))
+    return top if k is None else top[:k]
 
 
 def recall_at_k(retrieved: Sequence[str], gold: Iterable[str], k: int | None = None) -> float:
@@ -107,9 +109,7 @@ def recall_at_k(retrieved: Sequence[str], gold: Iterable[str], k: int | None = N
     gold_set = set(gold)
     if not gold_set:
         return 0.0
-    top = _dedup(retrieved)
-    if k is not None:
-        top = top[:k]
+    top = _top(retrieved, k)
     return len(gold_set.intersection(top)) / len(gold_set)
 
 
@@ -118,9 +118,7 @@ def full_recall(retrieved: Sequence[str], gold: Iterable[str], k: int | None = N
     gold_set = set(gold)
     if not gold_set:
         return 0.0
-    top = _dedup(retrieved)
-    if k is not None:
-        top = top[:k]
+    top = _top(retrieved, k)
     return float(gold_set.issubset(top))
 
 
@@ -138,9 +136,7 @@ def average_precision(retrieved: Sequence[str], gold: Iterable[str], k: int | No
     gold_set = set(gold)
     if not gold_set:
         return 0.0
-    top = _dedup(retrieved)
-    if k is not None:
-        top = top[:k]
+    top = _top(retrieved, k)
     hits, total = 0, 0.0
     for u, doc in enumerate(top, 1):
         if doc in gold_set:

@@ -12,9 +12,27 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rag_gym.data._io import join_sentences
+from rag_gym.data._io import join_sentences, require
 from rag_gym.data.errors import DataFormatError
 from rag_gym.data.types import Passage
+
+
+def parse_common(
+    record: dict[str, Any], path: Path, where: str
+) -> tuple[str, str, tuple[str, ...], tuple[Passage, ...], tuple[str, ...]]:
+    """The fields HotpotQA and 2WikiMultiHopQA records share.
+
+    Returns ``(id, question, answers, passages, gold ids)``; an unlabelled record (no
+    ``answer``) has no answers.
+    """
+    qid = require(record, "_id" if "_id" in record else "id", str, path, where)
+    question = require(record, "question", str, path, where)
+    answer = record.get("answer")
+    if answer is not None and not isinstance(answer, str):
+        raise DataFormatError(path, where, "answer", "a string", answer)
+    passages = context_passages(record, path, where)
+    gold = gold_ids(supporting_titles(record, path, where), passages, path, where)
+    return qid, question, (answer,) if answer is not None else (), passages, gold
 
 
 def context_passages(record: dict[str, Any], path: Path, where: str) -> tuple[Passage, ...]:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rag_gym.data._io import iter_records, require
-from rag_gym.data._wiki import context_passages, gold_ids, supporting_titles
+from rag_gym.data._io import iter_records
+from rag_gym.data._wiki import parse_common
 from rag_gym.data.errors import DataFormatError
 from rag_gym.data.types import QAExample
 
@@ -30,22 +30,16 @@ def load(path: str | Path | None = None, split: str = "validation") -> list[QAEx
 
 
 def parse_record(record: dict[str, Any], path: Path, where: str) -> QAExample:
-    qid = require(record, "_id" if "_id" in record else "id", str, path, where)
-    question = require(record, "question", str, path, where)
-    answer = record.get("answer")
-    if answer is not None and not isinstance(answer, str):
-        raise DataFormatError(path, where, "answer", "a string", answer)
+    qid, question, answers, passages, gold = parse_common(record, path, where)
     evidences = record.get("evidences", [])
     if not isinstance(evidences, list):
         raise DataFormatError(
             path, where, "evidences", "a list of [subject, relation, object]", evidences
         )
-    passages = context_passages(record, path, where)
-    gold = gold_ids(supporting_titles(record, path, where), passages, path, where)
     return QAExample(
         id=qid,
         question=question,
-        answers=(answer,) if answer is not None else (),
+        answers=answers,
         supporting_ids=gold,
         passages=passages,
         hops=len(gold) or None,
