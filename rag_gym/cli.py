@@ -119,13 +119,14 @@ def envs() -> None:
     """List the registered rag-gym environments."""
     from rich.table import Table
 
-    from rag_gym.envs.registration import ENVS, MAX_EPISODE_STEPS, NAMESPACE
+    from rag_gym.envs.registration import ENTRIES, NAMESPACE
 
     table = Table(title="rag-gym environments")
-    for col in ("id", "dataset", "max steps", "description"):
+    for col in ("id", "kind", "dataset", "max steps", "description"):
         table.add_column(col)
-    for name, (_, kwargs, desc) in ENVS.items():
-        table.add_row(f"{NAMESPACE}/{name}", kwargs["dataset"], str(MAX_EPISODE_STEPS), desc)
+    for e in ENTRIES:
+        steps = str(e.max_episode_steps) if e.max_episode_steps else "1 (one step)"
+        table.add_row(f"{NAMESPACE}/{e.name}", e.kind, e.kwargs["dataset"], steps, e.description)
     _console().print(table)
 
 

@@ -1,5 +1,8 @@
 """The rag-gym environment registry (Gymnasium ids ``rag_gym/<Name>-v<N>``).
 
+Three kinds per dataset: the search env (``-v0``, :class:`~rag_gym.envs.SearchEnv`), R²AG's
+retrieval-tree env (``-Tree-v0``, :class:`~rag_gym.envs.TreeSearchEnv`) and ARENA's reader env
+(``-Reader-v0``, :class:`~rag_gym.envs.ReaderEnv`, where the dataset has passages).
 Registration kwargs are plain JSON values, so ``gym.spec(id).to_json()`` round-trips. Ids of
 real datasets need a local file (``data_path=...``) unless the dataset is on the hub (HotpotQA);
 Bamboogle also needs ``corpus=...``.
@@ -7,63 +10,126 @@ Bamboogle also needs ``corpus=...``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
 
 NAMESPACE = "rag_gym"
 MAX_EPISODE_STEPS = 20  # EVO-RAG's horizon T_max (000-evo-rag.txt §3.2)
+TREE_MAX_STEPS = 5  # R²AG's L_MAX-I (002-r2ag.md §4.1, appendix B.2)
 
-#: id → (entry point, kwargs, one-line description)
-ENVS: dict[str, tuple[str, dict[str, Any], str]] = {
-    "SynthHop-v0": (
-        "rag_gym.envs.search:SearchEnv",
+_SEARCH = "rag_gym.envs.search:SearchEnv"
+_TREE = "rag_gym.envs.tree:TreeSearchEnv"
+_READER = "rag_gym.envs.reader:ReaderEnv"
+
+
+@dataclass(frozen=True)
+class EnvEntry:
+    name: str
+    kind: str  # "search", "tree" or "reader"
+    entry_point: str
+    kwargs: dict[str, Any]
+    max_episode_steps: int | None
+    description: str
+
+
+_DATASETS = [
+    # (id stem, dataset kwargs, has passages, short description of the data)
+    (
+        "SynthHop",
         {"dataset": "synthhop", "dataset_kwargs": {"preset": "default"}},
-        "SynthHop 2-hop world (10k passages), full-corpus BM25, embedded",
+        True,
+        "SynthHop 2-hop world, 10k passages, embedded",
     ),
-    "SynthHop-Hard-v0": (
-        "rag_gym.envs.search:SearchEnv",
+    (
+        "SynthHop-Hard",
         {"dataset": "synthhop", "dataset_kwargs": {"preset": "hard"}},
-        "SynthHop 2-4 hops, 10% unanswerable (REFUSE is right), embedded",
+        True,
+        "SynthHop 2-4 hops, 10% unanswerable, embedded",
     ),
-    "HotpotQA-v0": (
-        "rag_gym.envs.search:SearchEnv",
+    (
+        "HotpotQA",
         {"dataset": "hotpotqa", "split": "validation"},
-        "HotpotQA distractor: each question's 10 paragraphs (data_path= or the hub)",
+        True,
+        "HotpotQA distractor, 10 paragraphs per question (data_path= or the hub)",
     ),
-    "2WikiMultiHopQA-v0": (
-        "rag_gym.envs.search:SearchEnv",
+    (
+        "2WikiMultiHopQA",
         {"dataset": "2wikimultihopqa", "split": "validation"},
-        "2WikiMultiHopQA: each question's 10 paragraphs (data_path=)",
+        True,
+        "2WikiMultiHopQA, 10 paragraphs per question (data_path=)",
     ),
-    "MuSiQue-v0": (
-        "rag_gym.envs.search:SearchEnv",
+    (
+        "MuSiQue",
         {"dataset": "musique", "split": "validation"},
-        "MuSiQue: each question's 20 paragraphs (data_path=)",
+        True,
+        "MuSiQue, 20 paragraphs per question (data_path=)",
     ),
-    "Bamboogle-v0": (
-        "rag_gym.envs.search:SearchEnv",
+    (
+        "Bamboogle",
         {"dataset": "bamboogle", "split": "test"},
-        "Bamboogle 2-hop questions over a corpus you give (data_path=, corpus=)",
+        False,
+        "Bamboogle over a corpus you give (data_path=, corpus=)",
     ),
-}
+]
+
+
+def _entries() -> list[EnvEntry]:
+    out = []
+    for stem, kwargs, has_passages, desc in _DATASETS:
+        out.append(
+            EnvEntry(
+                f"{stem}-v0",
+                "search",
+                _SEARCH,
+                kwargs,
+                MAX_EPISODE_STEPS,
+                f"search/answer/refuse, k=3 — {desc}",
+            )
+        )
+        out.append(
+            EnvEntry(
+                f"{stem}-Tree-v0",
+                "tree",
+                _TREE,
+                kwargs,
+                TREE_MAX_STEPS,
+                f"R²AG retrieval tree, top-1 per query — {desc}",
+            )
+        )
+        if has_passages:
+            reader_kwargs = {key: val for key, val in kwargs.items()}
+            out.append(
+                EnvEntry(
+                    f"{stem}-Reader-v0",
+                    "reader",
+                    _READER,
+                    reader_kwargs,
+                    None,
+                    f"ARENA reader over the question's own pool — {desc}",
+                )
+            )
+    return out
+
+
+ENTRIES: list[EnvEntry] = _entries()
 
 
 def register_envs() -> None:
     """Register every rag-gym id (idempotent)."""
-    for name, (entry_point, kwargs, _) in ENVS.items():
-        env_id = f"{NAMESPACE}/{name}"
+    for entry in ENTRIES:
+        env_id = f"{NAMESPACE}/{entry.name}"
         if env_id in gym.registry:
             continue
         gym.register(
             id=env_id,
-            entry_point=entry_point,
-            kwargs=kwargs,
-            max_episode_steps=MAX_EPISODE_STEPS,
-            disable_env_checker=False,
+            entry_point=entry.entry_point,
+            kwargs=entry.kwargs,
+            max_episode_steps=entry.max_episode_steps,
         )
 
 
-def env_ids() -> list[str]:
-    """Every registered rag-gym id."""
-    return [f"{NAMESPACE}/{name}" for name in ENVS]
+def env_ids(kind: str | None = None) -> list[str]:
+    """Every registered rag-gym id (of one kind: ``search``, ``tree`` or ``reader``)."""
+    return [f"{NAMESPACE}/{e.name}" for e in ENTRIES if kind is None or e.kind == kind]

@@ -5,17 +5,15 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
-import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from rag_gym import metrics
-from rag_gym.data import Corpus, QAExample, canonical_name, pooled_corpus
-from rag_gym.data import load as load_dataset
+from rag_gym.data import QAExample
+from rag_gym.envs.base import QAEnv, check_int
 from rag_gym.envs.spaces import UnicodeText, sanitize
-from rag_gym.retrieval import BM25Retriever, Retriever
+from rag_gym.retrieval import Retriever
 
 
 class ActionType(enum.IntEnum):
@@ -28,9 +26,6 @@ class ActionType(enum.IntEnum):
     EVALUATE = 4
 
 
-ANSWER_METRICS = ("em", "f1", "em_f1")
-
-
 @dataclass
 class _Hop:
     step: int
@@ -39,7 +34,7 @@ class _Hop:
     ids: list[str] = field(default_factory=list)
 
 
-class SearchEnv(gym.Env[str, dict[str, Any]]):
+class SearchEnv(QAEnv):
     """Multi-hop question answering by searching a corpus.
 
     ## Description
@@ -165,8 +160,6 @@ class SearchEnv(gym.Env[str, dict[str, Any]]):
     (3, False)
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi", "human"], "render_fps": 4}
-
     def __init__(
         self,
         dataset: str = "synthhop",
@@ -186,41 +179,29 @@ class SearchEnv(gym.Env[str, dict[str, Any]]):
         retriever: Retriever | None = None,
         examples: Sequence[QAExample] | None = None,
     ) -> None:
-        _check_int("k", k, 1)
-        _check_int("max_query_chars", max_query_chars, 1)
-        _check_int("max_text_chars", max_text_chars, max_query_chars)
-        _check_int("max_obs_chars", max_obs_chars, 256)
-        if answer_metric not in ANSWER_METRICS:
-            raise ValueError(f"expected answer_metric in {ANSWER_METRICS}, got {answer_metric!r}")
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(
-                f"expected render_mode in {self.metadata['render_modes']} or None, got {render_mode!r}"
-            )
-        if corpus_mode not in (None, "pool", "corpus"):
-            raise ValueError(f"expected corpus_mode 'pool', 'corpus' or None, got {corpus_mode!r}")
+        check_int("max_query_chars", max_query_chars, 1)
+        check_int("max_text_chars", max_text_chars, max_query_chars)
         if not isinstance(invalid_action_penalty, (int, float)):
             raise TypeError(
                 f"expected invalid_action_penalty to be a float, got {invalid_action_penalty!r}"
             )
-        self.dataset = canonical_name(dataset)
-        self.split = split
-        self.k = k
+        super().__init__(
+            dataset=dataset,
+            split=split,
+            data_path=data_path,
+            dataset_kwargs=dataset_kwargs,
+            corpus=corpus,
+            corpus_mode=corpus_mode,
+            k=k,
+            answer_metric=answer_metric,
+            max_obs_chars=max_obs_chars,
+            render_mode=render_mode,
+            retriever=retriever,
+            examples=examples,
+        )
         self.exclude_seen = bool(exclude_seen)
-        self.answer_metric = answer_metric
         self.max_query_chars = max_query_chars
-        self.max_obs_chars = max_obs_chars
         self.invalid_action_penalty = float(invalid_action_penalty)
-        self.render_mode = render_mode
-
-        self.examples, self.corpus, self.corpus_mode = self._load(
-            data_path, dict(dataset_kwargs or {}), corpus, corpus_mode, examples, retriever
-        )
-        if not self.examples:
-            raise ValueError(f"dataset {self.dataset!r} split {split!r} has no questions")
-        self.retriever: Retriever = (
-            retriever if retriever is not None else BM25Retriever(self.corpus)
-        )
-        self._by_id = {ex.id: i for i, ex in enumerate(self.examples)}
 
         self.observation_space = UnicodeText(max_length=max_obs_chars)
         self.action_space = spaces.Dict(
@@ -229,60 +210,14 @@ class SearchEnv(gym.Env[str, dict[str, Any]]):
                 "text": UnicodeText(max_length=max_text_chars),
             }
         )
-        self._example: QAExample | None = None
         self._done = True
-
-    # ---- data ---------------------------------------------------------------------------------
-    def _load(self, data_path, dataset_kwargs, corpus_path, corpus_mode, examples, retriever):
-        if examples is None:
-            examples = load_dataset(self.dataset, self.split, path=data_path, **dataset_kwargs)
-        examples = list(examples)
-        if retriever is not None:
-            return examples, retriever.corpus, corpus_mode or "corpus"
-        if corpus_path is not None:
-            if corpus_mode == "pool":
-                raise ValueError(
-                    "corpus=... searches that corpus; drop corpus_mode='pool' or the corpus"
-                )
-            return examples, Corpus.from_jsonl(corpus_path), "corpus"
-        if self.dataset == "synthhop":
-            from rag_gym.data.synthhop import world_for
-
-            world = world_for(**dataset_kwargs)
-            return examples, world.corpus, corpus_mode or "corpus"
-        if not any(ex.passages for ex in examples):
-            raise ValueError(
-                f"{self.dataset} has no passages of its own; pass corpus='path/to/corpus.jsonl' "
-                "(a JSONL corpus of {id, contents} or {id, title, text} records)"
-            )
-        pooled, examples = pooled_corpus(examples, name=f"{self.dataset}-{self.split}")
-        return examples, pooled, corpus_mode or "pool"
 
     # ---- Gymnasium API --------------------------------------------------------------------------
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
-        options = options or {}
-        if "question_id" in options:
-            qid = options["question_id"]
-            if qid not in self._by_id:
-                raise ValueError(f"no question with id {qid!r} in {self.dataset}/{self.split}")
-            index = self._by_id[qid]
-        elif "index" in options:
-            index = options["index"]
-            if not isinstance(index, (int, np.integer)) or not 0 <= index < len(self.examples):
-                raise ValueError(
-                    f"expected options['index'] in [0, {len(self.examples)}), got {index!r}"
-                )
-        else:
-            index = int(self.np_random.integers(len(self.examples)))
-        self._example = self.examples[int(index)]
-        self._pool = [p.id for p in self._example.passages] if self.corpus_mode == "pool" else None
-        if self._pool is not None and not self._pool:
-            raise ValueError(
-                f"question {self._example.id!r} has an empty pool; use corpus_mode='corpus'"
-            )
+        self._choose_example(options)
         self._gold = list(self._example.supporting_ids)
         self._context: list[_Hop] = []
         self._history: list[_Hop] = []
@@ -376,11 +311,7 @@ class SearchEnv(gym.Env[str, dict[str, Any]]):
                 )
             else:
                 terminated = True
-                scores = (
-                    metrics.answer_scores(answer, self._example.answers)
-                    if self._example.answers
-                    else {"em": 0.0, "f1": 0.0, "cover_em": 0.0}
-                )
+                scores = self._score(answer)
                 if self._example.answerable:
                     answer_term = self._answer_reward(scores)
                 extra = {"prediction": answer, "scores": scores}
@@ -398,18 +329,6 @@ class SearchEnv(gym.Env[str, dict[str, Any]]):
         if self.render_mode == "human":
             print(obs)
         return obs, float(answer_term + invalid_term), terminated, False, info
-
-    def render(self) -> str | None:
-        if self.render_mode is None:
-            gym.logger.warn(
-                "render() was called without a render_mode; pass render_mode='ansi' or 'human'"
-            )
-            return None
-        obs = self._render_obs() if self._example is not None else ""
-        if self.render_mode == "ansi":
-            return obs
-        print(obs)
-        return None
 
     # ---- internals ----------------------------------------------------------------------------
     def _validate(self, action: Any) -> tuple[int, str]:
@@ -452,21 +371,8 @@ class SearchEnv(gym.Env[str, dict[str, Any]]):
         return int(atype), text
 
     def _search(self, query: str) -> list[str]:
-        exclude = [list(self._seen)] if self.exclude_seen and self._seen else None
-        if self._pool is not None:
-            k = min(self.k, len(self._pool))
-            result = self.retriever.retrieve([query], k, exclude=exclude, within=[self._pool])
-        else:
-            k = min(self.k, len(self.corpus))
-            result = self.retriever.retrieve([query], k, exclude=exclude)
-        return result.ids[0]
-
-    def _answer_reward(self, scores: dict[str, float]) -> float:
-        if self.answer_metric == "em":
-            return scores["em"]
-        if self.answer_metric == "f1":
-            return scores["f1"]
-        return (scores["em"] + scores["f1"]) / 2
+        exclude = list(self._seen) if self.exclude_seen and self._seen else None
+        return self._retrieve([query], self.k, exclude)[0]
 
     def _info(self, action_type, query, retrieved, invalid, terms) -> dict[str, Any]:
         ex = self._example
@@ -526,10 +432,3 @@ def _clip(head: str, blocks: list[str], limit: int) -> str:
     budget = limit - len(head) - len(marker) - 4
     body = "\n\n".join(blocks)
     return f"{head}\n\n{marker}\n\n{body[len(body) - budget :] if budget > 0 else ''}"
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"expected {name} to be an int, got {type(value).__name__}: {value!r}")
-    if value < minimum:
-        raise ValueError(f"expected {name} >= {minimum}, got {value}")

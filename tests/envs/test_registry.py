@@ -13,25 +13,26 @@ from gymnasium.utils.env_checker import check_env
 
 import rag_gym  # noqa: F401
 from rag_gym.data import load, pooled_corpus
-from rag_gym.envs import ActionType, env_ids
+from rag_gym.envs import ActionType, ReaderEnv, TreeSearchEnv, env_ids
 from tests.conftest import SMALL_WORLD, shared_file
 
 REAL = {
-    "rag_gym/HotpotQA-v0": "hotpotqa/hotpot_dev_distractor_300.json",
-    "rag_gym/2WikiMultiHopQA-v0": "2wikimultihopqa/dev_250.json",
-    "rag_gym/MuSiQue-v0": "musique/musique_ans_dev_100.jsonl",
-    "rag_gym/Bamboogle-v0": "bamboogle/bamboogle.jsonl",
+    "HotpotQA": "hotpotqa/hotpot_dev_distractor_300.json",
+    "2WikiMultiHopQA": "2wikimultihopqa/dev_250.json",
+    "MuSiQue": "musique/musique_ans_dev_100.jsonl",
+    "Bamboogle": "bamboogle/bamboogle.jsonl",
 }
 
 
 def make_kwargs(env_id: str, tmp_path_factory) -> dict:
-    if env_id.startswith("rag_gym/SynthHop"):
-        preset = "hard" if "Hard" in env_id else "default"
+    stem = env_id.split("/")[1].split("-")[0]
+    if stem == "SynthHop":
+        preset = "hard" if "-Hard-" in env_id else "default"
         return {"dataset_kwargs": {"preset": preset, **SMALL_WORLD}}
-    kwargs = {"data_path": str(shared_file(REAL[env_id]))}
-    if env_id == "rag_gym/Bamboogle-v0":
+    kwargs = {"data_path": str(shared_file(REAL[stem]))}
+    if stem == "Bamboogle":
         # Bamboogle has no corpus: search the HotpotQA sample's paragraphs (real Wikipedia text)
-        corpus, _ = pooled_corpus(load("hotpotqa", path=shared_file(REAL["rag_gym/HotpotQA-v0"])))
+        corpus, _ = pooled_corpus(load("hotpotqa", path=shared_file(REAL["HotpotQA"])))
         path = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
         corpus.to_jsonl(path)
         kwargs["corpus"] = str(path)
@@ -39,18 +40,17 @@ def make_kwargs(env_id: str, tmp_path_factory) -> dict:
 
 
 def test_registry_is_complete():
-    assert env_ids() == [
-        "rag_gym/SynthHop-v0",
-        "rag_gym/SynthHop-Hard-v0",
-        "rag_gym/HotpotQA-v0",
-        "rag_gym/2WikiMultiHopQA-v0",
-        "rag_gym/MuSiQue-v0",
-        "rag_gym/Bamboogle-v0",
-    ]
-    for env_id in env_ids():
-        spec = gym.spec(env_id)
-        assert spec.max_episode_steps == 20
-        assert gym.envs.registration.EnvSpec.from_json(spec.to_json()) == spec
+    stems = ["SynthHop", "SynthHop-Hard", "HotpotQA", "2WikiMultiHopQA", "MuSiQue"]
+    assert env_ids("search") == [f"rag_gym/{s}-v0" for s in [*stems, "Bamboogle"]]
+    assert env_ids("tree") == [f"rag_gym/{s}-Tree-v0" for s in [*stems, "Bamboogle"]]
+    # Bamboogle has no passages of its own, so no reader env
+    assert env_ids("reader") == [f"rag_gym/{s}-Reader-v0" for s in stems]
+    steps = {"search": 20, "tree": 5, "reader": None}
+    for kind, expected in steps.items():
+        for env_id in env_ids(kind):
+            spec = gym.spec(env_id)
+            assert spec.max_episode_steps == expected
+            assert gym.envs.registration.EnvSpec.from_json(spec.to_json()) == spec
 
 
 @pytest.mark.parametrize("env_id", env_ids())
@@ -62,7 +62,22 @@ def test_check_env(env_id, tmp_path_factory):
     env.close()
 
 
-def _policy(rng: np.random.Generator, obs: str, info: dict) -> dict:
+def _words(rng: np.random.Generator, obs: str, n: int) -> str:
+    words = re.findall(r"\w+", obs) or ["x"]
+    return " ".join(words[int(i)] for i in rng.integers(0, len(words), size=n))
+
+
+def _policy(rng: np.random.Generator, obs: str, info: dict, kind: str):
+    if kind == "tree":
+        if rng.random() < 0.15:
+            return "no tags at all"
+        base = [_words(rng, obs, 3) for _ in range(int(rng.integers(1, 4)))]
+        return TreeSearchEnv.format_action(
+            "t", base=base, predicted=[_words(rng, obs, 2)], stop=rng.random() < 0.2
+        )
+    if kind == "reader":
+        refs = sorted({int(i) for i in rng.integers(1, 11, size=int(rng.integers(0, 4)))})
+        return ReaderEnv.format_action(refs, "because", _words(rng, obs, 2))
     words = re.findall(r"\w+", obs) or ["x"]
     atype = int(rng.choice(np.flatnonzero(info["action_mask"]), p=None))
     if atype in (ActionType.ANSWER, ActionType.REFUSE) and rng.random() < 0.7:
@@ -74,12 +89,13 @@ def _policy(rng: np.random.Generator, obs: str, info: dict) -> dict:
 
 def _rollout(env_id: str, kwargs: dict, steps: int = 50) -> list:
     env = gym.make(env_id, **kwargs)
+    kind = next(k for k in ("tree", "reader", "search") if env_id in env_ids(k))
     rng = np.random.default_rng(123)
     obs, info = env.reset(seed=42)
     trace = [("reset", obs, info)]
     episode = 0
     for _ in range(steps):
-        obs, reward, terminated, truncated, info = env.step(_policy(rng, obs, info))
+        obs, reward, terminated, truncated, info = env.step(_policy(rng, obs, info, kind))
         assert env.observation_space.contains(obs)
         assert (
             isinstance(reward, float)
@@ -108,5 +124,11 @@ def test_seeded_determinism_50_steps(env_id, tmp_path_factory):
     assert _canon(first) == _canon(second)
     assert sum(1 for t in first if t[0] != "reset") == 50
     # the rollout really exercised the env: searches retrieved passages, episodes ended
-    assert any(t[0] != "reset" and t[4]["retrieved_ids"] for t in first)
+    steps = [t[4] for t in first if t[0] != "reset"]
+    if env_id in env_ids("search"):
+        assert any(info["retrieved_ids"] for info in steps)
+    elif env_id in env_ids("tree"):
+        assert any(info["branches"] for info in steps)
+    else:
+        assert any(info["prediction"] for info in steps)
     assert any(t[0] == "reset" for t in first[1:])

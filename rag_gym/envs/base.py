@@ -1,0 +1,240 @@
+"""What every rag-gym environment shares: the question set, the corpus, the retriever.
+
+:class:`QAEnv` loads a dataset split (or takes ``examples=``), builds the corpus an agent
+searches (the SynthHop world, the split's pooled passages, or a corpus file) and a BM25 index
+over it, and draws a question per episode with ``self.np_random``.
+
+Environments built with the same data arguments in one process share the loaded questions,
+corpus and index (a read-only cache of weak references, so copies made by
+``gym.make_vec(..., vectorization_mode="sync")`` cost one index, and nothing outlives its
+last env).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+
+from rag_gym import metrics
+from rag_gym.data import Corpus, QAExample, canonical_name, pooled_corpus
+from rag_gym.data import load as load_dataset
+from rag_gym.retrieval import BM25Retriever, Retriever
+
+ANSWER_METRICS = ("em", "f1", "em_f1")
+
+
+class _SharedData:
+    """Questions, corpus and retriever built for one set of data arguments."""
+
+    def __init__(
+        self, examples: list[QAExample], corpus: Corpus, corpus_mode: str, retriever: Retriever
+    ) -> None:
+        self.examples = examples
+        self.corpus = corpus
+        self.corpus_mode = corpus_mode
+        self.retriever = retriever
+
+
+_CACHE: weakref.WeakValueDictionary[str, _SharedData] = weakref.WeakValueDictionary()
+_CACHE_LOCK = threading.Lock()
+
+
+class QAEnv(gym.Env):
+    """Base class: data, corpus, retriever, question choice, answer scoring, rendering."""
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi", "human"], "render_fps": 4}
+
+    def __init__(
+        self,
+        dataset: str = "synthhop",
+        split: str = "train",
+        data_path: str | None = None,
+        dataset_kwargs: dict[str, Any] | None = None,
+        corpus: str | None = None,
+        corpus_mode: str | None = None,
+        k: int = 3,
+        answer_metric: str = "em",
+        max_obs_chars: int = 16384,
+        render_mode: str | None = None,
+        retriever: Retriever | None = None,
+        examples: Sequence[QAExample] | None = None,
+    ) -> None:
+        check_int("k", k, 1)
+        check_int("max_obs_chars", max_obs_chars, 256)
+        if answer_metric not in ANSWER_METRICS:
+            raise ValueError(f"expected answer_metric in {ANSWER_METRICS}, got {answer_metric!r}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(
+                f"expected render_mode in {self.metadata['render_modes']} or None, got {render_mode!r}"
+            )
+        if corpus_mode not in (None, "pool", "corpus"):
+            raise ValueError(f"expected corpus_mode 'pool', 'corpus' or None, got {corpus_mode!r}")
+        self.dataset = canonical_name(dataset)
+        self.split = split
+        self.k = k
+        self.answer_metric = answer_metric
+        self.max_obs_chars = max_obs_chars
+        self.render_mode = render_mode
+
+        dataset_kwargs = dict(dataset_kwargs or {})
+        if examples is None and retriever is None:
+            key = json.dumps(
+                [
+                    type(self).__name__,
+                    self.dataset,
+                    split,
+                    data_path,
+                    dataset_kwargs,
+                    corpus,
+                    corpus_mode,
+                ],
+                sort_keys=True,
+                default=str,
+            )
+            with _CACHE_LOCK:
+                shared = _CACHE.get(key)
+                if shared is None:
+                    shared = self._build(data_path, dataset_kwargs, corpus, corpus_mode, None, None)
+                    _CACHE[key] = shared
+        else:
+            shared = self._build(
+                data_path, dataset_kwargs, corpus, corpus_mode, examples, retriever
+            )
+        self._shared = shared  # keeps the cache entry alive as long as this env
+        self.examples = shared.examples
+        self.corpus = shared.corpus
+        self.corpus_mode = shared.corpus_mode
+        self.retriever = shared.retriever
+        if not self.examples:
+            raise ValueError(f"dataset {self.dataset!r} split {split!r} has no questions")
+        self._by_id = {ex.id: i for i, ex in enumerate(self.examples)}
+        self._example: QAExample | None = None
+
+    def _build(
+        self, data_path, dataset_kwargs, corpus_path, corpus_mode, examples, retriever
+    ) -> _SharedData:
+        if examples is None:
+            examples = load_dataset(self.dataset, self.split, path=data_path, **dataset_kwargs)
+        examples = [ex for ex in examples if self._keep_example(ex)]
+        if retriever is not None:
+            return _SharedData(examples, retriever.corpus, corpus_mode or "corpus", retriever)
+        if corpus_path is not None:
+            if corpus_mode == "pool":
+                raise ValueError(
+                    "corpus=... searches that corpus; drop corpus_mode='pool' or the corpus"
+                )
+            corpus = Corpus.from_jsonl(corpus_path)
+            return _SharedData(examples, corpus, "corpus", BM25Retriever(corpus))
+        if self.dataset == "synthhop":
+            from rag_gym.data.synthhop import world_for
+
+            world = world_for(**dataset_kwargs)
+            return _SharedData(
+                examples, world.corpus, corpus_mode or "corpus", BM25Retriever(world.corpus)
+            )
+        if not any(ex.passages for ex in examples):
+            raise ValueError(
+                f"{self.dataset} has no passages of its own; pass corpus='path/to/corpus.jsonl' "
+                "(a JSONL corpus of {id, contents} or {id, title, text} records)"
+            )
+        pooled, examples = pooled_corpus(examples, name=f"{self.dataset}-{self.split}")
+        return _SharedData(examples, pooled, corpus_mode or "pool", BM25Retriever(pooled))
+
+    def _keep_example(self, example: QAExample) -> bool:
+        """Subclasses may skip examples they cannot pose (e.g. the reader env needs a pool)."""
+        return True
+
+    # ---- shared pieces of reset/step -------------------------------------------------------------
+    def _choose_example(self, options: dict[str, Any] | None) -> QAExample:
+        options = options or {}
+        if "question_id" in options:
+            qid = options["question_id"]
+            if qid not in self._by_id:
+                raise ValueError(f"no question with id {qid!r} in {self.dataset}/{self.split}")
+            index = self._by_id[qid]
+        elif "index" in options:
+            index = options["index"]
+            if not isinstance(index, (int, np.integer)) or not 0 <= index < len(self.examples):
+                raise ValueError(
+                    f"expected options['index'] in [0, {len(self.examples)}), got {index!r}"
+                )
+        else:
+            index = int(self.np_random.integers(len(self.examples)))
+        example = self.examples[int(index)]
+        self._pool = [p.id for p in example.passages] if self.corpus_mode == "pool" else None
+        if self._pool is not None and not self._pool:
+            raise ValueError(f"question {example.id!r} has an empty pool; use corpus_mode='corpus'")
+        self._example = example
+        return example
+
+    def _retrieve(
+        self, queries: list[str], k: int, exclude: list[str] | None = None
+    ) -> list[list[str]]:
+        """Top-k ids per query, within the question's pool in pool mode; k is capped at the pool."""
+        if not queries:
+            return []
+        excl = [exclude] * len(queries) if exclude else None
+        if self._pool is not None:
+            result = self.retriever.retrieve(
+                queries, min(k, len(self._pool)), exclude=excl, within=[self._pool] * len(queries)
+            )
+        else:
+            result = self.retriever.retrieve(queries, min(k, len(self.corpus)), exclude=excl)
+        return result.ids
+
+    def _answer_reward(self, scores: dict[str, float]) -> float:
+        if self.answer_metric == "em":
+            return scores["em"]
+        if self.answer_metric == "f1":
+            return scores["f1"]
+        return (scores["em"] + scores["f1"]) / 2
+
+    def _score(self, answer: str) -> dict[str, float]:
+        assert self._example is not None
+        if not self._example.answers:
+            return {"em": 0.0, "f1": 0.0, "cover_em": 0.0}
+        return metrics.answer_scores(answer, self._example.answers)
+
+    def _render_obs(self) -> str:
+        raise NotImplementedError
+
+    def render(self) -> str | None:
+        if self.render_mode is None:
+            gym.logger.warn(
+                "render() was called without a render_mode; pass render_mode='ansi' or 'human'"
+            )
+            return None
+        obs = self._render_obs() if self._example is not None else ""
+        if self.render_mode == "ansi":
+            return obs
+        print(obs)
+        return None
+
+
+def check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"expected {name} to be an int, got {type(value).__name__}: {value!r}")
+    if value < minimum:
+        raise ValueError(f"expected {name} >= {minimum}, got {value}")
+
+
+def read_text_action(action: Any, limit: int) -> tuple[str, bool]:
+    """An LLM's text action, sanitised and cut to ``limit``; ``TypeError`` for a non-string."""
+    from rag_gym.envs.spaces import sanitize
+
+    if not isinstance(action, str):
+        raise TypeError(
+            f"expected the action to be the model's text (str), got {type(action).__name__}"
+        )
+    return sanitize(action[:limit]), len(action) > limit
+
+
+def clip_text(text: str, limit: int, marker: str = " [... clipped]") -> str:
+    """``text`` cut to ``limit`` characters, marked where it was cut."""
+    return text if len(text) <= limit else text[: limit - len(marker)] + marker
