@@ -64,6 +64,7 @@ class QAEnv(gym.Env):
         render_mode: str | None = None,
         retriever: Retriever | None = None,
         examples: Sequence[QAExample] | None = None,
+        index: str | None = None,
     ) -> None:
         check_int("k", k, 1)
         check_int("max_obs_chars", max_obs_chars, 256)
@@ -93,6 +94,7 @@ class QAEnv(gym.Env):
                     dataset_kwargs,
                     corpus,
                     corpus_mode,
+                    index,
                 ],
                 sort_keys=True,
                 default=str,
@@ -100,11 +102,13 @@ class QAEnv(gym.Env):
             with _CACHE_LOCK:
                 shared = _CACHE.get(key)
                 if shared is None:
-                    shared = self._build(data_path, dataset_kwargs, corpus, corpus_mode, None, None)
+                    shared = self._build(
+                        data_path, dataset_kwargs, corpus, corpus_mode, None, None, index
+                    )
                     _CACHE[key] = shared
         else:
             shared = self._build(
-                data_path, dataset_kwargs, corpus, corpus_mode, examples, retriever
+                data_path, dataset_kwargs, corpus, corpus_mode, examples, retriever, index
             )
         self._shared = shared  # keeps the cache entry alive as long as this env
         self.examples = shared.examples
@@ -117,11 +121,15 @@ class QAEnv(gym.Env):
         self._example: QAExample | None = None
 
     def _build(
-        self, data_path, dataset_kwargs, corpus_path, corpus_mode, examples, retriever
+        self, data_path, dataset_kwargs, corpus_path, corpus_mode, examples, retriever, index
     ) -> _SharedData:
         if examples is None:
             examples = load_dataset(self.dataset, self.split, path=data_path, **dataset_kwargs)
         examples = [ex for ex in examples if self._keep_example(ex)]
+        if index is not None:
+            if retriever is not None or corpus_path is not None:
+                raise ValueError("pass one of index=, corpus= and retriever=, not several")
+            retriever = BM25Retriever.load(index, mmap=True)
         if retriever is not None:
             return _SharedData(examples, retriever.corpus, corpus_mode or "corpus", retriever)
         if corpus_path is not None:

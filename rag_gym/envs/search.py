@@ -122,6 +122,8 @@ class SearchEnv(QAEnv):
       official format, ``None`` for SynthHop or the hub); ``dataset_kwargs`` (loader options,
       e.g. ``{"preset": "hard"}`` for SynthHop).
     * ``corpus``: a corpus JSONL path to search instead of the questions' own pools.
+    * ``index``: a directory written by ``BM25Retriever.save``; it is memory-mapped read-only,
+      so the workers of ``gym.make_vec(..., vectorization_mode="async")`` share one copy.
     * ``corpus_mode``: ``"pool"`` (each question's own distractor pool) or ``"corpus"`` (the
       whole corpus: SynthHop's world, the split's pooled passages, or ``corpus``). Default:
       ``"corpus"`` for SynthHop or when ``corpus`` is given, else ``"pool"``.
@@ -178,6 +180,7 @@ class SearchEnv(QAEnv):
         render_mode: str | None = None,
         retriever: Retriever | None = None,
         examples: Sequence[QAExample] | None = None,
+        index: str | None = None,
     ) -> None:
         check_int("max_query_chars", max_query_chars, 1)
         check_int("max_text_chars", max_text_chars, max_query_chars)
@@ -198,6 +201,7 @@ class SearchEnv(QAEnv):
             render_mode=render_mode,
             retriever=retriever,
             examples=examples,
+            index=index,
         )
         self.exclude_seen = bool(exclude_seen)
         self.max_query_chars = max_query_chars

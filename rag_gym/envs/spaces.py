@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import functools
 import unicodedata
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from gymnasium.spaces import Text
+from gymnasium.vector.utils import shared_memory
 
 _EXCLUDED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn"})
 
@@ -65,3 +68,63 @@ def sanitize(text: str) -> str:
     if charset.issuperset(text):
         return text
     return "".join(ch if ch in charset else "\ufffd" for ch in text)
+
+
+# ---- async vector envs ---------------------------------------------------------------------------
+# Gymnasium's AsyncVectorEnv reads its shared observation memory once, at construction, and for a
+# Text space that read returns a tuple of strings: a copy, not a view, so every later observation
+# would come back as that first (empty) read. For UnicodeText the read returns a live view instead,
+# decoded when indexed; the env's ``deepcopy`` of it (AsyncVectorEnv's default ``copy=True``) is a
+# plain tuple of the current strings.
+@functools.cache
+def _codec() -> tuple[np.ndarray, np.ndarray]:
+    """(code point → charset index, charset index → code point) for the sorted charset."""
+    chars = sorted(text_charset())
+    to_code = np.array([ord(c) for c in chars], dtype=np.uint32)
+    to_index = np.full(0x10000, len(chars), dtype=np.int32)
+    to_index[to_code] = np.arange(len(chars), dtype=np.int32)
+    return to_index, to_code
+
+
+class SharedTextView(Sequence):
+    """The strings in a shared-memory block of a :class:`UnicodeText` space, decoded on access."""
+
+    def __init__(self, space: UnicodeText, memory: Any, n: int) -> None:
+        self._space = space
+        self._memory = memory
+        self._n = n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return tuple(self[j] for j in range(*i.indices(self._n)))
+        if not -self._n <= i < self._n:
+            raise IndexError(i)
+        size = self._space.max_length
+        data = np.frombuffer(self._memory.get_obj(), dtype=np.int32).reshape(self._n, size)[i]
+        _, to_code = _codec()
+        return to_code[data[data < len(to_code)]].tobytes().decode("utf-32-le")
+
+    def __deepcopy__(self, memo: dict) -> tuple[str, ...]:
+        return tuple(self)
+
+    def __repr__(self) -> str:
+        return f"SharedTextView({tuple(self)!r})"
+
+
+@shared_memory.read_from_shared_memory.register(UnicodeText)
+def _read_unicode_text(space: UnicodeText, memory: Any, n: int = 1) -> SharedTextView:
+    return SharedTextView(space, memory, n)
+
+
+@shared_memory.write_to_shared_memory.register(UnicodeText)
+def _write_unicode_text(space: UnicodeText, index: int, value: str, memory: Any) -> None:
+    # vectorised version of Gymnasium's per-character flatten: same layout, same padding
+    to_index, _ = _codec()
+    size = space.max_length
+    codes = np.frombuffer(value.encode("utf-32-le"), dtype=np.uint32)
+    row = np.full(size, len(space.character_list), dtype=np.int32)
+    row[: len(codes)] = to_index[codes]
+    np.frombuffer(memory.get_obj(), dtype=np.int32)[index * size : (index + 1) * size] = row

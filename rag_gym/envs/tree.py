@@ -110,7 +110,8 @@ class TreeSearchEnv(QAEnv):
     Data arguments as :class:`~rag_gym.envs.SearchEnv`; ``k`` (1); ``prune`` (``"gold"`` or
     ``"none"``); ``max_base`` (8), ``max_predicted`` (8); ``top_t_base`` (4) and
     ``top_t_predicted`` (2), R²AG's top-t/x setting (appendix B.2); ``max_query_chars`` (512),
-    ``max_action_chars`` (16,384), ``max_obs_chars`` (16,384); ``retriever``, ``examples``
+    ``max_action_chars`` (16,384), ``max_obs_chars`` (16,384); ``index`` (a saved BM25 index
+    directory, memory-mapped); ``retriever``, ``examples``
     (live objects, as for the search env). ``reset(options={"context_ids":
     [...]})`` starts from given evidence (the previous round's pruned tree).
 
@@ -152,6 +153,7 @@ class TreeSearchEnv(QAEnv):
         render_mode: str | None = None,
         retriever: Retriever | None = None,
         examples: list[QAExample] | None = None,
+        index: str | None = None,
     ) -> None:
         if prune not in ("gold", "none"):
             raise ValueError(f"expected prune 'gold' or 'none', got {prune!r}")
@@ -176,6 +178,7 @@ class TreeSearchEnv(QAEnv):
             render_mode=render_mode,
             retriever=retriever,
             examples=examples,
+            index=index,
         )
         self.prune = prune
         self.max_base, self.max_predicted = max_base, max_predicted

@@ -107,3 +107,35 @@ def test_errors(bm25):
         bm25.retrieve(["x"], k=1, exclude=[[], []])
     with pytest.raises(ValueError, match="expected a non-empty corpus"):
         BM25Retriever(Corpus())
+
+
+def test_save_load_roundtrip(world, bm25, tmp_path):
+    out = bm25.save(tmp_path / "idx")
+    assert {p.name for p in out.iterdir()} == {"bm25s", "corpus.jsonl", "params.json"}
+    queries = [q.question for q in world.questions["validation"]]
+    for mmap in (True, False):
+        loaded = BM25Retriever.load(out, mmap=mmap)
+        assert loaded.retrieve(queries, k=5).ids == bm25.retrieve(queries, k=5).ids
+        assert loaded.corpus.checksum() == world.corpus.checksum()
+    bm25.save(out)  # replacing an existing index works and leaves no temporary folders
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["idx"]
+
+
+def test_load_errors(bm25, tmp_path):
+    import json
+
+    with pytest.raises(ValueError, match=r"is not a rag-gym index: params\.json is missing"):
+        BM25Retriever.load(tmp_path)
+    out = bm25.save(tmp_path / "idx")
+    params = json.loads((out / "params.json").read_text())
+    (out / "params.json").write_text(json.dumps({**params, "corpus_checksum": "0"}))
+    with pytest.raises(ValueError, match=r"corpus\.jsonl does not match .*params\.json"):
+        BM25Retriever.load(out)
+    (out / "params.json").write_text(json.dumps({**params, "kind": "dense"}))
+    with pytest.raises(ValueError, match="expected kind 'bm25', got 'dense'"):
+        BM25Retriever.load(out)
+    (out / "params.json").write_text("{")
+    with pytest.raises(ValueError, match="is not valid JSON"):
+        BM25Retriever.load(out)
+    with pytest.raises(RuntimeError, match=r"call index\(corpus\) first"):
+        BM25Retriever().save(tmp_path / "none")

@@ -1,0 +1,99 @@
+"""gym.make_vec works for every env kind, sync and async, and both modes agree."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import rag_gym  # noqa: F401
+from rag_gym.envs import ReaderEnv, TreeSearchEnv
+from rag_gym.envs.spaces import UnicodeText
+from rag_gym.retrieval import BM25Retriever
+from tests.conftest import SMALL_WORLD
+
+KW = {"dataset_kwargs": SMALL_WORLD}
+
+
+def actions(kind: str, n: int, t: int):
+    if kind == "search":
+        types = np.array([(t + j) % 2 * 4 for j in range(n)])  # SEARCH (0) and EVALUATE (4)
+        return {"type": types, "text": tuple(f"query {t} {j}" for j in range(n))}
+    if kind == "tree":
+        return tuple(TreeSearchEnv.format_action("t", base=[f"Question {t} {j}"]) for j in range(n))
+    return tuple(ReaderEnv.format_action([1, 2], "a", "x") for _ in range(n))
+
+
+@pytest.mark.parametrize(
+    "kind,env_id",
+    [
+        ("search", "rag_gym/SynthHop-v0"),
+        ("tree", "rag_gym/SynthHop-Tree-v0"),
+        ("reader", "rag_gym/SynthHop-Reader-v0"),
+    ],
+)
+def test_sync_and_async_agree(kind, env_id):
+    traces = {}
+    for mode in ("sync", "async"):
+        venv = gym.make_vec(env_id, num_envs=3, vectorization_mode=mode, **KW)
+        obs, _ = venv.reset(seed=7)
+        trace = [obs]
+        for t in range(6):
+            obs, reward, term, trunc, _ = venv.step(actions(kind, 3, t))
+            assert isinstance(obs, tuple) and all(isinstance(o, str) for o in obs)
+            assert all(venv.single_observation_space.contains(o) for o in obs)
+            trace.append((obs, reward.tolist(), term.tolist(), trunc.tolist()))
+        venv.close()
+        traces[mode] = trace
+    assert traces["sync"] == traces["async"]
+    assert traces["sync"][0][0].startswith(("Question:", "Answer the question", "You are given"))
+
+
+def test_sync_copies_share_one_index():
+    venv = gym.make_vec("rag_gym/SynthHop-v0", num_envs=3, vectorization_mode="sync", **KW)
+    retrievers = {id(e.unwrapped.retriever) for e in venv.envs}
+    corpora = {id(e.unwrapped.corpus) for e in venv.envs}
+    venv.close()
+    assert len(retrievers) == 1 and len(corpora) == 1
+
+
+def test_async_workers_memory_map_a_saved_index(tmp_path):
+    from rag_gym.data.synthhop import world_for
+
+    BM25Retriever(world_for(**SMALL_WORLD).corpus).save(tmp_path / "idx")
+    venv = gym.make_vec(
+        "rag_gym/SynthHop-v0",
+        num_envs=2,
+        vectorization_mode="async",
+        index=str(tmp_path / "idx"),
+        **KW,
+    )
+    _, info = venv.reset(seed=0)
+    questions, qids = list(info["question"]), list(info["question_id"])
+    _, _, _, _, info = venv.step({"type": np.array([0, 0]), "text": tuple(questions)})
+    venv.close()
+    # the same searches in one env that built its own index in memory give the same passages
+    env = gym.make("rag_gym/SynthHop-v0", **KW)
+    for j in range(2):
+        env.reset(options={"question_id": qids[j]})
+        _, _, _, _, single = env.step({"type": 0, "text": questions[j]})
+        assert list(info["retrieved_ids"][j]) == single["retrieved_ids"]
+
+
+def test_shared_text_view_decodes_current_memory():
+    from gymnasium.vector.utils import (
+        create_shared_memory,
+        read_from_shared_memory,
+        write_to_shared_memory,
+    )
+
+    space = UnicodeText(32)
+    memory = create_shared_memory(space, n=2)
+    view = read_from_shared_memory(space, memory, n=2)
+    write_to_shared_memory(space, 0, "first", memory)
+    write_to_shared_memory(space, 1, "é 漢\n", memory)
+    import copy
+
+    assert copy.deepcopy(view) == ("first", "é 漢\n")
+    write_to_shared_memory(space, 0, "second", memory)
+    assert view[0] == "second" and len(view) == 2 and view[-1] == "é 漢\n"
