@@ -212,13 +212,17 @@ class QAEnv(gym.Env):
     def _render_obs(self) -> str:
         raise NotImplementedError
 
+    def _transcript(self) -> str:
+        """What ``render`` shows: by default the current observation."""
+        return self._render_obs()
+
     def render(self) -> str | None:
         if self.render_mode is None:
             gym.logger.warn(
                 "render() was called without a render_mode; pass render_mode='ansi' or 'human'"
             )
             return None
-        obs = self._render_obs() if self._example is not None else ""
+        obs = self._transcript() if self._example is not None else ""
         if self.render_mode == "ansi":
             return obs
         print(obs)

@@ -148,6 +148,7 @@ class ReaderEnv(QAEnv):
         ids = [p.id for p in example.passages]
         self._gold_refs = sorted(ids.index(g) + 1 for g in example.supporting_ids if g in ids)
         self._done = False
+        self._last_action = ""
         return self._render_obs(), self._info()
 
     def step(self, action: str):
@@ -156,6 +157,7 @@ class ReaderEnv(QAEnv):
         if self._done:
             raise RuntimeError("the episode has ended (one step per question); call reset()")
         text, clipped = read_text_action(action, self.max_action_chars)
+        self._last_action = text
         parsed = parse(text, names=frozenset(READER_TAGS))
         first = {}
         for tag in parsed.tags:
@@ -180,6 +182,8 @@ class ReaderEnv(QAEnv):
                 "reward_terms": {"answer": reward},
             }
         )
+        if self.render_mode == "human":
+            self.render()
         return "", float(reward), True, False, info
 
     def _info(self) -> dict[str, Any]:
@@ -200,6 +204,14 @@ class ReaderEnv(QAEnv):
             "action_clipped": False,
             "reward_terms": {"answer": 0.0},
         }
+
+    def _transcript(self) -> str:
+        if not self._done:
+            return self._render_obs()
+        self._done = False
+        shown = self._render_obs()
+        self._done = True
+        return f"{shown}\n\nModel output:\n{self._last_action}"
 
     def _render_obs(self) -> str:
         ex = self._example

@@ -310,8 +310,8 @@ class TreeSearchEnv(QAEnv):
             "reward_terms": {"joint_hit": joint_hit},
         }
         obs = "" if stop else self._render_obs()
-        if self.render_mode == "human" and obs:
-            print(obs)
+        if self.render_mode == "human":
+            self.render()
         return obs, joint_hit, stop, False, self._info(branches, stop, extra)
 
     def _info(
@@ -347,6 +347,16 @@ class TreeSearchEnv(QAEnv):
         }
         info.update(extra)
         return info
+
+    def _transcript(self) -> str:
+        lines = [f"Question: {self._example.question}", f"Step {self._step_count}: {self._message}"]
+        for br in self._tree:
+            hits = f"  gold: {', '.join(br['gold_hits'])}" if br["gold_hits"] else ""
+            lines.append(
+                f"  depth {br['depth']} {br['kind']:9s} {br['query']!r} -> {', '.join(br['ids'])}{hits}"
+            )
+        lines.append(f"Context: {', '.join(self._context) or '(none)'}")
+        return "\n".join(lines)
 
     def _render_obs(self) -> str:
         ex = self._example

@@ -94,3 +94,15 @@ def test_musique_reader_shows_20_references_and_gold_numbers():
     ids = [p.id for p in ex.passages]
     assert info["gold_references"] == sorted(ids.index(g) + 1 for g in ex.supporting_ids)
     assert len(info["gold_references"]) == ex.hops
+
+
+def test_render_shows_references_and_output(capsys):
+    env = make_env(render_mode="ansi")
+    env.reset()
+    assert env.render().startswith("Answer the question using the numbered references")
+    env.step("<answer>x</answer>")
+    assert env.render().endswith("Model output:\n<answer>x</answer>")
+    human = make_env(render_mode="human")
+    human.reset()
+    human.step("<answer>y</answer>")
+    assert "Model output:\n<answer>y</answer>" in capsys.readouterr().out

@@ -150,3 +150,19 @@ def test_errors():
     env.step(fmt(stop=True))
     with pytest.raises(RuntimeError, match="the episode has ended"):
         env.step(fmt(stop=True))
+
+
+def test_render_ansi_shows_the_tree(capsys):
+    env = TreeSearchEnv(examples=[Q], retriever=BM25Retriever(Corpus(PASSAGES)), render_mode="ansi")
+    env.reset()
+    env.step(fmt(base=["Ada Vell painter"]))
+    text = env.render()
+    assert (
+        "depth 1 base      'Ada Vell painter' -> ada  gold: ada" in text and "Context: ada" in text
+    )
+    human = TreeSearchEnv(
+        examples=[Q], retriever=BM25Retriever(Corpus(PASSAGES)), render_mode="human"
+    )
+    human.reset()
+    human.step(fmt(base=["Orrin"]))
+    assert "'Orrin' -> orrin" in capsys.readouterr().out
