@@ -58,6 +58,11 @@ class ReaderEnv(QAEnv):
     ``answer_metric``), 0 when there is no ``<answer>``. ARENA's full reward (format,
     accuracy, relevance, +10 bonus; ``001-arena.txt`` §3.3) is the ``arena`` reward preset.
 
+    ## Starting State
+
+    ``reset`` draws a question with ``self.np_random`` (or takes ``options={"index": i}`` /
+    ``{"question_id": ...}``).
+
     ## Episode End
 
     Terminates after the single step.

@@ -79,6 +79,12 @@ class TreeSearchEnv(QAEnv):
     The full R²AG reward (``R = α R_MH + β R_JH + γ R_AP + ω R_f``) is the ``r2ag`` reward
     preset, computed from ``info``.
 
+    ## Starting State
+
+    ``reset`` draws a question with ``self.np_random`` (or takes ``options={"index": i}`` /
+    ``{"question_id": ...}``); the tree is the root alone, the evidence empty unless
+    ``options["context_ids"]`` gives starting documents.
+
     ## Episode End
 
     Terminates on the stop signal (premature or not; ``info["premature_stop"]`` tells).
