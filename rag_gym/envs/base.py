@@ -154,6 +154,14 @@ class QAEnv(gym.Env):
         pooled, examples = pooled_corpus(examples, name=f"{self.dataset}-{self.split}")
         return _SharedData(examples, pooled, corpus_mode or "pool", BM25Retriever(pooled))
 
+    @property
+    def current_example(self) -> QAExample:
+        """The question of the current episode (for reward wrappers and evaluation code, not
+        for agents: it holds the answers)."""
+        if self._example is None:
+            raise RuntimeError("no episode yet; call reset() first")
+        return self._example
+
     def _keep_example(self, example: QAExample) -> bool:
         """Subclasses may skip examples they cannot pose (e.g. the reader env needs a pool)."""
         return True

@@ -19,9 +19,11 @@ NAMESPACE = "rag_gym"
 MAX_EPISODE_STEPS = 20  # EVO-RAG's horizon T_max (000-evo-rag.txt §3.2)
 TREE_MAX_STEPS = 5  # R²AG's L_MAX-I (002-r2ag.md §4.1, appendix B.2)
 
-_SEARCH = "rag_gym.envs.search:SearchEnv"
-_TREE = "rag_gym.envs.tree:TreeSearchEnv"
-_READER = "rag_gym.envs.reader:ReaderEnv"
+# Entry points build the env class and apply an optional ``reward_preset=`` (a string
+# reference, imported only when an env is made).
+_SEARCH = "rag_gym.wrappers.presets:search_env"
+_TREE = "rag_gym.wrappers.presets:tree_env"
+_READER = "rag_gym.wrappers.presets:reader_env"
 
 
 @dataclass(frozen=True)

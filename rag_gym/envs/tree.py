@@ -109,6 +109,7 @@ class TreeSearchEnv(QAEnv):
     | ``retrieved_history`` | every distinct id retrieved this episode |
     | ``num_branches`` | branches in the whole tree |
     | ``dropped_queries``, ``action_clipped``, ``message`` | what was ignored or cut, and why |
+    | ``output_truncated`` | the text exceeded ``max_action_chars`` (R²AG's length limit: set it to the generation limit) |
     | ``reward_terms`` | ``{"joint_hit": ...}`` |
 
     ## Arguments
@@ -312,6 +313,7 @@ class TreeSearchEnv(QAEnv):
             "format_ok": format_ok,
             "dropped_queries": dropped,
             "action_clipped": clipped,
+            "output_truncated": clipped,
             "premature_stop": stop and not all_found,
             "reward_terms": {"joint_hit": joint_hit},
         }
@@ -348,6 +350,7 @@ class TreeSearchEnv(QAEnv):
             "num_branches": len(self._tree),
             "dropped_queries": [],
             "action_clipped": False,
+            "output_truncated": False,
             "message": self._message,
             "reward_terms": {"joint_hit": 0.0},
         }

@@ -82,7 +82,8 @@ class TextActions(gym.Wrapper, gym.utils.RecordConstructorArgs):
 
     The wrapped env's ``info`` (of its last step), plus ``format_ok``, ``tags`` (every tag name
     in order of appearance), ``tag_counts``, ``unclosed_tags``, ``actions`` (the action names
-    executed this turn), ``ignored_tags`` and ``action_clipped``; ``reward_terms`` are summed
+    executed this turn), ``queries`` (the queries searched this turn), ``ignored_tags``,
+    ``action_clipped`` and ``text`` (the sanitised action text); ``reward_terms`` are summed
     over the turn's steps.
 
     :meth:`messages` renders the episode as chat messages (system prompt, then user and
@@ -147,6 +148,8 @@ class TextActions(gym.Wrapper, gym.utils.RecordConstructorArgs):
             "actions": [],
             "ignored_tags": [],
             "action_clipped": False,
+            "queries": [],
+            "text": "",
         }
         return obs, info
 
@@ -180,6 +183,7 @@ class TextActions(gym.Wrapper, gym.utils.RecordConstructorArgs):
         total, terms_sum = 0.0, {}
         segments: list[str] = []
         executed: list[str] = []
+        queries: list[str] = []
         info: dict[str, Any] = {}
         terminated = truncated = False
         for kind, content in plan:
@@ -190,6 +194,8 @@ class TextActions(gym.Wrapper, gym.utils.RecordConstructorArgs):
             for key, value in info.get("reward_terms", {}).items():
                 terms_sum[key] = terms_sum.get(key, 0.0) + value
             executed.append(kind.name)
+            if kind == ActionType.SEARCH and not info.get("invalid_action"):
+                queries.append(info["query"])
             if format_ok:
                 segments.append(self._segment(kind, info))
             if terminated or truncated:
@@ -227,6 +233,8 @@ class TextActions(gym.Wrapper, gym.utils.RecordConstructorArgs):
             "actions": executed if format_ok else [],
             "ignored_tags": ignored,
             "action_clipped": clipped,
+            "queries": queries,
+            "text": text,
         }
         self._messages.append({"role": "assistant", "content": text})
         if observation:

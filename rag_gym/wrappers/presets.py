@@ -1,0 +1,170 @@
+"""Reward presets: each paper's reward stack, by name.
+
+``apply(env, name)`` wraps an env made with ``gym.make``; ``gym.make(id, reward_preset=name,
+reward_kwargs={...})`` does the same at make time (the registry's entry points call
+:func:`make_env`), with the papers' horizons (T_max = 20 steps, 5 tree expansions) as the step
+limit inside the reward stack. To use another horizon with a preset, ``apply`` it to
+``gym.make(id, max_episode_steps=N)``.
+
+| preset | env kind | total reward |
+|---|---|---|
+| ``evo_rag`` | search | EVO-RAG's ``R_t = Σ_k w_k(t) r_k``, time-dynamic Table 1 weights (§3.2, §3.5–3.6) |
+| ``evo_rag_two_stage`` | search | the same seven terms with constant weights per stage (Table 4 "Two-stage") |
+| ``arena`` | reader | format + accuracy + relevance + 10·bonus (ARENA §3.3) |
+| ``r2ag`` | tree | ``0.2 R_MH + 0.3 R_JH + 0.2 R_AP + R_f``, gated (R²AG eq. 5, appendix B.2) |
+| ``eval_rar`` | search | ``R_ans`` (EM) if > 0 else ``R_eval`` (Eval-RAR eq. 5) |
+| ``when_to_search`` | search (text) | ``r_a + r_s + r_f`` at the episode's end (LWTS eq. 12); wraps ``TextActions`` |
+| ``none`` | any | the env's own reward |
+
+Every preset but ``none`` starts with :class:`~rag_gym.wrappers.DropBaseReward`, so the total is
+exactly the paper's formula. Options go through ``**kwargs``: ``stage`` (EVO-RAG
+``"discovery"``/``"refinement"``; LWTS 1/2), ``encoder`` (for the embedding terms), ``verifier``
+(EVO-RAG's refusal), ``correctness`` (LWTS), ``normalization`` (LWTS avg_sim).
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+import gymnasium as gym
+
+from rag_gym.envs.reader import ReaderEnv
+from rag_gym.envs.search import SearchEnv
+from rag_gym.envs.tree import TreeSearchEnv
+from rag_gym.wrappers import arena, eval_rar, evo_rag, r2ag, when_to_search
+from rag_gym.wrappers.base import DropBaseReward
+
+PRESETS = ("evo_rag", "evo_rag_two_stage", "arena", "r2ag", "eval_rar", "when_to_search", "none")
+_KIND = {
+    "evo_rag": SearchEnv,
+    "evo_rag_two_stage": SearchEnv,
+    "arena": ReaderEnv,
+    "r2ag": TreeSearchEnv,
+    "eval_rar": SearchEnv,
+    "when_to_search": SearchEnv,
+}
+
+
+def check_preset(name: str) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"expected a reward preset name (str), got {type(name).__name__}")
+    if name not in PRESETS:
+        close = difflib.get_close_matches(name, PRESETS, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"expected a reward preset in {list(PRESETS)}, got {name!r}{hint}")
+    return name
+
+
+def apply(env: gym.Env, name: str, t_max: int | None = None, **kwargs: Any) -> gym.Env:
+    """Wrap ``env`` in the reward stack of preset ``name`` (see the module table)."""
+    check_preset(name)
+    if name == "none":
+        if kwargs:
+            raise TypeError(f"reward preset 'none' takes no options, got {sorted(kwargs)}")
+        return env
+    kind = _KIND[name]
+    if not isinstance(env.unwrapped, kind):
+        raise ValueError(
+            f"reward preset {name!r} needs a {kind.__name__}, got {type(env.unwrapped).__name__}; "
+            f"use a {'-Reader' if kind is ReaderEnv else '-Tree' if kind is TreeSearchEnv else ''}-v0 id"
+        )
+    allowed = {
+        "evo_rag": {"stage", "encoder", "verifier"},
+        "evo_rag_two_stage": {"stage", "encoder", "verifier"},
+        "arena": set(),
+        "r2ag": set(),
+        "eval_rar": {"r_eval"},
+        "when_to_search": {"stage", "encoder", "correctness", "normalization"},
+    }[name]
+    unknown = set(kwargs) - allowed
+    if unknown:
+        raise TypeError(
+            f"reward preset {name!r} got unknown options {sorted(unknown)}; it takes {sorted(allowed)}"
+        )
+
+    env = DropBaseReward(env)
+    if name in ("evo_rag", "evo_rag_two_stage"):
+        env = evo_rag.RetrievalHitReward(env)
+        env = evo_rag.QueryOverlapPenalty(env, encoder=kwargs.get("encoder"))
+        env = evo_rag.RetrievalActionPenalty(env, t_max=t_max)
+        env = evo_rag.BacktrackPenalty(env)
+        env = evo_rag.RefusalReward(env, verifier=kwargs.get("verifier"))
+        env = evo_rag.StepCost(env)
+        env = evo_rag.AnswerCorrectnessReward(env, metric="em_f1")
+        schedule = "dynamic" if name == "evo_rag" else "fixed"
+        return evo_rag.TimeDynamicWeights(
+            env, stage=kwargs.get("stage", "discovery"), schedule=schedule, t_max=t_max
+        )
+    if name == "arena":
+        env = arena.ReaderFormatReward(env)
+        env = arena.ReaderAccuracyReward(env)
+        env = arena.RelevanceReward(env)
+        return arena.ArenaBonus(env)
+    if name == "r2ag":
+        env = r2ag.MultiHitReward(env)
+        env = r2ag.JointHitReward(env)
+        env = r2ag.TopTAPReward(env)
+        env = r2ag.TreeFormatReward(env)
+        return r2ag.R2AGGate(env)
+    if name == "eval_rar":
+        env = evo_rag.AnswerCorrectnessReward(env, metric="em")
+        return eval_rar.EvaluationReward(
+            env, **({"r_eval": kwargs["r_eval"]} if "r_eval" in kwargs else {})
+        )
+    # when_to_search
+    from rag_gym.wrappers.text_actions import TextActions
+
+    env = TextActions(env, tags="when_to_search")
+    env = when_to_search.LWTSFormatReward(env)
+    env = when_to_search.LWTSSearchReward(
+        env, normalization=kwargs.get("normalization", "printed"), encoder=kwargs.get("encoder")
+    )
+    return when_to_search.MultiStageAnswerReward(
+        env, stage=kwargs.get("stage", 1), correctness=kwargs.get("correctness", "em")
+    )
+
+
+def make_env(
+    env_class: type,
+    reward_preset: str | None = None,
+    reward_kwargs: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> gym.Env:
+    """Build ``env_class(**kwargs)`` and apply ``reward_preset`` (the registry's entry point)."""
+    env = env_class(**kwargs)
+    if reward_preset is None or reward_preset == "none":
+        if reward_kwargs:
+            raise TypeError("reward_kwargs needs a reward_preset")
+        return env
+    from gymnasium.wrappers import TimeLimit
+
+    from rag_gym.envs.registration import MAX_EPISODE_STEPS, TREE_MAX_STEPS
+
+    # The reward terms must see truncation (LWTS scores at the episode's end) and use the same
+    # T_max as the step limit, so the limit goes inside the reward stack; gym.make's own
+    # TimeLimit outside then never fires first.
+    t_max = TREE_MAX_STEPS if env_class is TreeSearchEnv else MAX_EPISODE_STEPS
+    if env_class is not ReaderEnv:
+        env = TimeLimit(env, max_episode_steps=t_max)
+    return apply(env, reward_preset, t_max=t_max, **(reward_kwargs or {}))
+
+
+def search_env(**kwargs: Any) -> gym.Env:
+    """Entry point of the ``-v0`` ids: a SearchEnv, with ``reward_preset=`` applied."""
+    return make_env(SearchEnv, **kwargs)
+
+
+def tree_env(**kwargs: Any) -> gym.Env:
+    """Entry point of the ``-Tree-v0`` ids."""
+    return make_env(TreeSearchEnv, **kwargs)
+
+
+def reader_env(**kwargs: Any) -> gym.Env:
+    """Entry point of the ``-Reader-v0`` ids."""
+    return make_env(ReaderEnv, **kwargs)
+
+
+search_env.metadata = SearchEnv.metadata  # type: ignore[attr-defined]
+tree_env.metadata = TreeSearchEnv.metadata  # type: ignore[attr-defined]
+reader_env.metadata = ReaderEnv.metadata  # type: ignore[attr-defined]
