@@ -24,12 +24,12 @@ env = EvaluationReward(env)  # +0.1 when a wrong answer followed a note that nam
 
 
 def play(name: str, plan) -> None:
-    obs, info = env.reset(seed=3)
+    env.reset(seed=3)
     example = env.unwrapped.current_example
     print(f"\n{name}: {example.question}")
     total = 0.0
     for action in plan(example):
-        obs, reward, terminated, truncated, info = env.step(action)
+        _, reward, terminated, truncated, info = env.step(action)
         total += reward
         terms = ", ".join(f"{k}={v:+.2f}" for k, v in info["reward_terms"].items() if v)
         print(
