@@ -16,10 +16,7 @@ from rag_gym.wrappers import (
     ArenaBonus,
     BacktrackPenalty,
     DropBaseReward,
-    EvaluationReward,
     JointHitReward,
-    LWTSFormatReward,
-    LWTSSearchReward,
     MultiHitReward,
     MultiStageAnswerReward,
     QueryOverlapPenalty,
@@ -246,16 +243,9 @@ def test_fixed_and_none_schedules():
     assert none["answer"] == 1.0 and sum(none.values()) == 1.0
 
 
-def evo_stack(stage="discovery", schedule="dynamic"):
-    env = DropBaseReward(search_env())
-    env = RetrievalHitReward(env)
-    env = QueryOverlapPenalty(env, encoder=stub_encoder)
-    env = RetrievalActionPenalty(env, t_max=20)
-    env = BacktrackPenalty(env)
-    env = RefusalReward(env)
-    env = StepCost(env)
-    env = AnswerCorrectnessReward(env)
-    return TimeDynamicWeights(env, stage=stage, schedule=schedule, t_max=20)
+def evo_stack(stage="discovery"):
+    """The ``evo_rag`` preset itself (DropBaseReward, the seven terms, TimeDynamicWeights)."""
+    return apply(search_env(), "evo_rag", t_max=20, encoder=stub_encoder, stage=stage)
 
 
 def test_time_dynamic_total_by_hand():
@@ -418,7 +408,7 @@ def test_r2ag_truncated_output_is_zero():
     ],
 )
 def test_eval_rar_total(notes, answer, expected):
-    env = EvaluationReward(AnswerCorrectnessReward(DropBaseReward(search_env()), metric="em"))
+    env = apply(search_env(), "eval_rar")
     steps = run(env, [act(E, n) for n in notes] + [act(A, answer)])
     assert steps[-1][1] == pytest.approx(expected)
     assert all(s[1] == 0.0 for s in steps[:-1])
@@ -426,10 +416,14 @@ def test_eval_rar_total(notes, answer, expected):
 
 # ---------------------------------------------------------------- LWTS -------------------------
 def lwts_env(stage=1, normalization="printed"):
-    base = TextActions(DropBaseReward(search_env()), tags="when_to_search")
-    env = LWTSFormatReward(base)
-    env = LWTSSearchReward(env, encoder=stub_encoder, normalization=normalization)
-    return MultiStageAnswerReward(env, stage=stage)
+    """The ``when_to_search`` preset (TextActions, r_f, r_s, r_a) with a stub encoder."""
+    return apply(
+        search_env(),
+        "when_to_search",
+        encoder=stub_encoder,
+        normalization=normalization,
+        stage=stage,
+    )
 
 
 def play_text(env, turns):
@@ -646,3 +640,35 @@ def test_make_time_evo_rag_preset_with_embedded_minilm():
     _, r2, *_, info = env.step(act(S, info["question"]))
     assert info["reward_raw"]["query_overlap"] == pytest.approx(-1.0, abs=1e-5)
     assert r2 < r1  # the repeated query pays the overlap penalty
+
+
+# ---------------------------------------------------------------- LLM judges -------------------
+def test_llm_sufficiency_judge_drives_refusal():
+    from rag_gym.agents.judges import LLMSufficiencyJudge
+    from tests.conftest import EchoLM
+
+    lm = EchoLM(reply="Yes, it is.")
+    env = RefusalReward(search_env(), verifier=LLMSufficiencyJudge(lm))
+    steps = run(env, [act(S, "ada vell"), act(R)])
+    assert steps[-1][4]["reward_raw"]["refusal"] == -1.0  # the judge says the evidence suffices
+    assert "Ada Vell is a painter" in lm.calls[-1][0][0]["content"]
+    judge = LLMSufficiencyJudge(EchoLM(fail=True))
+    assert judge("q", [], {}) is False and judge.errors == 1
+
+
+def test_llm_answer_judge_in_lwts():
+    from rag_gym.agents.judges import LLMAnswerJudge
+    from tests.conftest import EchoLM
+
+    correctness = core.Correctness("judge", LLMAnswerJudge(EchoLM(reply="yes")))
+    base = TextActions(DropBaseReward(search_env()), tags="when_to_search")
+    env = MultiStageAnswerReward(base, stage=1, correctness=correctness)
+    env.reset(options={"question_id": "q1"})
+    _, reward, *_ = env.step(
+        "<think>a</think><reflect>b</reflect><answer>the land of Tamaria</answer>"
+    )
+    assert reward == 1.0  # EM would say wrong; the judge says right
+    with pytest.raises(ValueError, match="method='judge' needs judge=callable"):
+        core.Correctness("judge")
+    with pytest.raises(TypeError, match="expected a rag_gym LanguageModel"):
+        LLMAnswerJudge("gpt")

@@ -1,0 +1,76 @@
+"""LLM judges that plug into the reward wrappers.
+
+* :class:`LLMSufficiencyJudge` — EVO-RAG's evidence verifier (``000-evo-rag.txt`` §3.2: "the
+  judgement of an external LLM verifier ... returns enough_evidence ∈ {yes, no}"), for
+  :class:`rag_gym.wrappers.RefusalReward`'s ``verifier``.
+* :class:`LLMAnswerJudge` — LWTS's LLM-as-judge correctness (``004`` §3.3, LasJ), for
+  :class:`rag_gym.wrappers.MultiStageAnswerReward` through
+  ``rag_gym.rewards.core.Correctness("judge", judge)``.
+
+Both take any :class:`~rag_gym.agents.LanguageModel` (an OpenAI-compatible server's model, or
+the embedded SmolLM2 for tests), decode greedily, and read a leading yes/no. A reply with
+neither, or a backend error, counts as "no" (and is counted in ``errors``), so a flaky judge
+never stops a training run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rag_gym.agents.lm import GenerationConfig, LanguageModel
+
+SUFFICIENCY_PROMPT = (
+    "Question: {question}\n\nEvidence:\n{evidence}\n\n"
+    "Is this evidence enough to answer the question? Reply with yes or no."
+)
+ANSWER_PROMPT = (
+    "Question: {question}\nGold answers: {golds}\nPredicted answer: {prediction}\n\n"
+    "Does the predicted answer mean the same as one of the gold answers? Reply with yes or no."
+)
+
+
+class _YesNoJudge:
+    def __init__(self, lm: LanguageModel, max_tokens: int = 4) -> None:
+        if not isinstance(lm, LanguageModel):
+            raise TypeError(f"expected a rag_gym LanguageModel, got {type(lm).__name__}")
+        self.lm = lm
+        self.config = GenerationConfig(max_tokens=max_tokens, temperature=0.0)
+        self.errors = 0
+
+    def _ask(self, prompt: str) -> bool:
+        try:
+            (gens,) = self.lm.generate([[{"role": "user", "content": prompt}]], self.config)
+        except Exception:  # a judge failure must not end a training run
+            self.errors += 1
+            return False
+        reply = gens[0].text.strip().lower()
+        if reply.startswith("yes"):
+            return True
+        if not reply.startswith("no"):
+            self.errors += 1
+        return False
+
+
+class LLMSufficiencyJudge(_YesNoJudge):
+    """``judge(question, evidence_passages, info) -> bool``: is the evidence enough?"""
+
+    def __call__(
+        self, question: str, evidence: Sequence[Any], info: dict[str, Any] | None = None
+    ) -> bool:
+        lines = [
+            f"[{i}] {getattr(p, 'title', '')}: {getattr(p, 'text', p)}"
+            for i, p in enumerate(evidence, 1)
+        ]
+        return self._ask(
+            SUFFICIENCY_PROMPT.format(question=question, evidence="\n".join(lines) or "(none)")
+        )
+
+
+class LLMAnswerJudge(_YesNoJudge):
+    """``judge(question, prediction, golds) -> bool``: does the prediction match a gold answer?"""
+
+    def __call__(self, question: str, prediction: str, golds: Sequence[str]) -> bool:
+        return self._ask(
+            ANSWER_PROMPT.format(question=question, golds="; ".join(golds), prediction=prediction)
+        )
