@@ -168,3 +168,23 @@ def reader_env(**kwargs: Any) -> gym.Env:
 search_env.metadata = SearchEnv.metadata  # type: ignore[attr-defined]
 tree_env.metadata = TreeSearchEnv.metadata  # type: ignore[attr-defined]
 reader_env.metadata = ReaderEnv.metadata  # type: ignore[attr-defined]
+
+
+def set_stage(env: gym.Env, stage: str | int) -> None:
+    """Switch the curriculum stage of every staged reward in ``env``'s wrapper chain
+    (EVO-RAG's :class:`~rag_gym.wrappers.TimeDynamicWeights`: ``"discovery"`` /
+    ``"refinement"``; LWTS's :class:`~rag_gym.wrappers.MultiStageAnswerReward`: 1 / 2) — the
+    hook a trainer callback calls. Takes effect from the next step. For a vector env, call
+    ``envs.call("set_stage", stage)``: the wrappers' own ``set_stage`` is found through each
+    sub-env's chain.
+    """
+    found = False
+    while isinstance(env, gym.Wrapper):
+        if isinstance(env, (evo_rag.TimeDynamicWeights, when_to_search.MultiStageAnswerReward)):
+            env.set_stage(stage)
+            found = True
+        env = env.env
+    if not found:
+        raise ValueError(
+            "no staged reward in this env: use the evo_rag, evo_rag_two_stage or when_to_search preset"
+        )

@@ -672,3 +672,15 @@ def test_llm_answer_judge_in_lwts():
         core.Correctness("judge")
     with pytest.raises(TypeError, match="expected a rag_gym LanguageModel"):
         LLMAnswerJudge("gpt")
+
+
+def test_set_stage_through_gym_make_and_vector_envs():
+    from rag_gym.wrappers.presets import set_stage
+
+    env = gym.make("rag_gym/SynthHop-v0", reward_preset="eval_rar", **KW)
+    with pytest.raises(ValueError, match="no staged reward in this env"):
+        set_stage(env, "refinement")
+    env = apply(gym.make("rag_gym/SynthHop-v0", **KW), "evo_rag", encoder=stub_encoder_words)
+    env.reset(seed=0)
+    set_stage(env, "refinement")
+    assert env.step(act(E, "x"))[4]["reward_stage"] == "refinement"
