@@ -27,9 +27,12 @@ def evaluate(
     n: Annotated[int, typer.Option(help="Questions to sample (fixed by --seed).")] = 100,
     seed: Annotated[int, typer.Option(help="Seed of the sample, resets and random agents.")] = 0,
     agents: Annotated[str, typer.Option(help="Comma-separated agent names.")] = "naive_rag,random",
-    model: Annotated[
-        str | None, typer.Option(help="GGUF file for llama.cpp (default: embedded SmolLM2-135M).")
-    ] = None,
+    lm: Annotated[
+        str,
+        typer.Option(
+            help="LLM backend: llama_cpp[:file.gguf], transformers[:id], vllm:id, openai:model@url."
+        ),
+    ] = "llama_cpp",
     data_path: Annotated[str | None, typer.Option(help="Dataset file for real-data envs.")] = None,
     corpus: Annotated[
         str | None, typer.Option(help="Corpus JSONL to search (required for Bamboogle).")
@@ -68,13 +71,13 @@ def evaluate(
     except (TypeError, ValueError) as exc:
         _fail(str(exc))
     console = Console(stderr=True)
-    lm = None
+    backend = None
     if any(needs_lm(a) for a in config.agents):
         try:
-            from rag_gym.agents.llama_cpp import LlamaCppLM
+            from rag_gym.agents.backends import make_lm
 
-            lm = LlamaCppLM(model_path=model, seed=seed)
-        except (ImportError, FileNotFoundError) as exc:
+            backend = make_lm(lm, seed=seed)
+        except (ImportError, FileNotFoundError, TypeError, ValueError) as exc:
             _fail(str(exc))
 
     with Progress(
@@ -95,9 +98,9 @@ def evaluate(
         try:
             result = run(
                 config,
-                lambda name: make_agent(name, lm=lm, seed=seed),
+                lambda name: make_agent(name, lm=backend, seed=seed),
                 progress=tick,
-                lm_description=lm.describe() if lm else None,
+                lm_description=backend.describe() if backend else None,
                 command=" ".join(["rag-gym", *sys.argv[1:]]),
             )
         except (TypeError, ValueError, FileNotFoundError, ConnectionError, ImportError) as exc:

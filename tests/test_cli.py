@@ -115,3 +115,10 @@ def test_default_evaluate_with_embedded_model(tmp_path):
     }
     protocol = json.loads((tmp_path / "d" / "protocol.json").read_text())
     assert protocol["lm"]["model"] == "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def test_evaluate_unknown_backend_did_you_mean(tmp_path):
+    result = runner.invoke(app, ["evaluate", "--lm", "lama_cpp", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "did you mean 'llama_cpp'" in result.output
+    result = runner.invoke(app, ["evaluate", "--lm", "openai:model", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "expected 'openai:<model>@<base_url>'" in result.output

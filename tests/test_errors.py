@@ -348,3 +348,21 @@ def test_agent_and_eval_errors():
         check_agent_name(3)
     with pytest.raises(ValueError, match="expected at least one agent"):
         EvalConfig(agents=())
+
+
+def test_vllm_missing_names_the_extra(monkeypatch):
+    from rag_gym.agents.vllm_lm import VLLMLM
+
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(
+        ImportError, match=r"needs vllm and a CUDA GPU: pip install 'rag-gym\[gpu\]'"
+    ):
+        VLLMLM("some/model")
+
+
+def test_transformers_missing_names_the_extra(monkeypatch):
+    from rag_gym.agents.transformers_lm import TransformersLM
+
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    with pytest.raises(ImportError, match=r"pip install 'rag-gym\[hf\]'"):
+        TransformersLM()
