@@ -22,11 +22,15 @@ def _fail(message: str) -> None:
 
 @app.command()
 def evaluate(
-    env: Annotated[str, typer.Option(help="Registered env id.")] = "rag_gym/SynthHop-v0",
+    env: Annotated[
+        str, typer.Option(help="Registered env id (its dataset is used for every agent).")
+    ] = "rag_gym/SynthHop-v0",
     split: Annotated[str, typer.Option(help="Split to sample questions from.")] = "validation",
     n: Annotated[int, typer.Option(help="Questions to sample (fixed by --seed).")] = 100,
     seed: Annotated[int, typer.Option(help="Seed of the sample, resets and random agents.")] = 0,
-    agents: Annotated[str, typer.Option(help="Comma-separated agent names.")] = "naive_rag,random",
+    agents: Annotated[
+        str, typer.Option(help="Comma-separated agent names (rag-gym agents lists them).")
+    ] = "naive_rag,random",
     lm: Annotated[
         str,
         typer.Option(
@@ -37,12 +41,25 @@ def evaluate(
     corpus: Annotated[
         str | None, typer.Option(help="Corpus JSONL to search (required for Bamboogle).")
     ] = None,
+    retriever: Annotated[
+        str | None, typer.Option(help="A saved BM25 index directory to search.")
+    ] = None,
     k: Annotated[int | None, typer.Option(help="Passages per search (env default 3).")] = None,
+    batch_size: Annotated[int, typer.Option(help="Episodes stepped together per agent call.")] = 8,
+    judge: Annotated[
+        str | None, typer.Option(help="LLM judge backend spec (e.g. openai:model@url).")
+    ] = None,
+    track: Annotated[
+        bool, typer.Option(help="Log to Weights & Biases (offline unless configured).")
+    ] = False,
+    from_run: Annotated[
+        Path | None, typer.Option(help="Re-run the protocol saved in this run folder.")
+    ] = None,
     out: Annotated[Path, typer.Option(help="Parent folder of the run folder.")] = Path("runs"),
     run_name: Annotated[str | None, typer.Option(help="Run folder name.")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
-    """Run agents on an env's sampled questions; print and save a leaderboard."""
+    """Run agents on an env's sampled questions; print and save a leaderboard, plots and the protocol."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
@@ -54,31 +71,46 @@ def evaluate(
 
     env_kwargs = {
         key: val
-        for key, val in {"data_path": data_path, "corpus": corpus, "k": k}.items()
+        for key, val in {
+            "data_path": data_path,
+            "corpus": corpus,
+            "index": retriever,
+            "k": k,
+        }.items()
         if val is not None
     }
     try:
-        config = EvalConfig(
-            env_id=env,
-            split=split,
-            n=n,
-            seed=seed,
-            agents=tuple(a.strip() for a in agents.split(",") if a.strip()),
-            env_kwargs=env_kwargs,
-            out_dir=str(out),
-            run_name=run_name,
-        )
-    except (TypeError, ValueError) as exc:
+        if from_run is not None:
+            config = EvalConfig.from_run(from_run, out_dir=str(out), run_name=run_name)
+            lm = config.lm_spec or lm
+        else:
+            config = EvalConfig(
+                env_id=env,
+                split=split,
+                n=n,
+                seed=seed,
+                agents=tuple(a.strip() for a in agents.split(",") if a.strip()),
+                env_kwargs=env_kwargs,
+                batch_size=batch_size,
+                out_dir=str(out),
+                run_name=run_name,
+            )
+    except (TypeError, ValueError, FileNotFoundError) as exc:
         _fail(str(exc))
     console = Console(stderr=True)
-    backend = None
-    if any(needs_lm(a) for a in config.agents):
-        try:
-            from rag_gym.agents.backends import make_lm
+    backend = judge_fn = None
+    try:
+        from rag_gym.agents.backends import make_lm
 
-            backend = make_lm(lm, seed=seed)
-        except (ImportError, FileNotFoundError, TypeError, ValueError) as exc:
-            _fail(str(exc))
+        if any(needs_lm(a) for a in config.agents):
+            backend = make_lm(lm, seed=config.seed)
+            config.lm_spec = lm
+        if judge is not None:
+            from rag_gym.agents.judges import LLMAnswerJudge
+
+            judge_fn = LLMAnswerJudge(make_lm(judge))
+    except (ImportError, FileNotFoundError, TypeError, ValueError) as exc:
+        _fail(str(exc))
 
     with Progress(
         TextColumn("{task.description}"),
@@ -90,31 +122,52 @@ def evaluate(
     ) as bar:
         tasks: dict[str, int] = {}
 
-        def tick(agent: str, done: int) -> None:
+        def tick(agent: str, done: int, total: int) -> None:
             if agent not in tasks:
-                tasks[agent] = bar.add_task(agent, total=None)
+                tasks[agent] = bar.add_task(agent, total=total)
             bar.update(tasks[agent], completed=done)
 
         try:
             result = run(
                 config,
-                lambda name: make_agent(name, lm=backend, seed=seed),
+                lambda name, e: make_agent(name, lm=backend, seed=config.seed, env=e),
                 progress=tick,
                 lm_description=backend.describe() if backend else None,
                 command=" ".join(["rag-gym", *sys.argv[1:]]),
+                judge=judge_fn,
+                track=track,
             )
         except (TypeError, ValueError, FileNotFoundError, ConnectionError, ImportError) as exc:
             _fail(str(exc))
 
     table = Table(
-        title=f"{config.env_id} · {config.split} · {result.protocol['n']} questions · seed {seed}"
+        title=f"{config.env_id} · {config.split} · {result.protocol['n']} questions · seed {config.seed}"
     )
     for _, header, _ in COLUMNS:
         table.add_column(header, justify="left" if header == "agent" else "right")
-    for row in sorted(result.rows, key=lambda r: (-r["em"], -r["f1"])):
+    for row in sorted(result.rows, key=lambda r: (-_num(r["em"]), -_num(r["f1"]))):
         table.add_row(*(format_cell(key, row[key]) for key, _, _ in COLUMNS))
     _console().print(table)
     typer.echo(f"results: {result.run_dir}")
+
+
+def _num(value: float) -> float:
+    return -1.0 if value != value else value  # NaN last
+
+
+@app.command()
+def agents() -> None:
+    """List the agents (baselines and the papers' methods)."""
+    from rich.table import Table
+
+    from rag_gym.baselines import AGENTS, agent_class
+
+    table = Table(title="rag-gym agents")
+    for col in ("name", "env", "needs an LM", "class"):
+        table.add_column(col)
+    for name, (module, cls, lm) in AGENTS.items():
+        table.add_row(name, agent_class(name).env_kind, "yes" if lm else "no", f"{module}.{cls}")
+    _console().print(table)
 
 
 @app.command()

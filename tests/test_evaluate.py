@@ -49,7 +49,7 @@ def test_leaderboard_numbers_and_run_folder(tmp_path):
     answers = {q.question: q.answer for q in world.questions["validation"]}
     lm = EchoLM(reply=oracle_reply(answers))
     result = evaluate(
-        config(tmp_path), lambda name: make_agent(name, lm=lm, seed=1), command="test"
+        config(tmp_path), lambda name, env: make_agent(name, lm=lm, seed=1), command="test"
     )
     rows = {r["agent"]: r for r in result.rows}
     # naive RAG with an always-right reader: EM = F1 = 1, one search, two steps
@@ -78,7 +78,7 @@ def test_same_protocol_same_results(tmp_path):
     runs = []
     for name in ("a", "b"):
         result = evaluate(
-            config(tmp_path, run_name=name, agents=("random",)), lambda n: make_agent(n, seed=1)
+            config(tmp_path, run_name=name, agents=("random",)), lambda n, env: make_agent(n, seed=1)
         )
         runs.append([{k: v for k, v in e.items() if k != "seconds"} for e in result.episodes])
     assert runs[0] == runs[1]
@@ -86,7 +86,7 @@ def test_same_protocol_same_results(tmp_path):
 
 def test_backend_failure_is_counted_not_fatal(tmp_path):
     lm = EchoLM(fail=True)
-    result = evaluate(config(tmp_path, agents=("naive_rag",), n=4), lambda n: make_agent(n, lm=lm))
+    result = evaluate(config(tmp_path, agents=("naive_rag",), n=4), lambda n, env: make_agent(n, lm=lm))
     (row,) = result.rows
     assert row["errors"] == 4 and row["episodes"] == 4 and row["em"] == 0.0
     assert all("TimeoutError: backend timed out" in e["error"] for e in result.episodes)

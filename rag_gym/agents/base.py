@@ -1,9 +1,13 @@
-"""The agent interface: reset, then act on each observation.
+"""The agent interface: episodes in slots, one batched call per step.
 
-An agent maps the env's text observation and ``info`` to a ``SearchEnv`` action dict
-(``{"type": ActionType, "text": str}``). ``act_batch`` is the path evaluation uses to step many
-episodes per call; the default loops over ``act``, and LLM agents override it to batch
-generation. ``usage`` counts the tokens the agent spent in the current episode.
+An agent plays one episode per *slot*. ``reset(seed, slot)`` starts an episode in a slot;
+``act_batch(observations, infos, slots)`` returns one action per given slot, so an evaluator can
+step many episodes with one call (and LLM agents make one batched generation call for them).
+``act(observation, info)`` is the single-episode shortcut (slot 0). ``usage_of(slot)`` counts the
+tokens spent in a slot's current episode (``usage`` is slot 0's).
+
+Agents declare the env kind they play (``env_kind``: ``"search"``, ``"tree"`` or ``"reader"``);
+actions are what that env takes (a ``Dict`` for the search env, text for the others).
 """
 
 from __future__ import annotations
@@ -17,23 +21,36 @@ class Agent(abc.ABC):
     """Base class of every agent and baseline."""
 
     name: str = "agent"
+    env_kind: str = "search"
 
     def __init__(self) -> None:
-        self.usage = {"prompt_tokens": 0, "completion_tokens": 0}
+        self._usage: dict[int, dict[str, int]] = {}
 
-    def reset(self, seed: int | None = None) -> None:
-        """Start a new episode (clears per-episode state and token counts)."""
-        self.usage = {"prompt_tokens": 0, "completion_tokens": 0}
+    def reset(self, seed: int | None = None, slot: int = 0) -> None:
+        """Start a new episode in ``slot`` (clears that slot's state and token counts)."""
+        self._usage[slot] = {"prompt_tokens": 0, "completion_tokens": 0}
+        self.on_reset(slot, seed)
+
+    def on_reset(self, slot: int, seed: int | None) -> None:  # noqa: B027 (optional hook)
+        """Subclasses clear their per-slot state here."""
+
+    def usage_of(self, slot: int) -> dict[str, int]:
+        return self._usage.setdefault(slot, {"prompt_tokens": 0, "completion_tokens": 0})
+
+    @property
+    def usage(self) -> dict[str, int]:
+        return self.usage_of(0)
+
+    def act(self, observation: Any, info: dict[str, Any]) -> Any:
+        """The next action of the episode in slot 0."""
+        return self.act_batch([observation], [info], [0])[0]
 
     @abc.abstractmethod
-    def act(self, observation: str, info: dict[str, Any]) -> dict[str, Any]:
-        """The next action for this observation."""
-
     def act_batch(
-        self, observations: Sequence[str], infos: Sequence[dict[str, Any]]
-    ) -> list[dict[str, Any]]:
-        return [self.act(o, i) for o, i in zip(observations, infos, strict=True)]
+        self, observations: Sequence[Any], infos: Sequence[dict[str, Any]], slots: Sequence[int]
+    ) -> list:
+        """One action per slot."""
 
     def describe(self) -> dict[str, Any]:
         """What the evaluator records in a run's protocol (name, prompt version, model)."""
-        return {"name": self.name}
+        return {"name": self.name, "env_kind": self.env_kind}

@@ -1,22 +1,47 @@
-"""Baseline agents, by name: ``make_agent("naive_rag", lm=...)``.
+"""Baseline agents and the papers' methods, by name: ``make_agent("ircot", lm=...)``.
 
-| name | needs an LM | what it does |
-|------|-------------|--------------|
-| ``naive_rag`` | yes | one search with the question, answer from the top-k passages |
-| ``random`` | no | uniformly random valid actions |
+| name | env | LLM calls | what it does |
+|------|-----|-----------|--------------|
+| ``random`` | search | 0 | uniformly random valid actions |
+| ``direct`` | search | 1 | answers from the model's knowledge, no search |
+| ``cot`` | search | 1 | chain-of-thought, then answer, no search |
+| ``naive_rag`` | search | 1 | one search with the question, answer from the passages |
+| ``ircot`` | search | ≤ 4 | reasoning sentences interleaved with searches |
+| ``self_ask`` | search | ≤ 9 | follow-up questions with intermediate answers |
+| ``react`` | search | ≤ 6 | Thought / Search[...] / Finish[...] |
+| ``iter_retgen`` | search | 3 | three rounds of search with the previous answer draft |
+| ``oracle`` | search | 1 | reads the gold passages (an upper bound for the reader) |
+| ``evo_rag`` | search | ≤ 8 | EVO-RAG's four-action query rewriter |
+| ``eval_rar`` | search | ≤ 5 | Eval-RAR's search, evaluate, answer |
+| ``lwts`` | search | ≤ 4 | LWTS: internal knowledge first, search when needed |
+| ``r2ag`` | tree | ≤ 5 | R²AG's base / predicted queries with Top-Survivor |
+| ``arena`` | reader | 1 | ARENA's relevance / analysis / answer reader |
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib
 from typing import Any
 
 from rag_gym.agents.base import Agent
 
 #: name → (module, class, needs an LM)
 AGENTS: dict[str, tuple[str, str, bool]] = {
-    "naive_rag": ("rag_gym.baselines.naive_rag", "NaiveRAG", True),
     "random": ("rag_gym.baselines.random", "RandomAgent", False),
+    "direct": ("rag_gym.baselines.direct", "DirectAnswer", True),
+    "cot": ("rag_gym.baselines.direct", "ChainOfThought", True),
+    "naive_rag": ("rag_gym.baselines.naive_rag", "NaiveRAG", True),
+    "ircot": ("rag_gym.baselines.ircot", "IRCoT", True),
+    "self_ask": ("rag_gym.baselines.self_ask", "SelfAsk", True),
+    "react": ("rag_gym.baselines.react", "ReAct", True),
+    "iter_retgen": ("rag_gym.baselines.iter_retgen", "IterRetGen", True),
+    "oracle": ("rag_gym.baselines.oracle", "OracleReader", True),
+    "evo_rag": ("rag_gym.baselines.papers", "EvoRagAgent", True),
+    "eval_rar": ("rag_gym.baselines.papers", "EvalRarAgent", True),
+    "lwts": ("rag_gym.baselines.papers", "LWTSAgent", True),
+    "r2ag": ("rag_gym.baselines.papers", "R2AGAgent", True),
+    "arena": ("rag_gym.baselines.papers", "ArenaAgent", True),
 }
 
 
@@ -34,16 +59,20 @@ def needs_lm(name: str) -> bool:
     return AGENTS[check_agent_name(name)][2]
 
 
-def make_agent(name: str, lm: Any = None, seed: int = 0) -> Agent:
-    """Build the agent ``name``; LLM agents need ``lm`` (a :class:`~rag_gym.agents.LanguageModel`)."""
-    import importlib
+def agent_class(name: str) -> type[Agent]:
+    module, cls, _ = AGENTS[check_agent_name(name)]
+    return getattr(importlib.import_module(module), cls)
 
-    module, cls, uses_lm = AGENTS[check_agent_name(name)]
-    klass = getattr(importlib.import_module(module), cls)
-    if uses_lm:
-        if lm is None:
-            raise ValueError(
-                f"agent {name!r} needs a language model: pass lm=LlamaCppLM() (or another backend)"
-            )
-        return klass(lm)
-    return klass(seed=seed)
+
+def make_agent(name: str, lm: Any = None, seed: int = 0, env: Any = None) -> Agent:
+    """Build the agent ``name``; LLM agents need ``lm``; the oracle reads ``env``'s corpus."""
+    klass = agent_class(name)
+    if not needs_lm(name):
+        return klass(seed=seed)
+    if lm is None:
+        raise ValueError(
+            f"agent {name!r} needs a language model: pass lm=LlamaCppLM() (or another backend)"
+        )
+    if name == "oracle":
+        return klass(lm, corpus=env.unwrapped.corpus if env is not None else None)
+    return klass(lm)

@@ -105,6 +105,7 @@ class SearchEnv(QAEnv):
     | ``action_type`` | name of this step's action (``None`` after reset) |
     | ``query`` | this step's query (``None`` unless a SEARCH) |
     | ``retrieved_ids`` | ids this step retrieved (ranked) |
+    | ``passages`` | those passages as ``{id, title, text}`` (what agents read) |
     | ``gold_hits`` | the gold ids among them |
     | ``context_ids`` | ids per active search hop, oldest first |
     | ``retrieved_history`` | every distinct id retrieved this episode, in order |
@@ -394,6 +395,10 @@ class SearchEnv(QAEnv):
             "action_type": action_type,
             "query": query,
             "retrieved_ids": list(retrieved),
+            "passages": [
+                {"id": pid, "title": self.corpus.titles[i], "text": self.corpus.texts[i]}
+                for pid, i in ((pid, self.corpus.position(pid)) for pid in retrieved)
+            ],
             "gold_hits": [pid for pid in retrieved if pid in gold],
             "context_ids": [list(h.ids) for h in self._context if h.kind == "search"],
             "retrieved_history": list(self._seen),

@@ -64,14 +64,15 @@ def test_naive_rag_batches_generation():
         obs, _, _, _, info = env.step({"type": ActionType.SEARCH, "text": info["question"]})
         observations.append(obs)
         infos.append(info)
-    actions = agent.act_batch(observations, infos)
+    actions = agent.act_batch(observations, infos, list(range(4)))
     assert len(lm.calls) == 1 and len(lm.calls[0]) == 4
     assert all(a["type"] == ActionType.ANSWER for a in actions)
 
 
 def test_naive_rag_empty_reply_answers_unknown():
     agent = NaiveRAG(EchoLM(reply="   "))
-    assert agent.act("Question: q", {"num_searches": 1, "question": "q"})["text"] == "unknown"
+    info = {"num_searches": 1, "question": "q", "passages": []}
+    assert agent.act("Question: q", info)["text"] == "unknown"
 
 
 def test_random_agent_is_seeded_and_respects_the_mask():

@@ -1,0 +1,41 @@
+"""Oracle reader: answers from the gold passages themselves — an upper bound for the reader.
+
+It searches nothing: its prompt (``oracle/v1``, the Naive RAG prompt) holds the question's gold
+passages, which it reads from the env's corpus by ``info["gold_ids"]`` (so it needs the env,
+given at construction). Its EM is what the language model can do when retrieval is perfect;
+the gap to Naive RAG is what retrieval costs.
+"""
+
+from __future__ import annotations
+
+from rag_gym.agents.llm_agent import LLMAgent, answer, passages_text
+from rag_gym.baselines.naive_rag import SYSTEM_PROMPT
+
+
+class OracleReader(LLMAgent):
+    name = "oracle"
+    max_tokens = 32
+    stop = ("\n\n",)
+
+    def __init__(self, lm, corpus=None, max_tokens=None) -> None:
+        super().__init__(lm, max_tokens=max_tokens)
+        self.corpus = corpus
+
+    def decide(self, state, obs, info):
+        if self.corpus is None:
+            raise ValueError(
+                "the oracle reads gold passages from the corpus: build it with make_agent(..., env=env)"
+            )
+        gold = [self.corpus[g] for g in info.get("gold_ids", []) if g in self.corpus]
+        passages = [{"title": p.title, "text": p.text} for p in gold]
+        return [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {
+                "role": "user",
+                "content": f"Passages:\n{passages_text(passages)}\n\n"
+                f"Question: {state['question']}\nAnswer:",
+            },
+        ]
+
+    def parse(self, state, text, obs, info):
+        return answer(text)
