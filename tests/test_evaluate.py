@@ -78,7 +78,8 @@ def test_same_protocol_same_results(tmp_path):
     runs = []
     for name in ("a", "b"):
         result = evaluate(
-            config(tmp_path, run_name=name, agents=("random",)), lambda n, env: make_agent(n, seed=1)
+            config(tmp_path, run_name=name, agents=("random",)),
+            lambda n, env: make_agent(n, seed=1),
         )
         runs.append([{k: v for k, v in e.items() if k != "seconds"} for e in result.episodes])
     assert runs[0] == runs[1]
@@ -86,7 +87,9 @@ def test_same_protocol_same_results(tmp_path):
 
 def test_backend_failure_is_counted_not_fatal(tmp_path):
     lm = EchoLM(fail=True)
-    result = evaluate(config(tmp_path, agents=("naive_rag",), n=4), lambda n, env: make_agent(n, lm=lm))
+    result = evaluate(
+        config(tmp_path, agents=("naive_rag",), n=4), lambda n, env: make_agent(n, lm=lm)
+    )
     (row,) = result.rows
     assert row["errors"] == 4 and row["episodes"] == 4 and row["em"] == 0.0
     assert all("TimeoutError: backend timed out" in e["error"] for e in result.episodes)

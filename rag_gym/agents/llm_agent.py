@@ -22,6 +22,7 @@ from typing import Any
 from rag_gym.agents.base import Agent
 from rag_gym.agents.lm import GenerationConfig, LanguageModel
 from rag_gym.envs.search import ActionType
+from rag_gym.envs.spaces import sanitize
 
 
 class LLMAgent(Agent):
@@ -122,8 +123,15 @@ def clean_answer(text: str) -> str:
 
 
 def search(query: str) -> dict[str, Any]:
-    return {"type": ActionType.SEARCH, "text": query.strip()[:500] or "?"}
+    """A SEARCH action with the model's query, sanitised and cut to the env's query limit."""
+    return {"type": ActionType.SEARCH, "text": sanitize(" ".join(query.split()))[:500] or "?"}
+
+
+def note(text: str) -> dict[str, Any]:
+    """An EVALUATE action with the model's note, sanitised and cut to the env's limit."""
+    return {"type": ActionType.EVALUATE, "text": sanitize(" ".join(text.split()))[:500] or "-"}
 
 
 def answer(text: str) -> dict[str, Any]:
-    return {"type": ActionType.ANSWER, "text": clean_answer(text) or "unknown"}
+    """An ANSWER action with the cleaned, sanitised answer (``unknown`` when empty)."""
+    return {"type": ActionType.ANSWER, "text": sanitize(clean_answer(text)) or "unknown"}

@@ -8,8 +8,7 @@ answer draft"; after ``rounds`` (3) searches the model answers from all passages
 
 from __future__ import annotations
 
-from rag_gym.agents.llm_agent import LLMAgent, answer, clean_answer, passages_text, search
-from rag_gym.envs.search import ActionType
+from rag_gym.agents.llm_agent import LLMAgent, answer, clean_answer, note, passages_text, search
 
 
 class IterRetGen(LLMAgent):
@@ -42,4 +41,4 @@ class IterRetGen(LLMAgent):
         if info.get("num_searches", 0) >= self.rounds:
             return answer(state["draft"])
         # record the draft in the transcript, then search with it (next step)
-        return {"type": ActionType.EVALUATE, "text": f"Draft answer: {state['draft']}"}
+        return note(f"Draft answer: {state['draft']}")

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rag_gym.agents.llm_agent import LLMAgent, answer, first_line, search
+from rag_gym.agents.llm_agent import LLMAgent, answer, first_line, note, search
 from rag_gym.envs.search import ActionType
 from rag_gym.envs.tags import parse
 
@@ -120,7 +120,7 @@ class EvalRarAgent(LLMAgent):
         actions: list[dict[str, Any]] = []
         for tag in _tags(text, {"evaluate", "search", "answer"}):
             if tag.name == "evaluate" and tag.content:
-                actions.append({"type": ActionType.EVALUATE, "text": tag.content[:500]})
+                actions.append(note(tag.content))
             elif (
                 tag.name == "search"
                 and tag.content

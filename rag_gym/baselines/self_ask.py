@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from rag_gym.agents.llm_agent import LLMAgent, answer, passages_text, search
+from rag_gym.agents.llm_agent import LLMAgent, answer, note, passages_text, search
 
 EXAMPLE = (
     "Question: Who founded the company that published The Glass Road?\n"
@@ -66,12 +66,7 @@ class SelfAsk(LLMAgent):
             state["mode"] = "next"
             if state["follow_ups"] >= self.max_follow_ups:
                 return answer(line)
-            from rag_gym.envs.search import ActionType
-
-            return {
-                "type": ActionType.EVALUATE,
-                "text": f"Intermediate answer: {line or 'unknown'}",
-            }
+            return note(f"Intermediate answer: {line or 'unknown'}")
         final = re.findall(r"final answer is:?\s*(.+)", line, flags=re.IGNORECASE)
         follow = re.findall(r"follow up:\s*(.+)", line, flags=re.IGNORECASE)
         if follow and not final and state["follow_ups"] < self.max_follow_ups:
