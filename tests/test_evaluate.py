@@ -102,3 +102,23 @@ def test_config_errors(tmp_path):
         EvalConfig(agents=("randm",))
     with pytest.raises(ValueError, match="expected n >= 1"):
         EvalConfig(n=0)
+
+
+def test_track_logs_offline_under_the_run_folder(tmp_path, monkeypatch):
+    pytest.importorskip("wandb", reason="needs wandb: pip install 'rag-gym[track]'")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    result = evaluate(
+        config(tmp_path, agents=("random",), n=3, run_name="tracked"),
+        lambda n, env: make_agent(n, seed=1),
+        track=True,
+    )
+    offline = list((tmp_path / "tracked" / "wandb").glob("offline-run-*"))
+    assert len(offline) == 1 and any(offline[0].rglob("*.wandb"))
+    assert result.rows[0]["episodes"] == 3
+
+
+def test_plots_are_written(tmp_path):
+    evaluate(config(tmp_path, agents=("random",), n=3), lambda n, env: make_agent(n, seed=1))
+    for name in ("em_f1.png", "accuracy_vs_retrievals.png"):
+        assert (tmp_path / "run" / name).read_bytes()[:4] == b"\x89PNG"
