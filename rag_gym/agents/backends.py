@@ -10,8 +10,7 @@
 
 from __future__ import annotations
 
-import difflib
-
+from rag_gym._names import unknown_name
 from rag_gym.agents.lm import LanguageModel
 
 BACKENDS = ("llama_cpp", "transformers", "vllm", "openai")
@@ -25,9 +24,7 @@ def make_lm(spec: str = "llama_cpp", seed: int = 0) -> LanguageModel:
         )
     name, _, arg = spec.partition(":")
     if name not in BACKENDS:
-        close = difflib.get_close_matches(name, BACKENDS, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"expected a backend in {list(BACKENDS)}, got {name!r}{hint}")
+        raise unknown_name("backend", name, BACKENDS)
     if name == "llama_cpp":
         from rag_gym.agents.llama_cpp import LlamaCppLM
 

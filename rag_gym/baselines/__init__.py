@@ -20,10 +20,10 @@
 
 from __future__ import annotations
 
-import difflib
 import importlib
 from typing import Any
 
+from rag_gym._names import unknown_name
 from rag_gym.agents.base import Agent
 
 #: name → (module, class, needs an LM)
@@ -49,9 +49,7 @@ def check_agent_name(name: str) -> str:
     if not isinstance(name, str):
         raise TypeError(f"expected an agent name (str), got {type(name).__name__}")
     if name not in AGENTS:
-        close = difflib.get_close_matches(name, AGENTS, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"expected an agent in {sorted(AGENTS)}, got {name!r}{hint}")
+        raise unknown_name("agent", name, AGENTS)
     return name
 
 

@@ -30,6 +30,20 @@ from rag_gym.envs.search import ActionType
 from rag_gym.envs.tags import parse
 
 
+def _information(passages) -> str:
+    """Retrieved passages the way Search-R1, Eval-RAR and LWTS show them."""
+    docs = " ".join(f"Doc {i}(Title: {p['title']}) {p['text']}" for i, p in enumerate(passages, 1))
+    return f"<information>{docs}</information>\n"
+
+
+def _close(text: str, names: tuple[str, ...]) -> str:
+    """Close an action tag the stop sequence cut off (generation stops at ``</search>``)."""
+    for name in names:
+        if f"<{name}>" in text and f"</{name}>" not in text:
+            text += f"</{name}>"
+    return text
+
+
 def _tags(text: str, names: set[str], self_closing: set[str] = frozenset()):
     return parse(text, names=frozenset(names), self_closing=frozenset(self_closing)).tags
 
@@ -94,11 +108,7 @@ class EvalRarAgent(LLMAgent):
         if state["queue"]:
             return state["queue"].pop(0)
         if info.get("passages"):
-            docs = " ".join(
-                f"Doc {i}(Title: {p['title']}) {p['text']}"
-                for i, p in enumerate(info["passages"], 1)
-            )
-            state["trajectory"] += f"<information>{docs}</information>\n"
+            state["trajectory"] += _information(info["passages"])
         return [
             {
                 "role": "user",
@@ -112,10 +122,7 @@ class EvalRarAgent(LLMAgent):
         ]
 
     def parse(self, state, text, obs, info):
-        if "<search>" in text and "</search>" not in text:
-            text += "</search>"
-        if "<answer>" in text and "</answer>" not in text:
-            text += "</answer>"
+        text = _close(text, ("search", "answer"))
         state["trajectory"] += text + "\n"
         actions: list[dict[str, Any]] = []
         for tag in _tags(text, {"evaluate", "search", "answer"}):
@@ -148,11 +155,7 @@ class LWTSAgent(LLMAgent):
 
     def decide(self, state, obs, info):
         if info.get("passages"):
-            docs = " ".join(
-                f"Doc {i}(Title: {p['title']}) {p['text']}"
-                for i, p in enumerate(info["passages"], 1)
-            )
-            state["trajectory"] += f"<information>{docs}</information>\n"
+            state["trajectory"] += _information(info["passages"])
         return [
             {
                 "role": "user",
@@ -166,9 +169,7 @@ class LWTSAgent(LLMAgent):
         ]
 
     def parse(self, state, text, obs, info):
-        for closing in ("search", "answer"):
-            if f"<{closing}>" in text and f"</{closing}>" not in text:
-                text += f"</{closing}>"
+        text = _close(text, ("search", "answer"))
         state["trajectory"] += text + "\n"
         for tag in _tags(text, {"search", "answer"}):
             if (

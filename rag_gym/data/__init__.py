@@ -11,11 +11,11 @@ One entry point, :func:`load`::
 
 from __future__ import annotations
 
-import difflib
 import importlib
 from pathlib import Path
 from typing import Any
 
+from rag_gym._names import unknown_name
 from rag_gym.data.errors import DataFormatError
 from rag_gym.data.types import Corpus, Passage, QAExample
 
@@ -45,9 +45,7 @@ def canonical_name(name: str) -> str:
     key = name.lower().replace("-", "").replace(" ", "")
     key = _ALIASES.get(key, key)
     if key not in DATASETS:
-        close = difflib.get_close_matches(key, list(DATASETS) + list(_ALIASES), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"expected a dataset in {sorted(DATASETS)}, got {name!r}{hint}")
+        raise unknown_name("dataset", name, DATASETS, _ALIASES)
     return key
 
 

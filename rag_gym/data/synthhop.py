@@ -55,6 +55,7 @@ from typing import Any
 
 import numpy as np
 
+from rag_gym._names import unknown_name
 from rag_gym.data.types import Corpus, Passage, QAExample
 
 SPLITS = ("train", "validation", "test")
@@ -308,11 +309,7 @@ def load(
 def world_for(preset: str = "default", **overrides: Any) -> SynthHopWorld:
     """The world of a named preset, with config fields overridden."""
     if preset not in PRESETS:
-        import difflib
-
-        close = difflib.get_close_matches(preset, PRESETS, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"expected a SynthHop preset in {sorted(PRESETS)}, got {preset!r}{hint}")
+        raise unknown_name("SynthHop preset", preset, PRESETS)
     base = asdict(PRESETS[preset])
     unknown = set(overrides) - set(base)
     if unknown:

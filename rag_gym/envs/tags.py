@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from rag_gym._names import unknown_name
 from rag_gym.envs.search import ActionType
 
 _TAG = re.compile(r"<\s*(/?)\s*([A-Za-z][\w-]*)\s*(/?)\s*>")
@@ -139,9 +140,5 @@ def tag_set(preset: str | TagSet) -> TagSet:
     if isinstance(preset, TagSet):
         return preset
     if preset not in TAG_PRESETS:
-        import difflib
-
-        close = difflib.get_close_matches(str(preset), TAG_PRESETS, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"expected a tag preset in {sorted(TAG_PRESETS)}, got {preset!r}{hint}")
+        raise unknown_name("tag preset", preset, TAG_PRESETS)
     return TAG_PRESETS[preset]

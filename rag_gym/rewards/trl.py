@@ -64,38 +64,30 @@ def last_tag(text: str, name: str) -> str | None:
     return tags[-1].content if tags else None
 
 
-def exact_match_reward(
-    completions: list, answer: list | None = None, **columns: Any
-) -> list[float | None]:
-    """Exact match of the last ``<answer>`` block (Eval-RAR's R_ans, ARENA's accuracy)."""
+def _answer_scores(completions: list, answer: list | None, score) -> list[float | None]:
     out: list[float | None] = []
     for completion, gold in zip(
         completions, _column({"answer": answer}, "answer", len(completions)), strict=True
     ):
         golds = _golds(gold)
         out.append(
-            None
-            if golds is None
-            else core.eval_rar_answer(last_tag(completion_text(completion), "answer"), golds)
+            None if golds is None else score(last_tag(completion_text(completion), "answer"), golds)
         )
     return out
+
+
+def exact_match_reward(
+    completions: list, answer: list | None = None, **columns: Any
+) -> list[float | None]:
+    """Exact match of the last ``<answer>`` block (Eval-RAR's R_ans, ARENA's accuracy)."""
+    return _answer_scores(completions, answer, core.eval_rar_answer)
 
 
 def evo_rag_answer_reward(
     completions: list, answer: list | None = None, **columns: Any
 ) -> list[float | None]:
     """EVO-RAG's r_ans = ½ [EM + F1] of the last ``<answer>`` block."""
-    out: list[float | None] = []
-    for completion, gold in zip(
-        completions, _column({"answer": answer}, "answer", len(completions)), strict=True
-    ):
-        golds = _golds(gold)
-        out.append(
-            None
-            if golds is None
-            else core.answer_correctness(last_tag(completion_text(completion), "answer"), golds)
-        )
-    return out
+    return _answer_scores(completions, answer, core.answer_correctness)
 
 
 def _reader_parts(text: str) -> tuple[list[str], list[int], str | None]:

@@ -24,11 +24,11 @@ exactly the paper's formula. Options go through ``**kwargs``: ``stage`` (EVO-RAG
 
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
 import gymnasium as gym
 
+from rag_gym._names import unknown_name
 from rag_gym.envs.reader import ReaderEnv
 from rag_gym.envs.search import SearchEnv
 from rag_gym.envs.tree import TreeSearchEnv
@@ -50,9 +50,7 @@ def check_preset(name: str) -> str:
     if not isinstance(name, str):
         raise TypeError(f"expected a reward preset name (str), got {type(name).__name__}")
     if name not in PRESETS:
-        close = difflib.get_close_matches(name, PRESETS, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"expected a reward preset in {list(PRESETS)}, got {name!r}{hint}")
+        raise unknown_name("reward preset", name, PRESETS)
     return name
 
 
