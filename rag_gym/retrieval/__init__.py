@@ -1,6 +1,13 @@
-"""Retrieval: one protocol (:class:`Retriever`) and its backends (BM25 here)."""
+"""Retrieval: one protocol (:class:`Retriever`) and its backends.
+
+BM25 (:class:`BM25Retriever`, through bm25s), reciprocal-rank fusion (:class:`HybridRetriever`)
+and an LRU query cache (:class:`CachedRetriever`) all answer ``retrieve(queries, k, exclude,
+within)`` the same way.
+"""
 
 from rag_gym.retrieval.base import RetrievalResult, Retriever
 from rag_gym.retrieval.bm25 import BM25Retriever
+from rag_gym.retrieval.cache import CachedRetriever
+from rag_gym.retrieval.hybrid import HybridRetriever
 
-__all__ = ["BM25Retriever", "RetrievalResult", "Retriever"]
+__all__ = ["BM25Retriever", "CachedRetriever", "HybridRetriever", "RetrievalResult", "Retriever"]
