@@ -1,6 +1,7 @@
 """Retrieval: one protocol (:class:`Retriever`) and its backends.
 
-BM25 (:class:`BM25Retriever`, through bm25s), reciprocal-rank fusion (:class:`HybridRetriever`)
+BM25 (:class:`BM25Retriever`, through bm25s), dense (:class:`rag_gym.retrieval.dense.DenseRetriever`,
+sentence-transformers + FAISS; imported on use), reciprocal-rank fusion (:class:`HybridRetriever`)
 and an LRU query cache (:class:`CachedRetriever`) all answer ``retrieve(queries, k, exclude,
 within)`` the same way.
 """

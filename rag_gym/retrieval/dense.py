@@ -1,0 +1,286 @@
+"""Dense retrieval: a sentence-transformers encoder and a FAISS index.
+
+The default encoder is the embedded all-MiniLM-L6-v2 (offline); any model id or local path
+works, with query and passage prefixes for e5/bge-style models (``query_prefix="query: "``,
+``passage_prefix="passage: "``). Embeddings are L2-normalised, so inner product is cosine. The
+index is exact inner product by default (``index="flat"``), or IVF (``"ivf"``, ``nlist`` lists,
+``nprobe`` probed) or HNSW (``"hnsw"``); ``fp16=True`` stores the embeddings kept for
+``within`` scoring in float16. GPU FAISS and GPU encoding are used when present, never required.
+Ties in score are broken by passage id, as for every rag-gym retriever.
+
+Needs ``pip install torch==2.13.0 'rag-gym[dense]'``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from rag_gym.data.types import Corpus
+from rag_gym.retrieval.base import RetrievalResult, check_k, check_queries, per_query, top_k
+
+
+@dataclass(frozen=True)
+class DenseConfig:
+    """Dense retriever options."""
+
+    model: str | None = None
+    """Encoder id or path; ``None`` is the embedded all-MiniLM-L6-v2."""
+    index: str = "flat"
+    """``"flat"`` (exact inner product), ``"ivf"`` or ``"hnsw"``."""
+    nlist: int = 256
+    """IVF lists (``index="ivf"``)."""
+    nprobe: int = 16
+    """IVF lists probed per query."""
+    hnsw_m: int = 32
+    """HNSW neighbours per node."""
+    fp16: bool = False
+    """Keep the passage embeddings in float16."""
+    query_prefix: str = ""
+    """Prepended to every query (e5: ``"query: "``)."""
+    passage_prefix: str = ""
+    """Prepended to every passage (e5: ``"passage: "``)."""
+    batch_size: int = 64
+    """Texts per encoder forward pass."""
+
+    def __post_init__(self) -> None:
+        if self.index not in ("flat", "ivf", "hnsw"):
+            raise ValueError(f"expected index 'flat', 'ivf' or 'hnsw', got {self.index!r}")
+        if self.nlist < 1 or self.nprobe < 1 or self.hnsw_m < 2 or self.batch_size < 1:
+            raise ValueError("expected nlist >= 1, nprobe >= 1, hnsw_m >= 2 and batch_size >= 1")
+
+
+class DenseRetriever:
+    """Embeddings + FAISS over a :class:`Corpus` (title and text encoded together)."""
+
+    def __init__(
+        self,
+        corpus: Corpus | None = None,
+        config: DenseConfig | None = None,
+        encoder: Callable[[list[str]], np.ndarray] | None = None,
+        show_progress: bool = False,
+    ) -> None:
+        try:
+            import faiss
+        except ImportError as exc:
+            raise ImportError(
+                "dense retrieval needs faiss: pip install torch==2.13.0 'rag-gym[dense]'"
+            ) from exc
+        self._faiss = faiss
+        self.config = config or DenseConfig()
+        self.show_progress = show_progress
+        if encoder is None:
+            from rag_gym.retrieval.encoders import SentenceEncoder, default_encoder
+
+            encoder = (
+                default_encoder()
+                if self.config.model is None
+                else SentenceEncoder(self.config.model, batch_size=self.config.batch_size)
+            )
+        self.encoder = encoder
+        self.corpus = Corpus(name="empty")
+        self._index = None
+        if corpus is not None:
+            self.index(corpus)
+
+    def _encode(self, texts: list[str], prefix: str) -> np.ndarray:
+        emb = np.asarray(self.encoder([prefix + t for t in texts]), dtype=np.float32)
+        norms = np.linalg.norm(emb, axis=1, keepdims=True)
+        return emb / np.maximum(norms, 1e-12)
+
+    def index(self, corpus: Corpus) -> None:
+        if not isinstance(corpus, Corpus):
+            raise TypeError(f"expected a rag_gym.data.Corpus, got {type(corpus).__name__}")
+        if len(corpus) == 0:
+            raise ValueError(f"expected a non-empty corpus, got {corpus!r}")
+        texts = corpus.contents()
+        chunks = []
+        step = max(self.config.batch_size * 16, 1)
+        for start in range(0, len(texts), step):
+            chunks.append(self._encode(texts[start : start + step], self.config.passage_prefix))
+        self._install(np.concatenate(chunks), corpus, build=True)
+
+    def _install(
+        self, embeddings: np.ndarray, corpus: Corpus, build: bool, faiss_index=None
+    ) -> None:
+        faiss = self._faiss
+        dim = embeddings.shape[1]
+        if faiss_index is None:
+            cfg = self.config
+            if cfg.index == "flat":
+                faiss_index = faiss.IndexFlatIP(dim)
+            elif cfg.index == "hnsw":
+                faiss_index = faiss.IndexHNSWFlat(dim, cfg.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+            else:
+                quantizer = faiss.IndexFlatIP(dim)
+                faiss_index = faiss.IndexIVFFlat(
+                    quantizer, dim, min(cfg.nlist, len(corpus)), faiss.METRIC_INNER_PRODUCT
+                )
+                faiss_index.train(embeddings.astype(np.float32))
+            faiss_index.add(embeddings.astype(np.float32))
+        if self.config.index == "ivf":
+            faiss_index.nprobe = self.config.nprobe
+        self._index = faiss_index
+        self.embeddings = embeddings.astype(np.float16 if self.config.fp16 else np.float32)
+        self.corpus = corpus
+        order = np.argsort(np.array(corpus.ids, dtype=object), kind="stable")
+        self._id_rank = np.empty(len(corpus), dtype=np.int64)
+        self._id_rank[order] = np.arange(len(corpus))
+        self._ids = np.array(corpus.ids, dtype=object)
+
+    def retrieve(
+        self,
+        queries: Sequence[str],
+        k: int,
+        exclude: Sequence[Iterable[str] | None] | None = None,
+        within: Sequence[Sequence[str] | None] | None = None,
+    ) -> RetrievalResult:
+        if self._index is None:
+            raise RuntimeError("the retriever has no index yet; call index(corpus) first")
+        queries = check_queries(queries)
+        excl = per_query(exclude, len(queries), "exclude")
+        pools = per_query(within, len(queries), "within")
+        if within is None:
+            check_k(k, len(self.corpus))
+        q = (
+            self._encode(queries, self.config.query_prefix)
+            if queries
+            else np.zeros((0, 1), np.float32)
+        )
+        out_ids, out_scores = [], []
+        # one FAISS search for the queries without a pool, over k + excluded + a tie margin
+        free = [i for i, p in enumerate(pools) if p is None]
+        found: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        if free:
+            extra = max((len(list(excl[i] or [])) for i in free), default=0)
+            depth = min(len(self.corpus), k + extra + 16)
+            scores, idx = self._index.search(q[free], depth)
+            for row, i in enumerate(free):
+                found[i] = (scores[row], idx[row])
+        index_of = self.corpus._index
+        for i in range(len(queries)):
+            banned = {index_of[x] for x in (excl[i] or []) if x in index_of}
+            if pools[i] is not None:
+                try:
+                    pos = np.fromiter((index_of[x] for x in pools[i]), dtype=np.int64)
+                except KeyError as exc:
+                    raise KeyError(
+                        f"id {exc.args[0]!r} is not in the corpus {self.corpus.name!r}"
+                    ) from None
+                check_k(k, len(pos), "the candidate pool")
+                sub = self.embeddings[pos].astype(np.float32) @ q[i]
+                sub = sub.astype(np.float64)
+                if banned:
+                    sub[np.isin(pos, list(banned))] = -np.inf
+                picked = pos[top_k(sub, k, self._id_rank[pos])]
+                score_of = dict(zip(pos.tolist(), sub.tolist(), strict=True))
+                scores_i = [score_of[p] for p in picked.tolist()]
+            else:
+                s, ix = found[i]
+                keep = [
+                    (float(sc), int(p))
+                    for sc, p in zip(s, ix, strict=True)
+                    if p >= 0 and int(p) not in banned
+                ]
+                keep.sort(key=lambda t: (-t[0], self._id_rank[t[1]]))
+                picked = np.array([p for _, p in keep[:k]], dtype=np.int64)
+                scores_i = [sc for sc, _ in keep[:k]]
+            out_ids.append(self._ids[picked].tolist())
+            out_scores.append(scores_i)
+        return RetrievalResult(out_ids, out_scores)
+
+    # ---- persistence ----------------------------------------------------------------------------
+    def save(self, out_dir: str | Path) -> Path:
+        """Write ``params.json``, ``corpus.jsonl``, ``embeddings.npy`` and ``faiss.index``
+        (FAISS's own binary format; no pickle), atomically (temporary folder, then rename)."""
+        from rag_gym import __version__
+
+        if self._index is None:
+            raise RuntimeError("the retriever has no index yet; call index(corpus) first")
+        out = Path(out_dir)
+        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        np.save(tmp / "embeddings.npy", self.embeddings, allow_pickle=False)
+        self._faiss.write_index(self._index, str(tmp / "faiss.index"))
+        self.corpus.to_jsonl(tmp / "corpus.jsonl", fmt="title_text")
+        params = {
+            "rag_gym_version": __version__,
+            "kind": "dense",
+            "config": asdict(self.config),
+            "encoder": self.config.model or "sentence-transformers/all-MiniLM-L6-v2 (embedded)",
+            "corpus_name": self.corpus.name,
+            "corpus_size": len(self.corpus),
+            "corpus_checksum": self.corpus.checksum(),
+            "dim": int(self.embeddings.shape[1]),
+        }
+        (tmp / "params.json").write_text(json.dumps(params, indent=2) + "\n")
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        if out.exists():
+            out.rename(old)
+        tmp.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
+        return out
+
+    @classmethod
+    def load(cls, in_dir: str | Path, encoder: Callable | None = None) -> DenseRetriever:
+        """Load an index written by :meth:`save`; a mismatched or damaged folder raises
+        ``ValueError`` naming the file."""
+        from rag_gym.data.types import Corpus
+
+        d = Path(in_dir)
+        params_path = d / "params.json"
+        if not params_path.is_file():
+            raise ValueError(
+                f"{d} is not a rag-gym index: {params_path.name} is missing; build one with save()"
+            )
+        try:
+            params = json.loads(params_path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(
+                f"{params_path} is not valid JSON ({exc}); rebuild the index"
+            ) from None
+        if params.get("kind") != "dense":
+            raise ValueError(f"{params_path}: expected kind 'dense', got {params.get('kind')!r}")
+        corpus = Corpus.from_jsonl(d / "corpus.jsonl", name=params.get("corpus_name"))
+        if len(corpus) != params.get("corpus_size") or corpus.checksum() != params.get(
+            "corpus_checksum"
+        ):
+            raise ValueError(
+                f"{d / 'corpus.jsonl'} does not match {params_path} (size or checksum); rebuild the index"
+            )
+        try:
+            embeddings = np.load(d / "embeddings.npy", allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise ValueError(
+                f"{d / 'embeddings.npy'}: cannot load the embeddings ({exc}); rebuild the index"
+            ) from None
+        if embeddings.shape != (len(corpus), params.get("dim")):
+            raise ValueError(
+                f"{d / 'embeddings.npy'} has shape {embeddings.shape}, expected "
+                f"({len(corpus)}, {params.get('dim')}); rebuild the index"
+            )
+        retriever = cls(config=DenseConfig(**params["config"]), encoder=encoder)
+        try:
+            faiss_index = retriever._faiss.read_index(str(d / "faiss.index"))
+        except RuntimeError as exc:
+            raise ValueError(
+                f"{d / 'faiss.index'}: cannot read the FAISS index ({str(exc)[:120]}); rebuild it"
+            ) from None
+        if faiss_index.ntotal != len(corpus):
+            raise ValueError(
+                f"{d / 'faiss.index'} holds {faiss_index.ntotal} vectors, the corpus has {len(corpus)}"
+            )
+        retriever._install(
+            embeddings.astype(np.float32), corpus, build=False, faiss_index=faiss_index
+        )
+        return retriever
+
+    def __repr__(self) -> str:
+        return f"DenseRetriever(corpus={self.corpus!r}, config={self.config})"
