@@ -232,6 +232,111 @@ def synth(
     )
 
 
+index_app = typer.Typer(
+    no_args_is_help=True, help="Build and inspect persistent retrieval indexes."
+)
+app.add_typer(index_app, name="index")
+
+
+@index_app.command("build")
+def index_build(
+    out: Annotated[Path, typer.Option(help="Index directory to write (replaced atomically).")],
+    corpus: Annotated[
+        str | None, typer.Option(help="Corpus JSONL ({id, contents} or {id, title, text}).")
+    ] = None,
+    dataset: Annotated[
+        str | None, typer.Option(help="Or a dataset name: its split's pooled passages.")
+    ] = None,
+    data_path: Annotated[
+        str | None, typer.Option(help="The dataset file (with --dataset).")
+    ] = None,
+    split: Annotated[str, typer.Option(help="The split (with --dataset).")] = "validation",
+    synthhop: Annotated[str | None, typer.Option(help="Or a SynthHop preset: its world.")] = None,
+    kind: Annotated[str, typer.Option(help="bm25 or dense.")] = "bm25",
+    model: Annotated[
+        str | None, typer.Option(help="Dense encoder id or path (default: embedded MiniLM).")
+    ] = None,
+) -> None:
+    """Build a BM25 or dense index over a corpus file, a dataset's passages or a SynthHop world."""
+    import time
+
+    from rag_gym.data import Corpus, load, pooled_corpus
+
+    sources = [x for x in (corpus, dataset, synthhop) if x is not None]
+    if len(sources) != 1:
+        _fail("expected exactly one of --corpus, --dataset and --synthhop")
+    if kind not in ("bm25", "dense"):
+        _fail(f"expected --kind bm25 or dense, got {kind!r}")
+    t0 = time.perf_counter()
+    try:
+        if corpus is not None:
+            passages = Corpus.from_jsonl(corpus)
+        elif dataset is not None:
+            passages, _ = pooled_corpus(
+                load(dataset, split, path=data_path), name=f"{dataset}-{split}"
+            )
+        else:
+            from rag_gym.data.synthhop import world_for
+
+            passages = world_for(synthhop).corpus
+        if kind == "bm25":
+            from rag_gym.retrieval import BM25Retriever
+
+            retriever = BM25Retriever(passages, show_progress=True)
+        else:
+            from rag_gym.retrieval.dense import DenseConfig, DenseRetriever
+
+            retriever = DenseRetriever(passages, DenseConfig(model=model), show_progress=True)
+        path = retriever.save(out)
+    except (TypeError, ValueError, FileNotFoundError, ImportError) as exc:
+        _fail(str(exc))
+    typer.echo(
+        f"wrote a {kind} index of {len(passages)} passages to {path} in {time.perf_counter() - t0:.1f}s"
+    )
+
+
+@app.command()
+def serve(
+    index: Annotated[Path, typer.Option(help="An index directory (rag-gym index build).")],
+    host: Annotated[
+        str, typer.Option(help="Address to bind; 127.0.0.1 keeps it local.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port.")] = 8000,
+    token: Annotated[
+        str | None, typer.Option(help="Bearer token (default: $RAG_GYM_TOKEN, none if unset).")
+    ] = None,
+    max_queries: Annotated[int, typer.Option(help="Most queries per request.")] = 512,
+    max_topk: Annotated[int, typer.Option(help="Largest topk.")] = 100,
+    batch_window_ms: Annotated[
+        float, typer.Option(help="How long requests are gathered into one batch.")
+    ] = 3.0,
+) -> None:
+    """Serve an index over HTTP (Search-R1's /retrieve API, micro-batched)."""
+    import os
+
+    from rag_gym.retrieval.server import ServerLimits, create_app, load_index
+
+    try:
+        import uvicorn
+    except ImportError:
+        _fail("rag-gym serve needs uvicorn and fastapi: pip install 'rag-gym[server]'")
+    try:
+        retriever, kind = load_index(str(index))
+        app_ = create_app(
+            retriever,
+            token=token or os.environ.get("RAG_GYM_TOKEN"),
+            limits=ServerLimits(max_queries=max_queries, max_topk=max_topk),
+            batch_window_ms=batch_window_ms,
+            kind=kind,
+        )
+    except (ValueError, ImportError) as exc:
+        _fail(str(exc))
+    typer.echo(
+        f"serving {kind} index {index} ({len(retriever.corpus)} passages) on http://{host}:{port}"
+    )
+    uvicorn.run(app_, host=host, port=port, log_level="warning")
+
+
 def main() -> None:
     app()
 

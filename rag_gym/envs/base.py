@@ -84,7 +84,7 @@ class QAEnv(gym.Env):
         self.render_mode = render_mode
 
         dataset_kwargs = dict(dataset_kwargs or {})
-        if examples is None and retriever is None:
+        if examples is None and (retriever is None or isinstance(retriever, str)):
             key = json.dumps(
                 [
                     type(self).__name__,
@@ -103,7 +103,7 @@ class QAEnv(gym.Env):
                 shared = _CACHE.get(key)
                 if shared is None:
                     shared = self._build(
-                        data_path, dataset_kwargs, corpus, corpus_mode, None, None, index
+                        data_path, dataset_kwargs, corpus, corpus_mode, None, retriever, index
                     )
                     _CACHE[key] = shared
         else:
@@ -126,10 +126,20 @@ class QAEnv(gym.Env):
         if examples is None:
             examples = load_dataset(self.dataset, self.split, path=data_path, **dataset_kwargs)
         examples = [ex for ex in examples if self._keep_example(ex)]
+        if isinstance(retriever, str):
+            if not retriever.startswith(("http://", "https://")):
+                raise ValueError(
+                    f"expected retriever to be a retriever object or a server URL, got {retriever!r}"
+                )
+            from rag_gym.retrieval.server import HttpRetriever
+
+            retriever = HttpRetriever(retriever)
         if index is not None:
             if retriever is not None or corpus_path is not None:
                 raise ValueError("pass one of index=, corpus= and retriever=, not several")
-            retriever = BM25Retriever.load(index, mmap=True)
+            from rag_gym.retrieval.server import load_index
+
+            retriever, _ = load_index(index)
         if retriever is not None:
             return _SharedData(examples, retriever.corpus, corpus_mode or "corpus", retriever)
         if corpus_path is not None:
