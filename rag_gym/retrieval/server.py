@@ -23,6 +23,7 @@ Needs ``pip install 'rag-gym[server]'``.
 
 import asyncio
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -246,8 +247,9 @@ class HttpRetriever:
     """The retriever protocol over HTTP: ``HttpRetriever("http://127.0.0.1:8000")``.
 
     Each call is one ``POST /retrieve`` (timeout, retries with backoff on connection errors and
-    5xx); a 4xx raises ``ValueError`` with the server's message. ``corpus`` is fetched lazily
-    only when asked (``GET`` is not needed for retrieval).
+    5xx); a 4xx raises ``ValueError`` with the server's message. The token defaults to
+    ``$RAG_GYM_TOKEN``. ``corpus`` holds the passages received so far (its length is the
+    server's corpus size), which is what an env renders.
     """
 
     def __init__(
@@ -256,7 +258,7 @@ class HttpRetriever:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"expected a server URL such as http://127.0.0.1:8000, got {url!r}")
         self.url = url.rstrip("/")
-        self.token = token
+        self.token = token if token is not None else os.environ.get("RAG_GYM_TOKEN")
         self.timeout = timeout
         self.retries = retries
         self._corpus: Corpus | None = None
