@@ -172,13 +172,13 @@ def test_env_searches_through_the_server(world, server):
     import os
 
     env_local = gym.make("rag_gym/SynthHop-v0", split="validation", dataset_kwargs=SMALL_WORLD)
-    os.environ["RAG_GYM_TOKEN_FOR_TEST"] = TOKEN
-    env_http = gym.make(
-        "rag_gym/SynthHop-v0",
-        split="validation",
-        dataset_kwargs=SMALL_WORLD,
-        retriever=HttpRetriever(url, token=TOKEN),
-    )
+    os.environ["RAG_GYM_TOKEN"] = TOKEN
+    try:  # a URL string, as a registration kwarg would give it
+        env_http = gym.make(
+            "rag_gym/SynthHop-v0", split="validation", dataset_kwargs=SMALL_WORLD, retriever=url
+        )
+    finally:
+        del os.environ["RAG_GYM_TOKEN"]
     for env in (env_local, env_http):
         env.reset(seed=4)
     q = env_local.unwrapped.current_example.question
