@@ -48,6 +48,7 @@ COLUMNS = (
     ("refusal_answerable", "refuse|ans.", "{:.2f}"),
     ("tokens", "tokens/ep", "{:.1f}"),
     ("seconds", "s/ep", "{:.3f}"),
+    ("bad_replies", "bad replies", "{}"),
     ("errors", "errors", "{}"),
     ("episodes", "episodes", "{}"),
 )
@@ -240,6 +241,7 @@ def run_agent(
         )
         rec["prompt_tokens"] = agent.usage_of(slot)["prompt_tokens"]
         rec["completion_tokens"] = agent.usage_of(slot)["completion_tokens"]
+        rec["bad_replies"] = agent.usage_of(slot).get("bad_replies", 0)
         rec["seconds"] = time.perf_counter() - st["t0"]
         records[st["order"]] = rec
         done_count += 1
@@ -321,6 +323,7 @@ def summarise(agent: str, episodes: list[dict[str, Any]], seconds: float) -> dic
         if episodes
         else 0.0,
         "seconds": seconds / max(len(episodes), 1),
+        "bad_replies": sum(e.get("bad_replies", 0) for e in episodes),
         "errors": sum(e["error"] is not None for e in episodes),
         "episodes": len(episodes),
     }

@@ -4,7 +4,8 @@ An agent plays one episode per *slot*. ``reset(seed, slot)`` starts an episode i
 ``act_batch(observations, infos, slots)`` returns one action per given slot, so an evaluator can
 step many episodes with one call (and LLM agents make one batched generation call for them).
 ``act(observation, info)`` is the single-episode shortcut (slot 0). ``usage_of(slot)`` counts the
-tokens spent in a slot's current episode (``usage`` is slot 0's).
+tokens spent in a slot's current episode and its ``bad_replies`` (empty or unparsable model
+output that the agent replaced by a fallback action); ``usage`` is slot 0's.
 
 Agents declare the env kind they play (``env_kind``: ``"search"``, ``"tree"`` or ``"reader"``);
 actions are what that env takes (a ``Dict`` for the search env, text for the others).
@@ -28,14 +29,16 @@ class Agent(abc.ABC):
 
     def reset(self, seed: int | None = None, slot: int = 0) -> None:
         """Start a new episode in ``slot`` (clears that slot's state and token counts)."""
-        self._usage[slot] = {"prompt_tokens": 0, "completion_tokens": 0}
+        self._usage[slot] = {"prompt_tokens": 0, "completion_tokens": 0, "bad_replies": 0}
         self.on_reset(slot, seed)
 
     def on_reset(self, slot: int, seed: int | None) -> None:  # noqa: B027 (optional hook)
         """Subclasses clear their per-slot state here."""
 
     def usage_of(self, slot: int) -> dict[str, int]:
-        return self._usage.setdefault(slot, {"prompt_tokens": 0, "completion_tokens": 0})
+        return self._usage.setdefault(
+            slot, {"prompt_tokens": 0, "completion_tokens": 0, "bad_replies": 0}
+        )
 
     @property
     def usage(self) -> dict[str, int]:

@@ -7,7 +7,8 @@ A subclass writes three methods:
   e.g. a first search with the question) or a prompt (a chat message list or a string);
 * ``parse(state, text, obs, info) -> Action``: the action for the model's reply. It must always
   return a valid action (falling back on something sensible), so a garbage or empty reply never
-  breaks an episode.
+  breaks an episode; it sets ``state["bad_reply"] = True`` when it had to fall back (an empty
+  reply always counts), and the evaluator reports those as ``bad replies``.
 
 ``act_batch`` gathers the prompts of every slot that needs one, makes one
 ``lm.generate`` call for all of them, and counts tokens per slot. A backend exception
@@ -78,7 +79,9 @@ class LLMAgent(Agent):
                 usage = self.usage_of(slots[i])
                 usage["prompt_tokens"] += gen.prompt_tokens
                 usage["completion_tokens"] += gen.completion_tokens
+                state["bad_reply"] = not (gen.text or "").strip()
                 actions[i] = self.parse(state, gen.text or "", observations[i], infos[i])
+                usage["bad_replies"] += int(state.pop("bad_reply"))
         return actions
 
     def describe(self) -> dict[str, Any]:

@@ -92,6 +92,7 @@ class EvoRagAgent(LLMAgent):
                 return {"type": ActionType.BACKTRACK, "text": ""}
             if tag.name == "refuse":
                 return {"type": ActionType.REFUSE, "text": ""}
+        state["bad_reply"] = True
         return answer(first_line(text))
 
 
@@ -139,6 +140,7 @@ class EvalRarAgent(LLMAgent):
                 actions.append(answer(tag.content or first_line(text)))
                 break
         if not actions or actions[-1]["type"] == ActionType.EVALUATE:
+            state["bad_reply"] = True
             actions.append(answer(first_line(text)))
         state["queue"] = actions[1:]
         return actions[0]
@@ -180,6 +182,7 @@ class LWTSAgent(LLMAgent):
                 return search(tag.content)
             if tag.content:
                 return answer(tag.content)
+        state["bad_reply"] = True
         return answer(first_line(text))
 
 
@@ -201,6 +204,7 @@ class R2AGAgent(LLMAgent):
         ]
         stop = any(b.strip().lower().startswith("stop retrieval") for b in base)
         if not base and not stop:
+            state["bad_reply"] = True
             base = [first_line(text) or info["question"]] if info.get("step", 0) == 0 else []
             stop = not base
         from rag_gym.envs.tree import TreeSearchEnv
@@ -223,5 +227,6 @@ class ArenaAgent(LLMAgent):
 
     def parse(self, state, text, obs, info):
         if "<answer>" not in text:  # a reply with no structure still answers
+            state["bad_reply"] = True
             text = f"{text}\n<answer>{first_line(text)}</answer>"
         return text

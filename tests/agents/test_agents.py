@@ -254,3 +254,19 @@ def test_the_run_folder_reproduces_the_leaderboard(tmp_path):
 def test_search_actions_are_dicts_of_the_env():
     trace, _, _ = play(make_agent("naive_rag", lm=EchoLM(reply="x")))
     assert trace[0][1]["type"] == ActionType.SEARCH
+
+
+def test_bad_replies_are_counted_in_the_leaderboard(tmp_path):
+    cfg = EvalConfig(
+        n=3,
+        seed=0,
+        agents=("naive_rag", "evo_rag"),
+        env_kwargs=KW,
+        out_dir=str(tmp_path),
+        run_name="bad",
+    )
+    result = evaluate(cfg, lambda name, env: make_agent(name, lm=EchoLM(reply="   ")))
+    rows = {r["agent"]: r for r in result.rows}
+    assert rows["naive_rag"]["bad_replies"] == 3 and rows["naive_rag"]["errors"] == 0
+    assert rows["evo_rag"]["bad_replies"] >= 3
+    assert "bad replies" in (tmp_path / "bad" / "leaderboard.md").read_text()
