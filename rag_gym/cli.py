@@ -310,6 +310,9 @@ def serve(
     batch_window_ms: Annotated[
         float, typer.Option(help="How long requests are gathered into one batch.")
     ] = 3.0,
+    micro_batching: Annotated[
+        bool, typer.Option(help="Batch concurrent requests (off: one request at a time).")
+    ] = True,
 ) -> None:
     """Serve an index over HTTP (Search-R1's /retrieve API, micro-batched)."""
     import os
@@ -328,6 +331,7 @@ def serve(
             limits=ServerLimits(max_queries=max_queries, max_topk=max_topk),
             batch_window_ms=batch_window_ms,
             kind=kind,
+            micro_batching=micro_batching,
         )
     except (ValueError, ImportError) as exc:
         _fail(str(exc))

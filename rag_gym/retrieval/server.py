@@ -52,8 +52,10 @@ def create_app(
     batch_window_ms: float = 3.0,
     max_batch: int = 512,
     kind: str = "bm25",
+    micro_batching: bool = True,
 ):
-    """The FastAPI app serving ``retriever`` (see the module doc)."""
+    """The FastAPI app serving ``retriever`` (see the module doc). ``micro_batching=False`` gives
+    the one-request-at-a-time design (each request retrieved on its own), for comparison."""
     try:
         from fastapi import FastAPI, Request
         from fastapi.exceptions import RequestValidationError
@@ -132,7 +134,16 @@ def create_app(
                         },
                     )
         try:
-            ids, scores = await batcher.submit(req.queries, req.topk, req.exclude, req.within)
+            if micro_batching:
+                ids, scores = await batcher.submit(req.queries, req.topk, req.exclude, req.within)
+            else:
+                res = await asyncio.get_running_loop().run_in_executor(
+                    None,
+                    lambda: retriever.retrieve(
+                        req.queries, req.topk, exclude=req.exclude, within=req.within
+                    ),
+                )
+                ids, scores = res.ids, res.scores
         except (ValueError, KeyError, TypeError) as exc:
             return JSONResponse(status_code=422, content={"error": str(exc)})
         result = []

@@ -139,3 +139,15 @@ def test_load_errors(bm25, tmp_path):
         BM25Retriever.load(out)
     with pytest.raises(RuntimeError, match=r"call index\(corpus\) first"):
         BM25Retriever().save(tmp_path / "none")
+
+
+@pytest.mark.parametrize(
+    "victim", ["data.csc.index.npy", "indices.csc.index.npy", "vocab.index.json"]
+)
+def test_truncated_or_tampered_arrays_name_the_file(bm25, tmp_path, victim):
+    out = bm25.save(tmp_path / "idx")
+    path = out / "bm25s" / victim
+    path.write_bytes(path.read_bytes()[: max(1, path.stat().st_size // 3)])
+    with pytest.raises(ValueError, match=r"bm25s: cannot load the BM25 arrays .*rebuild the index"):
+        loaded = BM25Retriever.load(out)
+        loaded.retrieve(["x"], k=1)
