@@ -134,6 +134,8 @@ class SearchEnv(QAEnv):
     * ``max_query_chars`` (512), ``max_text_chars`` (4096, the action text space),
       ``max_obs_chars`` (16384).
     * ``invalid_action_penalty`` (0.0): reward of an invalid action.
+    * ``retriever``: a retrieval server URL (``"http://127.0.0.1:8000"``, see ``rag-gym serve``),
+      or a live retriever object that replaces the built BM25 index.
     * ``retriever``, ``examples``: live objects that replace the built ones (not for
       registration kwargs, which stay plain JSON).
 
