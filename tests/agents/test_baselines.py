@@ -49,7 +49,7 @@ def test_naive_rag_searches_once_then_answers_from_passages():
     assert prompt[0]["role"] == "system" and info["question"] in prompt[1]["content"]
     first_title = env.unwrapped.corpus[info["retrieved_ids"][0]].title
     assert first_title in prompt[1]["content"]
-    assert agent.usage == {"prompt_tokens": 10, "completion_tokens": 2}
+    assert agent.usage == {"prompt_tokens": 10, "completion_tokens": 2, "bad_replies": 0}
     _, _, terminated, _, _ = env.step(action)
     assert terminated
 
