@@ -19,9 +19,6 @@ by passage id.
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,6 +27,7 @@ import numpy as np
 
 from rag_gym.data.types import Corpus
 from rag_gym.retrieval.base import RetrievalResult, check_k, check_queries, per_query, top_k
+from rag_gym.retrieval.persist import read_index, write_index
 
 
 @dataclass(frozen=True)
@@ -190,69 +188,29 @@ class BM25Retriever:
 
     # ---- persistence --------------------------------------------------------------------------
     def save(self, out_dir: str | Path) -> Path:
-        """Write the index to ``out_dir``: ``params.json``, ``corpus.jsonl`` and bm25s's arrays.
-
-        No pickle is involved (numpy arrays and JSON only). The directory is written under a
-        temporary name and renamed into place, so a crash never leaves a half-written index
-        under ``out_dir``; an existing index there is replaced.
-        """
-        from rag_gym import __version__
-
+        """Write the index to ``out_dir``: ``params.json``, ``corpus.jsonl`` and bm25s's arrays
+        (numpy and JSON, no pickle), atomically (:mod:`rag_gym.retrieval.persist`)."""
         if self.model is None:
             raise RuntimeError("the retriever has no index yet; call index(corpus) first")
-        out = Path(out_dir)
-        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        self.model.save(str(tmp / "bm25s"), show_progress=False)
-        self.corpus.to_jsonl(tmp / "corpus.jsonl", fmt="title_text")
-        params = {
-            "rag_gym_version": __version__,
-            "kind": "bm25",
-            "config": asdict(self.config),
-            "corpus_name": self.corpus.name,
-            "corpus_size": len(self.corpus),
-            "corpus_checksum": self.corpus.checksum(),
-        }
-        (tmp / "params.json").write_text(json.dumps(params, indent=2) + "\n")
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        if out.exists():
-            out.rename(old)
-        tmp.rename(out)
-        shutil.rmtree(old, ignore_errors=True)
-        return out
+        model = self.model
+        return write_index(
+            out_dir,
+            "bm25",
+            self.corpus,
+            {"config": asdict(self.config)},
+            lambda tmp: model.save(str(tmp / "bm25s"), show_progress=False),
+        )
 
     @classmethod
     def load(cls, in_dir: str | Path, mmap: bool = True) -> BM25Retriever:
         """Load an index written by :meth:`save`; ``mmap=True`` maps the arrays read-only, so
         processes that load the same directory share its memory through the page cache.
 
-        A directory that is not a rag-gym BM25 index, or whose corpus does not match its
-        params, raises ``ValueError`` naming the file.
+        A directory that is not a rag-gym BM25 index, whose corpus does not match its params, or
+        whose arrays are damaged raises ``ValueError`` naming the file.
         """
-        from rag_gym.data.types import Corpus
-
         d = Path(in_dir)
-        params_path = d / "params.json"
-        if not params_path.is_file():
-            raise ValueError(
-                f"{d} is not a rag-gym index: {params_path.name} is missing; build one with BM25Retriever.save"
-            )
-        try:
-            params = json.loads(params_path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ValueError(
-                f"{params_path} is not valid JSON ({exc}); rebuild the index"
-            ) from None
-        if params.get("kind") != "bm25":
-            raise ValueError(f"{params_path}: expected kind 'bm25', got {params.get('kind')!r}")
-        corpus = Corpus.from_jsonl(d / "corpus.jsonl", name=params.get("corpus_name"))
-        if len(corpus) != params.get("corpus_size") or corpus.checksum() != params.get(
-            "corpus_checksum"
-        ):
-            raise ValueError(
-                f"{d / 'corpus.jsonl'} does not match {params_path} (size or checksum); rebuild the index"
-            )
+        params, corpus = read_index(d, "bm25")
         retriever = cls(config=BM25Config(**params["config"]))
         try:
             model = retriever._bm25s.BM25.load(str(d / "bm25s"), mmap=mmap)

@@ -13,9 +13,6 @@ Needs ``pip install torch==2.13.0 'rag-gym[dense]'``.
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,6 +21,7 @@ import numpy as np
 
 from rag_gym.data.types import Corpus
 from rag_gym.retrieval.base import RetrievalResult, check_k, check_queries, per_query, top_k
+from rag_gym.retrieval.persist import read_index, write_index
 
 
 @dataclass(frozen=True)
@@ -198,63 +196,27 @@ class DenseRetriever:
     # ---- persistence ----------------------------------------------------------------------------
     def save(self, out_dir: str | Path) -> Path:
         """Write ``params.json``, ``corpus.jsonl``, ``embeddings.npy`` and ``faiss.index``
-        (FAISS's own binary format; no pickle), atomically (temporary folder, then rename)."""
-        from rag_gym import __version__
-
+        (FAISS's own binary format; no pickle), atomically (:mod:`rag_gym.retrieval.persist`)."""
         if self._index is None:
             raise RuntimeError("the retriever has no index yet; call index(corpus) first")
-        out = Path(out_dir)
-        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        np.save(tmp / "embeddings.npy", self.embeddings, allow_pickle=False)
-        self._faiss.write_index(self._index, str(tmp / "faiss.index"))
-        self.corpus.to_jsonl(tmp / "corpus.jsonl", fmt="title_text")
+
+        def files(tmp: Path) -> None:
+            np.save(tmp / "embeddings.npy", self.embeddings, allow_pickle=False)
+            self._faiss.write_index(self._index, str(tmp / "faiss.index"))
+
         params = {
-            "rag_gym_version": __version__,
-            "kind": "dense",
             "config": asdict(self.config),
-            "encoder": self.config.model or "sentence-transformers/all-MiniLM-L6-v2 (embedded)",
-            "corpus_name": self.corpus.name,
-            "corpus_size": len(self.corpus),
-            "corpus_checksum": self.corpus.checksum(),
             "dim": int(self.embeddings.shape[1]),
+            "encoder": self.config.model or "sentence-transformers/all-MiniLM-L6-v2 (embedded)",
         }
-        (tmp / "params.json").write_text(json.dumps(params, indent=2) + "\n")
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        if out.exists():
-            out.rename(old)
-        tmp.rename(out)
-        shutil.rmtree(old, ignore_errors=True)
-        return out
+        return write_index(out_dir, "dense", self.corpus, params, files)
 
     @classmethod
     def load(cls, in_dir: str | Path, encoder: Callable | None = None) -> DenseRetriever:
         """Load an index written by :meth:`save`; a mismatched or damaged folder raises
         ``ValueError`` naming the file."""
-        from rag_gym.data.types import Corpus
-
         d = Path(in_dir)
-        params_path = d / "params.json"
-        if not params_path.is_file():
-            raise ValueError(
-                f"{d} is not a rag-gym index: {params_path.name} is missing; build one with save()"
-            )
-        try:
-            params = json.loads(params_path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ValueError(
-                f"{params_path} is not valid JSON ({exc}); rebuild the index"
-            ) from None
-        if params.get("kind") != "dense":
-            raise ValueError(f"{params_path}: expected kind 'dense', got {params.get('kind')!r}")
-        corpus = Corpus.from_jsonl(d / "corpus.jsonl", name=params.get("corpus_name"))
-        if len(corpus) != params.get("corpus_size") or corpus.checksum() != params.get(
-            "corpus_checksum"
-        ):
-            raise ValueError(
-                f"{d / 'corpus.jsonl'} does not match {params_path} (size or checksum); rebuild the index"
-            )
+        params, corpus = read_index(d, "dense")
         try:
             embeddings = np.load(d / "embeddings.npy", allow_pickle=False)
         except (OSError, ValueError) as exc:
