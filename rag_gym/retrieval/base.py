@@ -80,6 +80,30 @@ def per_query(arg: Sequence | None, n: int, name: str) -> list:
     return arg
 
 
+def id_ranks(corpus: Corpus) -> np.ndarray:
+    """Rank of each corpus position in passage-id order: the tie-breaker for :func:`top_k`.
+
+    >>> from rag_gym.data import Passage
+    >>> id_ranks(Corpus([Passage("b", "", "x"), Passage("a", "", "y")])).tolist()
+    [1, 0]
+    """
+    order = np.argsort(np.array(corpus.ids, dtype=object), kind="stable")
+    ranks = np.empty(len(corpus), dtype=np.int64)
+    ranks[order] = np.arange(len(corpus))
+    return ranks
+
+
+def positions(corpus: Corpus, ids: Iterable[str], strict: bool = True) -> np.ndarray:
+    """Corpus positions of ``ids``; an unknown id is a ``KeyError`` (``strict``) or skipped."""
+    index = corpus._index
+    if strict:
+        try:
+            return np.fromiter((index[i] for i in ids), dtype=np.int64)
+        except KeyError as exc:
+            raise KeyError(f"id {exc.args[0]!r} is not in the corpus {corpus.name!r}") from None
+    return np.fromiter((index[i] for i in ids if i in index), dtype=np.int64)
+
+
 def top_k(scores: np.ndarray, k: int, id_rank: np.ndarray) -> np.ndarray:
     """Positions of the ``k`` best scores, best first, ties broken by ``id_rank`` (ascending).
 

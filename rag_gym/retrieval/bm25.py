@@ -26,7 +26,15 @@ from pathlib import Path
 import numpy as np
 
 from rag_gym.data.types import Corpus
-from rag_gym.retrieval.base import RetrievalResult, check_k, check_queries, per_query, top_k
+from rag_gym.retrieval.base import (
+    RetrievalResult,
+    check_k,
+    check_queries,
+    id_ranks,
+    per_query,
+    positions,
+    top_k,
+)
 from rag_gym.retrieval.persist import read_index, write_index
 
 
@@ -114,9 +122,7 @@ class BM25Retriever:
         self.model = model
         self.corpus = corpus
         # rank of each position by passage id: the tie-breaker
-        order = np.argsort(np.array(corpus.ids, dtype=object), kind="stable")
-        self._id_rank = np.empty(len(corpus), dtype=np.int64)
-        self._id_rank[order] = np.arange(len(corpus))
+        self._id_rank = id_ranks(corpus)
         self._ids = np.array(corpus.ids, dtype=object)
 
     def scores(self, query: str) -> np.ndarray:
@@ -160,31 +166,20 @@ class BM25Retriever:
         for toks, ex, pool in zip(tokens, excl, pools, strict=True):
             scores = self._scores_from_tokens(toks)
             if pool is not None:
-                pos = self._positions(pool)
+                pos = positions(self.corpus, pool)
                 check_k(k, len(pos), "the candidate pool")
                 sub = scores[pos].astype(np.float64)
                 if ex:
-                    sub[np.isin(pos, self._positions(ex, strict=False))] = -np.inf
+                    sub[np.isin(pos, positions(self.corpus, ex, strict=False))] = -np.inf
                 picked = pos[top_k(sub, k, self._id_rank[pos])]
             else:
                 if ex:
                     scores = scores.astype(np.float64)
-                    scores[self._positions(ex, strict=False)] = -np.inf
+                    scores[positions(self.corpus, ex, strict=False)] = -np.inf
                 picked = top_k(scores, k, self._id_rank)
             out_ids.append(self._ids[picked].tolist())
             out_scores.append(scores[picked].astype(float).tolist())
         return RetrievalResult(out_ids, out_scores)
-
-    def _positions(self, ids: Iterable[str], strict: bool = True) -> np.ndarray:
-        index = self.corpus._index
-        if strict:
-            try:
-                return np.fromiter((index[i] for i in ids), dtype=np.int64)
-            except KeyError as exc:
-                raise KeyError(
-                    f"id {exc.args[0]!r} is not in the corpus {self.corpus.name!r}"
-                ) from None
-        return np.fromiter((index[i] for i in ids if i in index), dtype=np.int64)
 
     # ---- persistence --------------------------------------------------------------------------
     def save(self, out_dir: str | Path) -> Path:

@@ -20,7 +20,15 @@ from pathlib import Path
 import numpy as np
 
 from rag_gym.data.types import Corpus
-from rag_gym.retrieval.base import RetrievalResult, check_k, check_queries, per_query, top_k
+from rag_gym.retrieval.base import (
+    RetrievalResult,
+    check_k,
+    check_queries,
+    id_ranks,
+    per_query,
+    positions,
+    top_k,
+)
 from rag_gym.retrieval.persist import read_index, write_index
 
 
@@ -127,9 +135,7 @@ class DenseRetriever:
         self._index = faiss_index
         self.embeddings = embeddings.astype(np.float16 if self.config.fp16 else np.float32)
         self.corpus = corpus
-        order = np.argsort(np.array(corpus.ids, dtype=object), kind="stable")
-        self._id_rank = np.empty(len(corpus), dtype=np.int64)
-        self._id_rank[order] = np.arange(len(corpus))
+        self._id_rank = id_ranks(corpus)
         self._ids = np.array(corpus.ids, dtype=object)
 
     def retrieve(
@@ -165,12 +171,7 @@ class DenseRetriever:
         for i in range(len(queries)):
             banned = {index_of[x] for x in (excl[i] or []) if x in index_of}
             if pools[i] is not None:
-                try:
-                    pos = np.fromiter((index_of[x] for x in pools[i]), dtype=np.int64)
-                except KeyError as exc:
-                    raise KeyError(
-                        f"id {exc.args[0]!r} is not in the corpus {self.corpus.name!r}"
-                    ) from None
+                pos = positions(self.corpus, pools[i])
                 check_k(k, len(pos), "the candidate pool")
                 sub = self.embeddings[pos].astype(np.float32) @ q[i]
                 sub = sub.astype(np.float64)
