@@ -392,11 +392,11 @@ def evaluate(
         if kind == "tree":
             kwargs["prune"] = "none"
         kwargs["split"] = config.split
-        if kind == "reader":
-            reader_ids = {ex.id for ex in gym.make(env_id, **kwargs).unwrapped.examples}
-            qids = [q for q in question_ids if q in reader_ids]
-        else:
-            qids = question_ids
+        # kept until the agent has played: its questions and index stay in the shared data cache,
+        # so run_agent's copies reuse them instead of loading and indexing again
+        probe = gym.make(env_id, **kwargs)
+        available = {ex.id for ex in probe.unwrapped.examples}  # the reader skips unanswerable ones
+        qids = [q for q in question_ids if q in available]
         tick = None
         if progress is not None:
             total = len(qids)
@@ -405,6 +405,7 @@ def evaluate(
                 progress(name, done, total)
 
         mine, seconds = run_agent(env_id, kwargs, agent, qids, config.seed, config.batch_size, tick)
+        probe.close()
         for rec in mine:
             rec["agent"] = name
             rec["env_id"] = env_id
