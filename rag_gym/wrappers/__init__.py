@@ -62,3 +62,8 @@ __all__ = [
     "TopTAPReward",
     "TreeFormatReward",
 ]
+
+from rag_gym.wrappers.macro import MacroActions
+from rag_gym.wrappers.vectorize import TextToVector
+
+__all__ += ["MacroActions", "TextToVector"]
