@@ -39,12 +39,15 @@ from rag_gym.agents.sb3 import (
     episode_stats_callback,
     eval_callback,
     fixed_sequences,
+    macros_of,
     make_logger,
     make_sb3_env,
     model_policy,
     play_split,
+    question_kind,
     rank_fixed_sequences,
     require_sb3,
+    sequence_policy,
 )
 
 
@@ -189,11 +192,14 @@ train_seconds = time.time() - t0
 for steps, stats in evaluator.history:
     print(f"  step {steps:7d}  validation EM {stats['em']:.3f}  steps {stats['steps']:.2f}")
 
-# 3. PPO on every test question
-ppo_test = play_split(test_env, model_policy(model))
+# 3. PPO on every test question (and EM per question kind, beside the chosen heuristic's)
+ppo_test = play_split(test_env, model_policy(model), group_by=question_kind)
+heuristic_test = play_split(
+    macros_of(test_env), sequence_policy(test_env, best_seq), group_by=question_kind
+)
 ppo_val = play_split(val_env, model_policy(model), n_heur)
-model.logger.record("eval/test_em", ppo_test["em"])
-model.logger.record("eval/test_return", ppo_test["return"])
+for key, value in ppo_test.items():
+    model.logger.record(f"eval/test_{key}", value)
 model.logger.dump(model.num_timesteps)
 model.save(run_dir / "ppo")
 
@@ -212,11 +218,19 @@ for name, val, test in rows:
         f"| {name} | {val['em']:.3f} | {test['em']:.3f} | {test['return']:.3f} | {test['steps']:.2f} |"
     )
 print("\n".join(table))
+kinds = [k[len("em/") :] for k in ppo_test if k.startswith("em/")]
+print("\n| question kind (test) | n | PPO EM | heuristic EM |\n|---|---|---|---|")
+for kind in kinds:
+    print(
+        f"| {kind} | {ppo_test[f'n/{kind}']} | {ppo_test[f'em/{kind}']:.2f} "
+        f"| {heuristic_test[f'em/{kind}']:.2f} |"
+    )
 results = {
     "run_name": run_name,
     "args": vars(args),
     "train_seconds": train_seconds,
     "ppo": {"validation": ppo_val, "test": ppo_test},
+    "heuristic": {"sequence": list(best_seq), "test": heuristic_test},
     "curve": [{"timesteps": s, **stats} for s, stats in evaluator.history],
     "heuristics": [
         {"sequence": list(seq), "validation": stats, "test": on_test[seq]} for seq, stats in on_val
@@ -247,7 +261,7 @@ ax.set_xlabel("environment steps")
 ax.set_ylabel("EM")
 ax.set_ylim(0, 1)
 ax.set_title(f"PPO on {args.env_id}, seed {args.seed}")
-ax.legend(loc="lower right", fontsize=8)
+ax.legend(loc="center right", fontsize=8)
 fig.tight_layout()
 fig.savefig(run_dir / "learning_curve.png", dpi=100)
 plt.close(fig)

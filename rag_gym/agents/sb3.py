@@ -32,6 +32,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from rag_gym.data import QAExample
 from rag_gym.wrappers.evo_rag import StepCost, find_wrapper
 from rag_gym.wrappers.macro import MacroActions
 from rag_gym.wrappers.vectorize import TextToVector
@@ -136,14 +137,21 @@ def fixed_sequences(n_candidates: int = 5, max_searches: int = 2) -> list[tuple[
     return out
 
 
-def play_split(env: gym.Env, act: Policy, n_questions: int | None = None) -> dict[str, float]:
+def play_split(
+    env: gym.Env,
+    act: Policy,
+    n_questions: int | None = None,
+    group_by: Callable[[QAExample], str] | None = None,
+) -> dict[str, float]:
     """Play each of the first ``n_questions`` (all by default) of ``env``'s split once, in
     order (``reset(options={"index": i})``), and average: ``em`` (the env's answer term: EM,
     or 1 for a correct refusal), ``return`` (with the step costs), ``steps``, ``refused``,
-    ``invalid`` (inapplicable macros per episode) and ``n``."""
-    n_all = len(env.unwrapped.examples)
-    n = n_all if n_questions is None else min(int(n_questions), n_all)
+    ``invalid`` (inapplicable macros per episode) and ``n``. With ``group_by`` (a question →
+    its group's name), also ``em/<group>`` and ``n/<group>`` per group."""
+    examples = env.unwrapped.examples
+    n = len(examples) if n_questions is None else min(int(n_questions), len(examples))
     totals = {"em": 0.0, "return": 0.0, "steps": 0.0, "refused": 0.0, "invalid": 0.0}
+    groups: dict[str, list[float]] = {}
     for i in range(n):
         obs, info = env.reset(options={"index": i})
         for t in itertools.count():
@@ -151,13 +159,28 @@ def play_split(env: gym.Env, act: Policy, n_questions: int | None = None) -> dic
             totals["return"] += float(reward)
             totals["invalid"] += float(info.get("invalid_action", False))
             if terminated or truncated:
-                totals["em"] += float(info.get("reward_terms", {}).get("answer", 0.0))
+                em = float(info.get("reward_terms", {}).get("answer", 0.0))
+                totals["em"] += em
                 totals["steps"] += t + 1
                 totals["refused"] += float(info.get("action_type") == "REFUSE")
+                if group_by is not None:
+                    groups.setdefault(group_by(examples[i]), []).append(em)
                 break
     out = {k: v / max(n, 1) for k, v in totals.items()}
     out["n"] = n
+    for name in sorted(groups, key=lambda g: (-len(groups[g]), g)):
+        out[f"em/{name}"] = float(np.mean(groups[name]))
+        out[f"n/{name}"] = len(groups[name])
     return out
+
+
+def question_kind(example: QAExample) -> str:
+    """A SynthHop question's kind: ``comparison``, or its relations joined by ``>``
+    (``"birthplace>country"``); the example's ``type`` for other datasets."""
+    relations = example.meta.get("relations")
+    if example.type == "comparison" or not relations:
+        return example.type or "question"
+    return ">".join(relations)
 
 
 def rank_fixed_sequences(
