@@ -114,11 +114,26 @@ def top_k(scores: np.ndarray, k: int, id_rank: np.ndarray) -> np.ndarray:
     array([2, 1])
     """
     n = scores.shape[0]
-    if k < n:
-        kth = np.partition(scores, n - k)[n - k]
-        cand = np.flatnonzero(scores >= kth)
-    else:
+    if k >= n:
         cand = np.arange(n)
+    else:
+        # a sparse score array is mostly one floor value (0 for BM25, -inf where excluded);
+        # selecting among the passages above it avoids a partition over a sea of ties
+        floor = scores.min()
+        if np.isneginf(floor):  # the lowest score that is not excluded
+            floor = np.min(scores, where=~np.isneginf(scores), initial=np.inf)
+        above = np.flatnonzero(scores > floor)
+        if len(above) >= k:
+            sub = scores[above]
+            kth = np.partition(sub, len(sub) - k)[len(sub) - k]
+            cand = above[sub >= kth]
+        else:
+            # every passage above the floor, and the floor's first ones by id
+            at_floor = np.flatnonzero(scores == floor)
+            need = k - len(above)
+            if need < len(at_floor):
+                at_floor = at_floor[np.argpartition(id_rank[at_floor], need - 1)[:need]]
+            cand = np.concatenate([above, at_floor])
     order = np.lexsort((id_rank[cand], -scores[cand]))[:k]
     picked = cand[order]
     if np.isneginf(scores[picked]).any():

@@ -1,10 +1,22 @@
 """BM25 retrieval through `bm25s <https://github.com/xhluca/bm25s>`_ (sparse, eager scoring).
 
 rag-gym does not re-implement BM25: it tokenises with ``bm25s.tokenize`` (English stop words,
-Snowball English stemmer from PyStemmer), indexes with ``bm25s.BM25`` and scores with its
-``get_scores_from_ids``. It adds what an environment needs on top: batched retrieval that
-returns passage ids, per-query exclusion of ids, restriction to a candidate pool, and ties broken
-by passage id.
+Snowball English stemmer from PyStemmer) and indexes with ``bm25s.BM25``, whose eager index holds
+every token's score contribution to every passage. It adds what an environment needs on top:
+batched retrieval that returns passage ids, per-query exclusion of ids, restriction to a candidate
+pool, and ties broken by passage id.
+
+Two backends sum those contributions and select the top ``k``, with identical results (the same
+float32 scores, the same ids, the same tie-breaks):
+
+* ``"numba"`` (``pip install 'rag-gym[fast]'``): a compiled kernel that scores only the passages
+  a query touches, keeps the best ``k`` in a heap ordered by (score, id), and runs a batch on
+  ``n_threads`` threads (:mod:`rag_gym.retrieval._bm25_numba`). It is compiled, or loaded from
+  numba's cache, when the index is built or loaded, never during ``retrieve``.
+* ``"numpy"``: bm25s's own ``get_scores_from_ids`` and :func:`~rag_gym.retrieval.base.top_k`
+  over the full score array, one query at a time.
+
+``backend="auto"`` (the default) takes numba when it is installed.
 
 >>> from rag_gym.data import Corpus, Passage
 >>> corpus = Corpus([Passage("d1", "Ada", "Ada was born in Vell."),
@@ -19,12 +31,16 @@ by passage id.
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
+from rag_gym._names import unknown_name
 from rag_gym.data.types import Corpus
 from rag_gym.retrieval.base import (
     RetrievalResult,
@@ -62,20 +78,63 @@ class BM25Config:
             raise ValueError(f"expected k1 >= 0 and 0 <= b <= 1, got k1={self.k1}, b={self.b}")
 
 
+BACKENDS = ("auto", "numba", "numpy")
+
+# a batch is split across threads only when it reads at least this many postings
+_POSTINGS_PER_THREAD = 200_000
+
+
+def _numba_kernels():
+    """The numba kernels module, or ``None`` when numba is not installed (or does not import)."""
+    try:
+        from rag_gym.retrieval import _bm25_numba
+    except ImportError:
+        return None
+    return _bm25_numba
+
+
 class BM25Retriever:
-    """BM25 over a :class:`Corpus` (title and text are indexed together)."""
+    """BM25 over a :class:`Corpus` (title and text are indexed together).
+
+    Args:
+        corpus: indexed at once when given.
+        config: BM25 parameters and tokenisation.
+        show_progress: bm25s's progress bars while indexing.
+        backend: ``"numba"``, ``"numpy"`` or ``"auto"`` (numba when installed); same results.
+        n_threads: threads for a batch with the numba backend (default: the CPUs this process
+            may use). A batch too small to gain from threads runs in the calling thread.
+    """
 
     def __init__(
         self,
         corpus: Corpus | None = None,
         config: BM25Config | None = None,
         show_progress: bool = False,
+        backend: str = "auto",
+        n_threads: int | None = None,
     ) -> None:
         import bm25s
 
+        if backend not in BACKENDS:
+            raise unknown_name("BM25 backend", backend, BACKENDS)
+        kernels = _numba_kernels() if backend != "numpy" else None
+        if backend == "numba" and kernels is None:
+            raise ImportError(
+                "backend='numba' needs numba: pip install 'rag-gym[fast]' (or use backend='numpy')"
+            )
+        if n_threads is not None and (
+            not isinstance(n_threads, int) or isinstance(n_threads, bool) or n_threads < 1
+        ):
+            raise ValueError(f"expected n_threads to be an int >= 1 or None, got {n_threads!r}")
+        self._kernels = kernels
+        self.backend = "numba" if kernels is not None else "numpy"
+        self.n_threads = n_threads or len(os.sched_getaffinity(0))
         self._bm25s = bm25s
         self.config = config or BM25Config()
         self.show_progress = show_progress
+        self._lock = threading.Lock()
+        self._scratch: list[tuple] = []
+        self._pool: ThreadPoolExecutor | None = None
         self._stemmer = None
         if self.config.stemmer:
             import Stemmer
@@ -124,17 +183,48 @@ class BM25Retriever:
         # rank of each position by passage id: the tie-breaker
         self._id_rank = id_ranks(corpus)
         self._ids = np.array(corpus.ids, dtype=object)
+        # plain ndarray views of bm25s's arrays (memory maps stay mapped, never copied)
+        self._data = np.asarray(model.scores["data"])
+        self._indices = np.asarray(model.scores["indices"])
+        self._indptr = np.asarray(model.scores["indptr"])
+        with self._lock:
+            self._scratch = []
+        if self._kernels is not None:
+            kernels = self._kernels
+            kernels.warm_up(self._data, self._indices, self._indptr, self._id_rank)
+            self._by_rank = np.empty_like(self._id_rank)
+            self._by_rank[self._id_rank] = np.arange(len(corpus))
+            self._token_max = np.zeros(len(self._indptr) - 1, dtype=np.float64)
+            self._prunable = bool(
+                kernels.index_facts(self._data, self._indices, self._indptr, self._token_max)
+            )
 
     def scores(self, query: str) -> np.ndarray:
         """BM25 score of every passage for one query (aligned with ``corpus.ids``)."""
-        return self._scores_from_tokens(self.tokenize([query])[0])
-
-    def _scores_from_tokens(self, tokens: list[str]) -> np.ndarray:
         assert self.model is not None
-        ids = self.model.get_tokens_ids(tokens)
+        return self._scores_from_ids(self.model.get_tokens_ids(self.tokenize([query])[0]))
+
+    def _base(self, ids: list[int]) -> np.float32:
+        # the score of a passage no query token occurs in (non-zero for bm25l and bm25+ only),
+        # computed exactly as bm25s.BM25.get_scores_from_ids does
+        nonoccurrence = self.model.nonoccurrence_array
+        if not ids or nonoccurrence is None:
+            return self._data.dtype.type(0)
+        return nonoccurrence[np.asarray(ids, dtype=self.model.int_dtype)].sum()
+
+    def _scores_from_ids(self, ids: list[int]) -> np.ndarray:
+        assert self.model is not None
         if not ids:
-            return np.zeros(len(self.corpus), dtype=np.float32)
-        return self.model.get_scores_from_ids(ids)
+            return np.zeros(len(self.corpus), dtype=self._data.dtype)
+        if self._kernels is None:
+            return self.model.get_scores_from_ids(ids)
+        scores = np.zeros(len(self.corpus), dtype=self._data.dtype)
+        self._kernels.full_scores(
+            self._data, self._indices, self._indptr, np.asarray(ids, dtype=np.int64), scores
+        )
+        if self.model.nonoccurrence_array is not None:
+            scores += self._base(ids)
+        return scores
 
     def retrieve(
         self,
@@ -161,10 +251,20 @@ class BM25Retriever:
         if within is None:
             check_k(k, len(self.corpus))
         tokens = self.tokenize(queries) if queries else []
-        out_ids: list[list[str]] = []
-        out_scores: list[list[float]] = []
-        for toks, ex, pool in zip(tokens, excl, pools, strict=True):
-            scores = self._scores_from_tokens(toks)
+        token_ids = [self.model.get_tokens_ids(toks) for toks in tokens]
+        n_columns = len(self._indptr) - 1
+        if any(i >= n_columns for ids in token_ids for i in ids):  # bm25s raises the same
+            raise ValueError("a query token maps outside the index's columns; rebuild the index")
+        out_ids: list[list[str]] = [[] for _ in queries]
+        out_scores: list[list[float]] = [[] for _ in queries]
+        todo = range(len(queries))
+        if self._kernels is not None:
+            free = [i for i in todo if pools[i] is None]
+            self._numba_top_k(free, token_ids, excl, k, out_ids, out_scores)
+            todo = [i for i in todo if pools[i] is not None]
+        for i in todo:
+            ex, pool = excl[i], pools[i]
+            scores = self._scores_from_ids(token_ids[i])
             if pool is not None:
                 pos = positions(self.corpus, pool)
                 check_k(k, len(pos), "the candidate pool")
@@ -177,9 +277,91 @@ class BM25Retriever:
                     scores = scores.astype(np.float64)
                     scores[positions(self.corpus, ex, strict=False)] = -np.inf
                 picked = top_k(scores, k, self._id_rank)
-            out_ids.append(self._ids[picked].tolist())
-            out_scores.append(scores[picked].astype(float).tolist())
+            out_ids[i] = self._ids[picked].tolist()
+            out_scores[i] = scores[picked].astype(float).tolist()
         return RetrievalResult(out_ids, out_scores)
+
+    def _numba_top_k(self, rows, token_ids, excl, k, out_ids, out_scores) -> None:
+        """Top-``k`` of the queries ``rows`` (no pool) through the numba kernel, on threads."""
+        if not rows:
+            return
+        n = len(rows)
+        lengths = np.fromiter((len(token_ids[i]) for i in rows), dtype=np.int64, count=n)
+        token_ptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lengths, out=token_ptr[1:])
+        tokens = np.fromiter(
+            (t for i in rows for t in token_ids[i]), dtype=np.int64, count=int(token_ptr[-1])
+        )
+        base = np.array([self._base(token_ids[i]) for i in rows], dtype=self._data.dtype)
+        banned = [
+            positions(self.corpus, excl[i], strict=False) if excl[i] else np.zeros(0, np.int64)
+            for i in rows
+        ]
+        excluded_ptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum([len(b) for b in banned], out=excluded_ptr[1:])
+        excluded = np.concatenate(banned) if banned else np.zeros(0, np.int64)
+        out_pos = np.empty((n, k), dtype=np.int64)
+        out_val = np.empty((n, k), dtype=self._data.dtype)
+        out_n = np.empty(n, dtype=np.int64)
+
+        def run(lo: int, hi: int) -> None:
+            scratch = self._take_scratch()
+            arrays = (self._data, self._indices, self._indptr)
+            query = (
+                tokens,
+                token_ptr[lo : hi + 1],
+                base[lo:hi],
+                excluded,
+                excluded_ptr[lo : hi + 1],
+            )
+            out = (out_pos[lo:hi], out_val[lo:hi], out_n[lo:hi])
+            try:
+                if self._prunable:
+                    self._kernels.top_k_pruned(
+                        *arrays,
+                        self._token_max,
+                        self._id_rank,
+                        self._by_rank,
+                        *query,
+                        k,
+                        *scratch,
+                        *out,
+                    )
+                else:
+                    self._kernels.top_k_dense(*arrays, self._id_rank, *query, k, scratch[0], *out)
+            finally:
+                with self._lock:
+                    self._scratch.append(scratch)
+
+        # split by work (postings read), not by query count, and only when it pays
+        postings = self._indptr[tokens + 1] - self._indptr[tokens]
+        done = np.concatenate([[0], np.cumsum(postings)])[token_ptr]  # work before query q
+        total = int(done[-1])
+        parts = max(1, min(self.n_threads, n, total // _POSTINGS_PER_THREAD))
+        if parts == 1:
+            run(0, n)
+        else:
+            cuts = np.searchsorted(done, np.arange(1, parts) * total / parts).tolist()
+            bounds = sorted({0, n, *cuts})
+            if self._pool is None:
+                with self._lock:
+                    if self._pool is None:
+                        self._pool = ThreadPoolExecutor(self.n_threads, "rag-gym-bm25")
+            list(self._pool.map(run, bounds[:-1], bounds[1:]))
+        for row, i in enumerate(rows):
+            m = int(out_n[row])
+            out_ids[i] = self._ids[out_pos[row, :m]].tolist()
+            out_scores[i] = out_val[row, :m].astype(float).tolist()
+
+    def _take_scratch(self) -> tuple:
+        # one scratch set per concurrent batch part, kept for the next call (no re-zeroing)
+        n = len(self.corpus)
+        with self._lock:
+            while self._scratch:
+                scratch = self._scratch.pop()
+                if scratch[0].shape[0] == n:  # not left over from a previous index
+                    return scratch
+        return self._kernels.new_scratch(n, self._data.dtype)
 
     # ---- persistence --------------------------------------------------------------------------
     def save(self, out_dir: str | Path) -> Path:
@@ -197,16 +379,23 @@ class BM25Retriever:
         )
 
     @classmethod
-    def load(cls, in_dir: str | Path, mmap: bool = True) -> BM25Retriever:
+    def load(
+        cls,
+        in_dir: str | Path,
+        mmap: bool = True,
+        backend: str = "auto",
+        n_threads: int | None = None,
+    ) -> BM25Retriever:
         """Load an index written by :meth:`save`; ``mmap=True`` maps the arrays read-only, so
         processes that load the same directory share its memory through the page cache.
+        ``backend`` and ``n_threads`` are as for the constructor.
 
         A directory that is not a rag-gym BM25 index, whose corpus does not match its params, or
-        whose arrays are damaged raises ``ValueError`` naming the file.
+        whose arrays are damaged or inconsistent raises ``ValueError`` naming the file.
         """
         d = Path(in_dir)
         params, corpus = read_index(d, "bm25")
-        retriever = cls(config=BM25Config(**params["config"]))
+        retriever = cls(config=BM25Config(**params["config"]), backend=backend, n_threads=n_threads)
         try:
             model = retriever._bm25s.BM25.load(str(d / "bm25s"), mmap=mmap)
         except (OSError, ValueError, KeyError) as exc:
@@ -217,8 +406,36 @@ class BM25Retriever:
             raise ValueError(
                 f"{d / 'bm25s'} indexes {model.scores['num_docs']} documents, the corpus has {len(corpus)}"
             )
+        problem = _check_arrays(model)
+        if problem:
+            raise ValueError(f"{d / 'bm25s'}: {problem}; rebuild the index")
         retriever._install(model, corpus)
         return retriever
 
     def __repr__(self) -> str:
-        return f"BM25Retriever(corpus={self.corpus!r}, config={self.config})"
+        return (
+            f"BM25Retriever(corpus={self.corpus!r}, config={self.config}, backend={self.backend!r})"
+        )
+
+
+def _check_arrays(model) -> str | None:
+    """What is wrong with a loaded bm25s index's arrays, or ``None``: a file edited by hand must
+    not make a compiled kernel read or write outside its arrays."""
+    data, indices, indptr = (model.scores[key] for key in ("data", "indices", "indptr"))
+    n_docs = model.scores["num_docs"]
+    if data.ndim != 1 or indices.ndim != 1 or indptr.ndim != 1 or len(indptr) < 1:
+        return "data.csc.index.npy, indices.csc.index.npy and indptr.csc.index.npy must be 1-D"
+    if len(data) != len(indices) or indptr[0] != 0 or indptr[-1] != len(data):
+        return (
+            f"indptr.csc.index.npy spans {int(indptr[-1]) - int(indptr[0])} entries, "
+            f"data.csc.index.npy has {len(data)} and indices.csc.index.npy {len(indices)}"
+        )
+    if (np.diff(indptr) < 0).any():
+        return "indptr.csc.index.npy is not non-decreasing"
+    if len(indices) and (indices.min() < 0 or indices.max() >= n_docs):
+        return f"indices.csc.index.npy holds passage numbers outside [0, {n_docs})"
+    # bm25s gives the empty token the id after the last column
+    ids = [i for token, i in model.vocab_dict.items() if token != ""]
+    if ids and (min(ids) < 0 or max(ids) >= len(indptr) - 1):
+        return f"vocab.index.json maps tokens outside the {len(indptr) - 1} columns of the index"
+    return None

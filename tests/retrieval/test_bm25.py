@@ -1,6 +1,10 @@
-"""BM25 through bm25s: same scores as the raw library, batching, exclusion, pools, ties."""
+"""BM25 through bm25s: same scores as the raw library, batching, exclusion, pools, ties; the numba
+and numpy backends give identical results."""
 
 from __future__ import annotations
+
+import importlib.util
+import random
 
 import bm25s
 import numpy as np
@@ -10,6 +14,7 @@ import Stemmer
 from rag_gym.data import Corpus, Passage
 from rag_gym.data.synthhop import SynthHopConfig, generate
 from rag_gym.retrieval import BM25Retriever
+from rag_gym.retrieval.bm25 import BM25Config
 
 
 @pytest.fixture(scope="module")
@@ -151,3 +156,117 @@ def test_truncated_or_tampered_arrays_name_the_file(bm25, tmp_path, victim):
     with pytest.raises(ValueError, match=r"bm25s: cannot load the BM25 arrays .*rebuild the index"):
         loaded = BM25Retriever.load(out)
         loaded.retrieve(["x"], k=1)
+
+
+# ---- backends: numba (compiled, pruned) and numpy give identical results ----------------------
+needs_numba = pytest.mark.skipif(
+    importlib.util.find_spec("numba") is None, reason="needs numba: pip install 'rag-gym[fast]'"
+)
+
+
+def tie_heavy_corpus(seed: int, n: int = 1500) -> Corpus:
+    # few words, many repeats: many passages share exact scores, so ties decide the ranking
+    rng = random.Random(seed)
+    common = ["apple", "pear", "plum", "red", "green", "tree", "city", "river", "guild", "north"]
+    rare = [f"word{i}" for i in range(40)]
+    return Corpus(
+        [
+            Passage(
+                f"p{rng.randrange(10**6):06d}-{i}",
+                "",
+                " ".join(
+                    rng.choices(common + rare, weights=[30] * 10 + [1] * 40, k=rng.randint(1, 12))
+                ),
+            )
+            for i in range(n)
+        ]
+    )
+
+
+@needs_numba
+@pytest.mark.parametrize("method", ["lucene", "robertson", "atire", "bm25l", "bm25+"])
+@pytest.mark.parametrize("kernel", ["pruned", "dense"])
+def test_numba_backend_identical_to_numpy(method, kernel, monkeypatch):
+    from rag_gym.retrieval import bm25 as bm25_module
+
+    corpus = tie_heavy_corpus(seed=len(method))
+    config = BM25Config(method=method)
+    fast = BM25Retriever(corpus, config, backend="numba", n_threads=3)
+    slow = BM25Retriever(corpus, config, backend="numpy")
+    assert (fast.backend, slow.backend) == ("numba", "numpy")
+    assert fast._prunable  # bm25s's eager scores are >= 0 in sorted posting lists
+    fast._prunable = kernel == "pruned"
+    rng = random.Random(7)
+    words = ["apple", "pear", "plum", "red", "tree", "river", "word3", "word17", "unknown", "the"]
+    queries = [" ".join(rng.choices(words, k=rng.randint(0, 8))) for _ in range(150)]
+    for split in (10**12, 1):  # one thread, then the batch split across threads
+        monkeypatch.setattr(bm25_module, "_POSTINGS_PER_THREAD", split)
+        for k in (1, 3, 10, 100, len(corpus) - 1, len(corpus)):
+            exclude = [rng.sample(corpus.ids, rng.randint(0, 30)) for _ in queries]
+            for excl in (None, exclude):
+                expected = slow.retrieve(queries, k, exclude=excl)
+                got = fast.retrieve(queries, k, exclude=excl)
+                assert got.ids == expected.ids, (method, k)
+                assert got.scores == expected.scores, (method, k)  # bit-identical float32
+
+
+@needs_numba
+def test_numba_backend_pools_and_stamp_wrap(world):
+    from rag_gym.retrieval import _bm25_numba
+
+    fast = BM25Retriever(world.corpus, backend="numba")
+    slow = BM25Retriever(world.corpus, backend="numpy")
+    questions = world.questions["train"][:30]
+    queries = [q.question for q in questions]
+    pools = [[p.id for p in q.passages] if i % 2 else None for i, q in enumerate(questions)]
+    exclude = [[p.id for p in q.passages[:2]] for q in questions]
+    for kwargs in ({"within": pools}, {"within": pools, "exclude": exclude}):
+        assert fast.retrieve(queries, 4, **kwargs) == slow.retrieve(queries, 4, **kwargs)
+    assert np.array_equal(fast.scores(queries[0]), slow.scores(queries[0]))
+    # the scratch stamps restart near their int32 limit without changing any result
+    for scratch in fast._scratch:
+        scratch[-1][0] = _bm25_numba.STAMP_LIMIT - 4
+    assert fast.retrieve(queries, 5) == slow.retrieve(queries, 5)
+    assert all(s[-1][0] < 100 for s in fast._scratch)
+
+
+def test_backend_choice_and_errors(monkeypatch):
+    from rag_gym.retrieval import bm25 as bm25_module
+
+    corpus = Corpus([Passage("a", "", "red apple"), Passage("b", "", "pear")])
+    with pytest.raises(
+        ValueError, match=r"expected a BM25 backend in .*got 'numbaa'; did you mean 'numba'\?"
+    ):
+        BM25Retriever(corpus, backend="numbaa")
+    with pytest.raises(ValueError, match=r"expected n_threads to be an int >= 1 or None, got 0"):
+        BM25Retriever(corpus, n_threads=0)
+    assert BM25Retriever(corpus, backend="numpy").backend == "numpy"
+    monkeypatch.setattr(bm25_module, "_numba_kernels", lambda: None)  # numba not installed
+    assert BM25Retriever(corpus).backend == "numpy"
+    with pytest.raises(ImportError, match=r"pip install 'rag-gym\[fast\]'"):
+        BM25Retriever(corpus, backend="numba")
+
+
+def test_query_token_outside_the_index_is_an_error(world):
+    bm25 = BM25Retriever(world.corpus)
+    bm25.model.get_tokens_ids = lambda tokens: [10**9]  # only a damaged vocabulary does this
+    with pytest.raises(ValueError, match="a query token maps outside the index's columns"):
+        bm25.retrieve(["x"], k=1)
+
+
+@pytest.mark.parametrize(
+    ("victim", "message"),
+    [
+        ("indices.csc.index.npy", r"indices\.csc\.index\.npy holds passage numbers outside"),
+        ("indptr.csc.index.npy", r"indptr\.csc\.index\.npy spans"),
+    ],
+)
+def test_inconsistent_arrays_name_the_file(bm25, tmp_path, victim, message):
+    # the right size and format, wrong values: caught at load, before any kernel reads them
+    out = bm25.save(tmp_path / "idx")
+    path = out / "bm25s" / victim
+    array = np.load(path)
+    array[-1] = array[-1] + 10**6
+    np.save(path, array)
+    with pytest.raises(ValueError, match=message):
+        BM25Retriever.load(out)

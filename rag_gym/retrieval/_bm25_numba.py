@@ -1,0 +1,427 @@
+"""Numba kernels behind :class:`~rag_gym.retrieval.bm25.BM25Retriever` (``backend="numba"``).
+
+bm25s stores BM25 eagerly: one sparse column per token holding that token's score contribution to
+every passage it occurs in (``data``, ``indices``, ``indptr``: CSC). A query's score for a passage
+is the sum of its tokens' columns, in query order, in float32, plus a per-query constant
+(``base``, non-zero for bm25l and bm25+ only). Both top-``k`` kernels return exactly what
+:func:`rag_gym.retrieval.base.top_k` returns on that full score array (same float32 scores, ties
+broken by passage-id rank, excluded passages never returned):
+
+* :func:`top_k_pruned` reads only what can matter (MaxScore pruning, then an exact re-scoring of
+  the near-best candidates); it needs non-negative contributions and sorted posting lists, which
+  :func:`index_facts` checks once per index;
+* :func:`top_k_dense` builds the full score array, for any other index.
+
+Scratch arrays (:func:`new_scratch`) belong to the caller, one set per thread; stamps let the
+pruned kernel reuse them without clearing. Every kernel releases the GIL.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+STAMP_LIMIT = 2**31 - 8
+"""Stamps are int32; the clock restarts (and the stamps are reset) before reaching this."""
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _worse(s_a, r_a, s_b, r_b) -> bool:
+    # a ranks below b: lower score, or equal score and a later passage id
+    return s_a < s_b or (s_a == s_b and r_a > r_b)
+
+
+@njit(nogil=True, cache=True)
+def _sift_down(hs, hr, hp, i, size) -> None:
+    # the heap's root is its worst entry
+    while True:
+        left = 2 * i + 1
+        if left >= size:
+            return
+        child = left
+        right = left + 1
+        if right < size and _worse(hs[right], hr[right], hs[left], hr[left]):
+            child = right
+        if not _worse(hs[child], hr[child], hs[i], hr[i]):
+            return
+        hs[i], hs[child] = hs[child], hs[i]
+        hr[i], hr[child] = hr[child], hr[i]
+        hp[i], hp[child] = hp[child], hp[i]
+        i = child
+
+
+@njit(nogil=True, cache=True)
+def _push(hs, hr, hp, size, k, score, rank, pos) -> int:
+    if size < k:
+        i = size
+        hs[i] = score
+        hr[i] = rank
+        hp[i] = pos
+        while i > 0:
+            parent = (i - 1) // 2
+            if not _worse(hs[i], hr[i], hs[parent], hr[parent]):
+                break
+            hs[i], hs[parent] = hs[parent], hs[i]
+            hr[i], hr[parent] = hr[parent], hr[i]
+            hp[i], hp[parent] = hp[parent], hp[i]
+            i = parent
+        return size + 1
+    if _worse(hs[0], hr[0], score, rank):
+        hs[0] = score
+        hr[0] = rank
+        hp[0] = pos
+        _sift_down(hs, hr, hp, 0, size)
+    return size
+
+
+@njit(nogil=True, cache=True)
+def _pop_into(hs, hr, hp, size, out_pos, out_scores, q) -> None:
+    # pop the worst first, filling row q from the back: best first
+    for i in range(size - 1, -1, -1):
+        out_pos[q, i] = hp[0]
+        out_scores[q, i] = hs[0]
+        hs[0] = hs[i]
+        hr[0] = hr[i]
+        hp[0] = hp[i]
+        _sift_down(hs, hr, hp, 0, i)
+
+
+@njit(nogil=True, cache=True)
+def _fill_untouched(hs, hr, hp, size, k, b, by_rank, stamp, gone) -> int:
+    # passages no query token occurs in all score b: the first in id order are the candidates
+    added = 0
+    for r in range(by_rank.shape[0]):
+        if added >= k:
+            break
+        d = by_rank[r]
+        if stamp[d] == gone:
+            continue
+        if size == k and not _worse(hs[0], hr[0], b, r):
+            break
+        size = _push(hs, hr, hp, size, k, b, r, d)
+        added += 1
+    return size
+
+
+@njit(nogil=True, cache=True)
+def top_k_dense(
+    data,
+    indices,
+    indptr,
+    id_rank,
+    tokens,
+    token_ptr,
+    base,
+    excluded,
+    excluded_ptr,
+    k,
+    scores,
+    out_pos,
+    out_scores,
+    out_n,
+) -> None:
+    """Top-``k`` of each query from its full score array (any index: no assumption on signs or
+    order). Query ``q``'s token ids are ``tokens[token_ptr[q]:token_ptr[q + 1]]``, its excluded
+    positions ``excluded[excluded_ptr[q]:excluded_ptr[q + 1]]``; ``out_n[q]`` results, best
+    first, go to ``out_pos[q]`` and ``out_scores[q]``. ``scores`` is scratch of corpus size."""
+    hs = np.empty(k, dtype=scores.dtype)
+    hr = np.empty(k, dtype=np.int64)
+    hp = np.empty(k, dtype=np.int64)
+    for q in range(token_ptr.shape[0] - 1):
+        scores[:] = 0
+        for t in range(token_ptr[q], token_ptr[q + 1]):
+            tid = tokens[t]
+            for j in range(indptr[tid], indptr[tid + 1]):
+                scores[indices[j]] += data[j]
+        for j in range(excluded_ptr[q], excluded_ptr[q + 1]):
+            scores[excluded[j]] = -np.inf
+        b = base[q]
+        size = 0
+        for d in range(scores.shape[0]):
+            if scores[d] == -np.inf:
+                continue
+            v = scores[d] + b
+            if size == k and (v < hs[0] or (v == hs[0] and id_rank[d] > hr[0])):
+                continue
+            size = _push(hs, hr, hp, size, k, v, id_rank[d], d)
+        out_n[q] = size
+        _pop_into(hs, hr, hp, size, out_pos, out_scores, q)
+
+
+@njit(nogil=True, cache=True)
+def _find(indices, lo, hi, d) -> int:
+    # position of passage d in a posting list sorted by passage, or -1
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if indices[mid] < d:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo if lo < indices.shape[0] and indices[lo] == d else -1
+
+
+@njit(nogil=True, cache=True)
+def _gallop(indices, j, hi, d) -> int:
+    # first position p in [j, hi) with indices[p] >= d (hi if none): exponential, then binary
+    if j >= hi or indices[j] >= d:
+        return j
+    prev, step = j, 1
+    while prev + step < hi and indices[prev + step] < d:
+        prev += step
+        step *= 2
+    lo, hi = prev + 1, min(prev + step, hi)
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if indices[mid] < d:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit(nogil=True, cache=True)
+def _kth_largest(acc, cand, n_cand, k, heap) -> float:
+    # the k-th largest acc over the candidates (a min-heap of k values), -inf if fewer than k
+    if n_cand < k:
+        return -np.inf
+    size = 0
+    for c in range(n_cand):
+        v = acc[cand[c]]
+        if size < k:
+            i = size
+            heap[i] = v
+            size += 1
+            while i > 0:
+                parent = (i - 1) >> 1
+                if heap[parent] <= heap[i]:
+                    break
+                heap[i], heap[parent] = heap[parent], heap[i]
+                i = parent
+        elif v > heap[0]:
+            heap[0] = v
+            i = 0
+            while True:
+                child = 2 * i + 1
+                if child >= size:
+                    break
+                if child + 1 < size and heap[child + 1] < heap[child]:
+                    child += 1
+                if heap[i] <= heap[child]:
+                    break
+                heap[i], heap[child] = heap[child], heap[i]
+                i = child
+    return heap[0]
+
+
+@njit(nogil=True, cache=True)
+def top_k_pruned(
+    data,
+    indices,
+    indptr,
+    token_max,
+    id_rank,
+    by_rank,
+    tokens,
+    token_ptr,
+    base,
+    excluded,
+    excluded_ptr,
+    k,
+    acc,
+    stamp,
+    cand,
+    count,
+    clock,
+    out_pos,
+    out_scores,
+    out_n,
+) -> None:
+    """:func:`top_k_dense`'s results, bit for bit, reading far fewer postings; needs every
+    ``data`` value >= 0 and each posting list sorted by passage (bm25s's CSC layout).
+
+    MaxScore-style pruning (Turtle & Flood, 1995): tokens are read in decreasing order of their
+    largest contribution (``token_max``); once the k-th best partial score beats the most that
+    the unread tokens can still add, no new passage is admitted, hopeless candidates are dropped,
+    and the unread posting lists are only probed (binary search) for the candidates left. The
+    near-best candidates are then re-scored exactly as bm25s sums (tokens in query order, float32),
+    and the top ``k`` taken by (score, id). Every comparison that discards a passage keeps a
+    margin of ``delta``, larger than any float32 rounding of the sums, so a discarded passage
+    scores strictly below ``k`` kept ones and cannot even tie with them.
+    """
+    hs = np.empty(k, dtype=acc.dtype)
+    hr = np.empty(k, dtype=np.int64)
+    hp = np.empty(k, dtype=np.int64)
+    kth = np.empty(k, dtype=acc.dtype)
+    zero = np.zeros(1, dtype=acc.dtype)[0]
+    for q in range(token_ptr.shape[0] - 1):
+        if clock[0] >= STAMP_LIMIT:
+            stamp[:] = -1
+            clock[0] = 0
+        hit = clock[0]
+        gone = hit + 1
+        clock[0] = hit + 2
+        for j in range(excluded_ptr[q], excluded_ptr[q + 1]):
+            stamp[excluded[j]] = gone
+        t0, t1 = token_ptr[q], token_ptr[q + 1]
+        m = t1 - t0
+        # token occurrences by decreasing largest contribution (insertion sort: m is small)
+        order = np.arange(t0, t1)
+        for i in range(1, m):
+            x = order[i]
+            j = i - 1
+            while j >= 0 and token_max[tokens[order[j]]] < token_max[tokens[x]]:
+                order[j + 1] = order[j]
+                j -= 1
+            order[j + 1] = x
+        rest = 0.0
+        for i in range(t0, t1):
+            rest += token_max[tokens[i]]
+        delta = (m + 2) * 2.0**-22 * rest
+        admitting = True
+        n_cand = 0
+        theta = -np.inf
+        # candidates come in runs sorted by passage, one per token read while admitting
+        runs = np.zeros(m + 1, dtype=np.int64)
+        n_runs = 0
+        for i in range(m):
+            tid = tokens[order[i]]
+            rest -= token_max[tid]
+            lo, hi = indptr[tid], indptr[tid + 1]
+            if admitting:
+                for j in range(lo, hi):
+                    d = indices[j]
+                    s = stamp[d]
+                    if s == hit:
+                        acc[d] += data[j]
+                        count[d] += 1
+                    elif s != gone:
+                        stamp[d] = hit
+                        acc[d] = data[j]
+                        count[d] = 1
+                        cand[n_cand] = d
+                        n_cand += 1
+                if n_cand > runs[n_runs]:
+                    n_runs += 1
+                    runs[n_runs] = n_cand
+            else:
+                # one galloping merge of each sorted run through the posting list
+                for r in range(n_runs):
+                    j = lo
+                    for c in range(runs[r], runs[r + 1]):
+                        d = cand[c]
+                        j = _gallop(indices, j, hi, d)
+                        if j >= hi:
+                            break
+                        if indices[j] == d:
+                            acc[d] += data[j]
+                            count[d] += 1
+            if n_cand < k:
+                continue
+            theta = _kth_largest(acc, cand, n_cand, k, kth)
+            if admitting and theta - delta > rest + delta:
+                admitting = False
+            if not admitting:
+                # drop the hopeless, keeping each run sorted
+                kept = 0
+                for r in range(n_runs):
+                    start, end = runs[r], runs[r + 1]
+                    runs[r] = kept
+                    for c in range(start, end):
+                        d = cand[c]
+                        if acc[d] + rest + 2 * delta >= theta:
+                            cand[kept] = d
+                            kept += 1
+                        else:
+                            stamp[d] = gone
+                runs[n_runs] = kept
+                n_cand = kept
+        # exact scores of the near-best candidates, summed as bm25s does; float addition is
+        # commutative, so a sum of two terms (or one in query order) is exact already
+        in_order = True
+        for i in range(m):
+            in_order = in_order and order[i] == t0 + i
+        b = base[q]
+        size = 0
+        for c in range(n_cand):
+            d = cand[c]
+            stamp[d] = gone
+            if acc[d] < theta - 2 * delta:
+                continue
+            v = acc[d]
+            if count[d] > 2 and not in_order:
+                v = zero
+                for i in range(t0, t1):
+                    tid = tokens[i]
+                    j = _find(indices, indptr[tid], indptr[tid + 1], d)
+                    if j >= 0:
+                        v += data[j]
+            size = _push(hs, hr, hp, size, k, v + b, id_rank[d], d)
+        if admitting:
+            # every touched passage was a candidate; the rest score b exactly
+            size = _fill_untouched(hs, hr, hp, size, k, b, by_rank, stamp, gone)
+        out_n[q] = size
+        _pop_into(hs, hr, hp, size, out_pos, out_scores, q)
+
+
+@njit(nogil=True, cache=True)
+def index_facts(data, indices, indptr, token_max) -> bool:
+    """Fill ``token_max`` (each token's largest contribution) and say whether the index allows
+    :func:`top_k_pruned`: every contribution >= 0 and each posting list sorted by passage."""
+    ok = True
+    for t in range(indptr.shape[0] - 1):
+        best = 0.0
+        for j in range(indptr[t], indptr[t + 1]):
+            v = data[j]
+            if v < 0 or v != v:
+                ok = False
+            if v > best:
+                best = v
+            if j > indptr[t] and indices[j] <= indices[j - 1]:
+                ok = False
+        token_max[t] = best
+    return ok
+
+
+@njit(nogil=True, cache=True)
+def full_scores(data, indices, indptr, tokens, scores) -> None:
+    """Every passage's score for one query (``scores`` zeroed by the caller), summed in bm25s's
+    order; used for queries restricted to a candidate pool."""
+    for t in range(tokens.shape[0]):
+        tid = tokens[t]
+        for j in range(indptr[tid], indptr[tid + 1]):
+            scores[indices[j]] += data[j]
+
+
+def new_scratch(n_docs: int, dtype) -> tuple[np.ndarray, ...]:
+    """``(acc, stamp, cand, count, clock)`` for :func:`top_k_pruned`; :func:`top_k_dense` and
+    :func:`full_scores` use ``acc`` alone."""
+    return (
+        np.empty(n_docs, dtype=dtype),
+        np.full(n_docs, -1, dtype=np.int32),
+        np.empty(n_docs, dtype=np.int32),
+        np.empty(n_docs, dtype=np.int32),
+        np.zeros(1, dtype=np.int64),
+    )
+
+
+def warm_up(data, indices, indptr, id_rank) -> None:
+    """Compile (or load from numba's cache) every kernel for these array types, so that no
+    ``retrieve`` call pays for the JIT."""
+
+    def like(array, values):  # same dtype and writeability (numba compiles read-only apart)
+        out = np.array(values, dtype=array.dtype)
+        out.flags.writeable = array.flags.writeable
+        return out
+
+    d, ix, ip, rank = like(data, [1]), like(indices, [0]), like(indptr, [0, 1]), like(id_rank, [0])
+    token_max = np.zeros(1, dtype=np.float64)
+    index_facts(d, ix, ip, token_max)
+    tok, ptr, none = np.zeros(1, np.int64), np.array([0, 1], np.int64), np.zeros(2, np.int64)
+    base = np.zeros(1, dtype=data.dtype)
+    out = (np.zeros((1, 1), np.int64), np.zeros((1, 1), data.dtype), np.zeros(1, np.int64))
+    scratch = new_scratch(1, data.dtype)
+    top_k_pruned(
+        d, ix, ip, token_max, rank, rank, tok, ptr, base, none[:0], none, 1, *scratch, *out
+    )
+    top_k_dense(d, ix, ip, rank, tok, ptr, base, none[:0], none, 1, scratch[0], *out)
+    full_scores(d, ix, ip, tok, np.zeros(1, dtype=data.dtype))
