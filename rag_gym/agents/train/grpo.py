@@ -1,0 +1,710 @@
+"""GRPO and DAPO over rag_gym envs: TRL's ``GRPOTrainer`` with multi-turn env rollouts.
+
+TRL supplies the loss and the trainer loop; this module supplies what it lacks:
+
+* a rollout function (TRL's ``rollout_func``) that plays whole episodes in a text-action env
+  (:class:`~rag_gym.agents.train.rollout.RolloutEngine`): generate until an action tag closes,
+  step the env, append the observation, go on until the episode ends. Env-written tokens
+  (retrieved passages, messages) get ``env_mask = 0`` and are left out of the loss, the
+  Search-R1 / Eval-RAR practice (``003-eval-rar.txt`` §3.2 "retrieved token masking");
+* the trajectory reward: the episode's return under the chosen reward preset, with every
+  reward term logged on its own (``rewards/<term>/mean``, weight 0 so only the return trains);
+* DAPO's *dynamic sampling* (Yu et al. 2025; R²AG's "std > 0" constraint,
+  ``002-r2ag.md`` §2.4): a group whose returns all agree has zero advantage and teaches
+  nothing, so it is dropped and refilled with another question, up to ``max_resample_rounds``
+  times (``episode/groups_resampled`` logs how many);
+* ARENA's stabilised KL estimator (:class:`EnvGRPOTrainer`, ``kl_estimator="stabilized"``);
+* curriculum stages (LWTS's stage 1 then stage 2 answer reward) switched at fractions of
+  training, and R²AG's iterative forest training (:func:`train_forest`).
+
+DAPO (``algorithm="dapo"``) is TRL's token-level ``loss_type="dapo"`` with asymmetric clipping
+(ε_low 0.2, ε_high 0.28), overlong masking (``mask_truncated_completions``: an episode cut by
+the token budget gets no end token and is masked) and the dynamic sampling above; GRPO keeps
+TRL's sequence-mean loss and a KL to the reference model with coefficient β.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+
+from rag_gym.agents.train.rollout import Episode, HFGenerator, RolloutEngine
+
+ALGORITHMS = ("grpo", "dapo")
+KL_ESTIMATORS = ("k3", "stabilized")
+
+
+def _require_trl():
+    try:
+        import trl
+    except ImportError as exc:
+        raise ImportError(
+            "GRPO/DAPO training needs trl, peft and datasets: pip install torch==2.13.0 && "
+            "pip install 'rag-gym[train]'"
+        ) from exc
+    return trl
+
+
+@dataclass
+class EnvGRPOConfig:
+    """Options of a GRPO/DAPO run over a rag_gym env (see :data:`~rag_gym.agents.train.recipes.RECIPES`
+    for the papers' settings)."""
+
+    env_id: str = "rag_gym/SynthHop-v0"
+    """A registered id (``rag-gym envs`` lists them)."""
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra ``gym.make`` keyword arguments (``dataset_kwargs``, ``k``, ``data_path``…)."""
+    split: str = "train"
+    """The split whose questions are trained on."""
+    reward_preset: str = "eval_rar"
+    """A reward preset of :mod:`rag_gym.wrappers.presets` (``none`` keeps the env's reward)."""
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Options of the preset (``stage``, ``encoder``…)."""
+    tags: str | None = None
+    """The :class:`~rag_gym.wrappers.TextActions` tag preset of a search env; default: the
+    reward preset's own (``eval_rar``, ``evo_rag``), else ``search_r1``."""
+    max_episode_steps: int | None = None
+    """The env's horizon; ``None`` keeps the preset's (20 steps, 5 tree expansions)."""
+    model: str = "embedded"
+    """``embedded`` (SmolLM2-135M-Instruct), ``tiny`` (a random 2-layer model for smoke tests),
+    a hub id or a directory."""
+    algorithm: str = "grpo"
+    """``grpo`` or ``dapo``."""
+    num_generations: int = 5
+    """Group size G: episodes per question."""
+    prompts_per_step: int = 1
+    """Questions per optimisation step (the batch is ``prompts_per_step * G`` episodes)."""
+    beta: float = 0.001
+    """KL coefficient (0 disables the reference model)."""
+    kl_estimator: str = "k3"
+    """``k3`` (TRL's, GRPO's) or ``stabilized`` (ARENA's; see :class:`EnvGRPOTrainer`)."""
+    epsilon: float = 0.2
+    """Lower clipping bound ε (ε_low)."""
+    epsilon_high: float | None = None
+    """Upper clipping bound; default ε for GRPO, 0.28 for DAPO."""
+    dynamic_sampling: bool | None = None
+    """Drop and refill groups whose returns all agree; default on for DAPO."""
+    max_resample_rounds: int = 3
+    """Refill rounds per batch at most (the batch goes on with what it has after them)."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    learning_rate: float = 1e-6
+    max_steps: int = 200
+    max_turns: int = 8
+    """Model turns per episode at most (the env's horizon usually ends it first)."""
+    max_turn_tokens: int = 128
+    max_completion_tokens: int = 1024
+    """Model + env tokens per episode."""
+    lora: bool = True
+    """Train LoRA adapters (peft) instead of all weights."""
+    lora_r: int = 16
+    lora_alpha: int = 32
+    stages: tuple[tuple[Any, float], ...] = ()
+    """Curriculum: ``((stage, until_fraction), …)``, e.g. LWTS ``((1, 0.5), (2, 1.0))``;
+    each stage is set on every env (:func:`~rag_gym.wrappers.presets.set_stage`) until that
+    fraction of ``max_steps``."""
+    output_dir: str = "runs"
+    exp_name: str = "grpo"
+    save_steps: int = 50
+    """Checkpoint every this many steps (``resume_from_checkpoint`` picks one up)."""
+    resume_from_checkpoint: str | None = None
+    track: bool = False
+    """Log to W&B (offline unless configured); TensorBoard is always on."""
+    use_vllm: bool = False
+    """Generate with TRL's colocated vLLM engine (a GPU and ``rag-gym[gpu]``)."""
+    seed: int = 0
+    run_dir: str | None = None
+    """Exact folder to write into; default ``output_dir/<run name>``."""
+
+    def __post_init__(self) -> None:
+        from rag_gym.wrappers.presets import check_preset
+
+        check_preset(self.reward_preset)
+        if self.algorithm not in ALGORITHMS:
+            from rag_gym._names import unknown_name
+
+            raise unknown_name("algorithm", self.algorithm, ALGORITHMS)
+        if self.kl_estimator not in KL_ESTIMATORS:
+            from rag_gym._names import unknown_name
+
+            raise unknown_name("KL estimator", self.kl_estimator, KL_ESTIMATORS)
+        for name in (
+            "num_generations",
+            "prompts_per_step",
+            "max_steps",
+            "max_turns",
+            "max_turn_tokens",
+            "max_completion_tokens",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"expected {name} to be an int >= 1, got {value!r}")
+        if self.num_generations < 2:
+            raise ValueError(
+                f"expected num_generations >= 2 (a group needs two episodes to compare), "
+                f"got {self.num_generations}"
+            )
+        if not self.beta >= 0:
+            raise ValueError(f"expected beta >= 0, got {self.beta!r}")
+        for fraction in (f for _, f in self.stages):
+            if not 0 < fraction <= 1:
+                raise ValueError(f"expected stage fractions in (0, 1], got {fraction!r}")
+        if self.epsilon_high is None:
+            self.epsilon_high = 0.28 if self.algorithm == "dapo" else self.epsilon
+        if self.dynamic_sampling is None:
+            self.dynamic_sampling = self.algorithm == "dapo"
+
+
+def default_tags(reward_preset: str) -> str:
+    return reward_preset if reward_preset in ("eval_rar", "evo_rag") else "search_r1"
+
+
+def env_factory(
+    env_id: str,
+    split: str = "train",
+    reward_preset: str = "none",
+    reward_kwargs: dict[str, Any] | None = None,
+    tags: str | None = None,
+    max_episode_steps: int | None = None,
+    **env_kwargs: Any,
+) -> Callable[[], gym.Env]:
+    """A function that builds the text-action env a policy trains in: ``gym.make`` with the
+    reward preset, and :class:`~rag_gym.wrappers.TextActions` around a search env (the
+    ``when_to_search`` preset brings its own)."""
+    from rag_gym.envs.search import SearchEnv
+    from rag_gym.wrappers import presets
+    from rag_gym.wrappers.text_actions import TextActions
+
+    reward_kwargs = dict(reward_kwargs or {})
+
+    def make() -> gym.Env:
+        kwargs = {**env_kwargs, "split": split}
+        if max_episode_steps is None:
+            if reward_preset != "none":
+                kwargs["reward_preset"] = reward_preset
+                if reward_kwargs:
+                    kwargs["reward_kwargs"] = reward_kwargs
+            env = gym.make(env_id, **kwargs)
+        else:
+            env = gym.make(env_id, max_episode_steps=max_episode_steps, **kwargs)
+            env = presets.apply(env, reward_preset, t_max=max_episode_steps, **reward_kwargs)
+        inner, text = env, False
+        while isinstance(inner, gym.Wrapper):
+            text = text or isinstance(inner, TextActions)
+            inner = inner.env
+        if isinstance(env.unwrapped, SearchEnv) and not text:
+            env = TextActions(env, tags=tags or default_tags(reward_preset))
+        return env
+
+    return make
+
+
+class EnvRollout:
+    """TRL's ``rollout_func``: each prompt is a question key; one episode per prompt.
+
+    Prompts arrive in groups of ``num_generations`` copies (TRL's ``RepeatSampler``). With
+    ``dynamic_sampling``, groups whose episode returns all agree are replayed on other
+    questions drawn from ``pool`` (at most ``max_resample_rounds`` times).
+    """
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        keys: dict[str, tuple[int, tuple[str, ...]]],
+        num_generations: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        dynamic_sampling: bool = False,
+        max_resample_rounds: int = 3,
+        seed: int = 0,
+    ) -> None:
+        self.engine = engine
+        self.keys = keys
+        self.pool = list(keys)
+        self.num_generations = num_generations
+        self.temperature = temperature
+        self.top_p = top_p
+        self.dynamic_sampling = dynamic_sampling
+        self.max_resample_rounds = max_resample_rounds
+        self.rng = random.Random(seed)
+        self.generator: HFGenerator | None = None
+        self.last_stats: dict[str, float] = {}
+        self.episodes: list[Episode] = []
+
+    def generator_for(self, trainer: Any) -> Callable:
+        if getattr(trainer, "use_vllm", False):
+            return VLLMGenerator(trainer, self.engine.tokenizer)
+        if self.generator is None or self.generator.model is not trainer.model:
+            self.generator = HFGenerator(
+                trainer.model,
+                self.engine.tokenizer,
+                temperature=self.temperature,
+                top_p=self.top_p,
+                batch_size=64,
+            )
+        return self.generator
+
+    def play_keys(self, generate: Callable, keys: Sequence[str]) -> list[Episode]:
+        indices = [self.keys[k][0] for k in keys]
+        prefixes = [self.keys[k][1] for k in keys]
+        return self.engine.play(generate, indices, prefixes=prefixes if any(prefixes) else None)
+
+    def __call__(self, prompts: list[str], trainer: Any) -> dict[str, Any]:
+        generate = self.generator_for(trainer)
+        keys = [p if isinstance(p, str) else str(p) for p in prompts]
+        unknown = [k for k in keys if k not in self.keys]
+        if unknown:
+            raise ValueError(f"rollout got prompts that are not question keys: {unknown[:3]}")
+        episodes = self.play_keys(generate, keys)
+        g = self.num_generations
+        resampled = 0
+        if self.dynamic_sampling and len(keys) % g == 0:
+            for _ in range(self.max_resample_rounds):
+                flat = [
+                    i
+                    for i in range(0, len(keys), g)
+                    if len({round(e.episode_return, 9) for e in episodes[i : i + g]}) == 1
+                ]
+                if not flat:
+                    break
+                new_keys: list[str] = []
+                for _ in flat:
+                    new_keys += [self.rng.choice(self.pool)] * g
+                replay = self.play_keys(generate, new_keys)
+                for n, start in enumerate(flat):
+                    episodes[start : start + g] = replay[n * g : (n + 1) * g]
+                resampled += len(flat)
+        flat_left = (
+            sum(
+                len({round(e.episode_return, 9) for e in episodes[i : i + g]}) == 1
+                for i in range(0, len(keys), g)
+            )
+            if len(keys) % g == 0
+            else 0
+        )
+        self.episodes = episodes
+        self.last_stats = {
+            "episode/em": _mean(e.em for e in episodes),
+            "episode/num_searches": _mean(e.num_searches for e in episodes),
+            "episode/turns": _mean(e.turns for e in episodes),
+            "episode/finished": _mean(e.finished for e in episodes),
+            "episode/model_tokens": _mean(e.model_tokens for e in episodes),
+            "episode/groups_resampled": float(resampled),
+            "episode/groups_flat": float(flat_left),
+        }
+        return {
+            "prompt_ids": [e.prompt_ids for e in episodes],
+            "completion_ids": [e.completion_ids for e in episodes],
+            "logprobs": None,
+            "env_mask": [e.env_mask for e in episodes],
+            "episode_return": [e.episode_return for e in episodes],
+            "reward_terms": [dict(e.reward_terms) for e in episodes],
+        }
+
+
+class VLLMGenerator:
+    """Multi-turn generation through TRL's vLLM engine (``use_vllm=True``, colocate mode).
+
+    Untested in CI (no GPU there); it calls the same engine TRL uses for single-turn GRPO.
+    """
+
+    def __init__(self, trainer: Any, tokenizer: Any) -> None:
+        self.trainer = trainer
+        self.tokenizer = tokenizer
+
+    def __call__(
+        self, sequences: list[list[int]], max_new_tokens: int, stop: Sequence[str]
+    ) -> list[list[int]]:
+        from vllm import SamplingParams
+
+        llm = self.trainer.vllm_generation.llm
+        params = SamplingParams(
+            temperature=self.trainer.temperature,
+            top_p=self.trainer.args.top_p,
+            max_tokens=max_new_tokens,
+            stop=list(stop) or None,
+            include_stop_str_in_output=True,
+        )
+        outputs = llm.generate([{"prompt_token_ids": s} for s in sequences], params, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def _mean(values: Any) -> float:
+    values = [float(v) for v in values]
+    return sum(values) / len(values) if values else 0.0
+
+
+def reward_functions(term_names: Sequence[str], rollout: EnvRollout) -> tuple[list, list[float]]:
+    """The episode return (weight 1) and one logged-only function per reward term (weight 0)."""
+
+    def episode_return(prompts, completions, episode_return, log_metric=None, **_):
+        if log_metric is not None:
+            for key, value in rollout.last_stats.items():
+                log_metric(key, value)
+        return [float(r) for r in episode_return]
+
+    funcs: list[Callable] = [episode_return]
+    for name in term_names:
+
+        def term(prompts, completions, reward_terms, _name=name, **_):
+            return [float(t.get(_name, 0.0)) for t in reward_terms]
+
+        term.__name__ = name
+        funcs.append(term)
+    return funcs, [1.0] + [0.0] * len(term_names)
+
+
+def _trainer_class():
+    trl = _require_trl()
+    import torch
+
+    class EnvGRPOTrainer(trl.GRPOTrainer):
+        """TRL's ``GRPOTrainer`` with a choice of KL estimator.
+
+        ``kl_estimator="k3"`` is TRL's (GRPO's) estimator of ``KL(π_θ || π_ref)`` on tokens
+        sampled from π_θ: ``k3 = π_ref/π_θ − log(π_ref/π_θ) − 1``. Its ratio
+        ``π_ref/π_θ = exp(log π_ref − log π_θ)`` grows without bound as π_θ(token) → 0, and
+        with it the gradient: the instability ARENA reports (``001-arena.txt`` §3.2).
+
+        ``kl_estimator="stabilized"`` is ARENA's replacement, their reference [35] (Schulman,
+        "Approximating KL divergence", 2020): ``k2 = ½ (log π_θ − log π_ref)²``, the estimator
+        that is non-negative and a symmetric, smooth penalty in the log-ratio, as §3.2 describes
+        it (the formula itself is lost in our copy of the paper; k2 is the one of Schulman's
+        estimators with those properties). It is a polynomial in the log-probabilities, with no
+        exponential: it stays finite whenever both log-probabilities are finite, i.e. whenever
+        the probability is small but non-zero, and its gradient ``(log π_θ − log π_ref)``
+        grows only linearly in the log-ratio. It is added with the same token aggregation as
+        the policy loss of ``loss_type``.
+        """
+
+        def __init__(self, *args: Any, kl_estimator: str = "k3", **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.kl_estimator = kl_estimator
+            self._last_logps = None
+
+        def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any):
+            out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+            self._last_logps = out[0]
+            return out
+
+        def _compute_loss(self, model: Any, inputs: dict[str, Any]):
+            if self.kl_estimator == "k3" or self.beta == 0.0:
+                return super()._compute_loss(model, inputs)
+            beta, self.beta = self.beta, 0.0
+            try:
+                loss = super()._compute_loss(model, inputs)
+            finally:
+                self.beta = beta
+            logps = self._last_logps
+            mask = inputs["completion_mask"]
+            if "tool_mask" in inputs:
+                mask = mask * inputs["tool_mask"]
+            per_token_kl = 0.5 * (logps - inputs["ref_per_token_logps"]) ** 2
+            loss = loss + beta * self._aggregate(per_token_kl, mask, inputs)
+            mode = "train" if self.model.training else "eval"
+            value = ((per_token_kl * mask).sum() / mask.sum().clamp(min=1.0)).item()
+            self._metrics[mode]["kl"].append(value)
+            return loss
+
+        def _aggregate(self, x: Any, mask: Any, inputs: dict[str, Any]) -> Any:
+            """Token aggregation of ``loss_type`` (as TRL's ``_compute_loss``)."""
+            train = self.model.training
+            accumulation = self.current_gradient_accumulation_steps if train else 1.0
+            if self.loss_type in ("grpo", "sapo"):
+                return ((x * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean() / accumulation
+            if self.loss_type == "bnpo":
+                return (x * mask).sum() / mask.sum().clamp(min=1.0) / accumulation
+            if self.loss_type == "dr_grpo":
+                return (x * mask).sum() / (x.size(0) * self.max_completion_length) / accumulation
+            normalizer = (
+                inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+            )
+            if train:
+                normalizer = normalizer * accumulation / self.args.steps_per_generation
+            return (x * mask).sum() / normalizer
+
+    EnvGRPOTrainer.__module__ = __name__
+    globals()["EnvGRPOTrainer"] = EnvGRPOTrainer
+    _ = torch
+    return EnvGRPOTrainer
+
+
+def __getattr__(name: str) -> Any:
+    if name == "EnvGRPOTrainer":
+        return _trainer_class()
+    raise AttributeError(name)
+
+
+def question_keys(engine: RolloutEngine) -> dict[str, tuple[int, tuple[str, ...]]]:
+    """One key per question of the env's split: its id (unique within a split)."""
+    return {ex.id: (i, ()) for i, ex in enumerate(engine.envs[0].unwrapped.examples)}
+
+
+def build_trainer(
+    cfg: EnvGRPOConfig,
+    model: Any = None,
+    tokenizer: Any = None,
+    keys: dict[str, tuple[int, tuple[str, ...]]] | None = None,
+    max_steps: int | None = None,
+    run_dir: str | Path | None = None,
+    extra_rewards: Sequence[tuple[Callable, float]] = (),
+) -> tuple[Any, EnvRollout]:
+    """An :class:`EnvGRPOTrainer` for ``cfg`` and its rollout function.
+
+    ``model``/``tokenizer`` default to :func:`~rag_gym.agents.train.models.load_policy` of
+    ``cfg.model``; ``keys`` (question key → (index, replayed action prefix)) default to every
+    question of the split. ``extra_rewards`` adds TRL-style reward functions
+    ``fn(completions, **columns) -> list[float]`` (e.g. :mod:`rag_gym.rewards.trl`) with their
+    weights to the episode return; they see the whole completion text (passages included).
+    """
+    trl = _require_trl()
+    from datasets import Dataset
+    from transformers import TrainerCallback
+
+    from rag_gym.agents.train.models import load_policy
+    from rag_gym.agents.train.tracking import learning_curve, report_to, run_name
+    from rag_gym.wrappers import presets
+
+    if model is None:
+        model, tokenizer = load_policy(cfg.model)
+    run_dir = Path(
+        run_dir
+        or cfg.run_dir
+        or Path(cfg.output_dir) / run_name(cfg.env_id, cfg.exp_name, cfg.seed)
+    )
+    make_env = env_factory(
+        cfg.env_id,
+        split=cfg.split,
+        reward_preset=cfg.reward_preset,
+        reward_kwargs=cfg.reward_kwargs,
+        tags=cfg.tags,
+        max_episode_steps=cfg.max_episode_steps,
+        **cfg.env_kwargs,
+    )
+    engine = RolloutEngine(
+        make_env,
+        tokenizer,
+        max_turns=cfg.max_turns,
+        max_turn_tokens=cfg.max_turn_tokens,
+        max_completion_tokens=cfg.max_completion_tokens,
+    )
+    keys = keys if keys is not None else question_keys(engine)
+    probe = engine.envs[0]
+    _, info = probe.reset(seed=cfg.seed, options={"index": 0})
+    term_names = sorted(info.get("reward_terms", {}))
+    rollout = EnvRollout(
+        engine,
+        keys,
+        cfg.num_generations,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        dynamic_sampling=bool(cfg.dynamic_sampling),
+        max_resample_rounds=cfg.max_resample_rounds,
+        seed=cfg.seed,
+    )
+    funcs, weights = reward_functions(term_names, rollout)
+    for fn, weight in extra_rewards:
+        funcs.append(fn)
+        weights.append(float(weight))
+    steps = max_steps or cfg.max_steps
+    import torch
+
+    args = trl.GRPOConfig(
+        output_dir=str(run_dir),
+        run_name=run_dir.name,
+        per_device_train_batch_size=cfg.num_generations * cfg.prompts_per_step,
+        gradient_accumulation_steps=1,
+        num_generations=cfg.num_generations,
+        max_completion_length=cfg.max_completion_tokens,
+        learning_rate=cfg.learning_rate,
+        beta=cfg.beta,
+        epsilon=cfg.epsilon,
+        epsilon_high=cfg.epsilon_high,
+        loss_type="dapo" if cfg.algorithm == "dapo" else "grpo",
+        mask_truncated_completions=cfg.algorithm == "dapo",
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        reward_weights=weights,
+        max_steps=steps,
+        logging_steps=1,
+        save_steps=cfg.save_steps,
+        save_strategy="steps",
+        report_to=report_to(run_dir, cfg.track),
+        seed=cfg.seed,
+        use_cpu=not torch.cuda.is_available(),
+        bf16=torch.cuda.is_available(),
+        use_vllm=cfg.use_vllm,
+        vllm_mode="colocate",
+        remove_unused_columns=False,
+        shuffle_dataset=True,
+        disable_dropout=True,
+        log_completions=False,
+    )
+    peft_config = None
+    if cfg.lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(
+            r=cfg.lora_r,
+            lora_alpha=cfg.lora_alpha,
+            target_modules="all-linear",
+            task_type="CAUSAL_LM",
+        )
+    dataset = Dataset.from_dict({"prompt": list(keys)})
+
+    class Stages(TrainerCallback):
+        def __init__(self) -> None:
+            self.current: Any = None
+
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if not cfg.stages:
+                return
+            fraction = state.global_step / max(1, state.max_steps)
+            stage = next((s for s, until in cfg.stages if fraction < until), cfg.stages[-1][0])
+            if stage != self.current:
+                for env in engine.envs:
+                    presets.set_stage(env, stage)
+                self.current = stage
+
+    class Curve(TrainerCallback):
+        def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            learning_curve(
+                state.log_history,
+                run_dir / "learning_curve.png",
+                ["reward", "episode/em", "episode/num_searches", "loss", "kl"],
+                title=run_dir.name,
+            )
+
+    trainer = _trainer_class()(
+        model=model,
+        reward_funcs=funcs,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+        rollout_func=rollout,
+        callbacks=[Stages(), Curve()],
+        kl_estimator=cfg.kl_estimator,
+    )
+    # The rollout plays episodes with the trainer's (possibly PEFT-wrapped) model.
+    rollout.generator = None
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(_json(asdict(cfg)))
+    return trainer, rollout
+
+
+def _json(obj: Any) -> str:
+    import json
+
+    return json.dumps(obj, indent=2, default=str)
+
+
+def evaluate_policy(
+    model: Any,
+    tokenizer: Any,
+    cfg: EnvGRPOConfig,
+    split: str = "validation",
+    n: int | None = None,
+    batch: int = 16,
+) -> dict[str, float]:
+    """Greedy episodes on ``n`` questions of ``split`` (all by default) under ``cfg``'s env and
+    reward: mean EM, return, searches and turns."""
+    make_env = env_factory(
+        cfg.env_id,
+        split=split,
+        reward_preset=cfg.reward_preset,
+        reward_kwargs=cfg.reward_kwargs,
+        tags=cfg.tags,
+        max_episode_steps=cfg.max_episode_steps,
+        **cfg.env_kwargs,
+    )
+    engine = RolloutEngine(
+        make_env,
+        tokenizer,
+        max_turns=cfg.max_turns,
+        max_turn_tokens=cfg.max_turn_tokens,
+        max_completion_tokens=cfg.max_completion_tokens,
+    )
+    total = engine.n_questions if n is None else min(n, engine.n_questions)
+    generate = HFGenerator(model, tokenizer, temperature=0.0, batch_size=batch)
+    episodes: list[Episode] = []
+    for start in range(0, total, batch):
+        episodes += engine.play(generate, list(range(start, min(total, start + batch))))
+    return {
+        "em": _mean(e.em for e in episodes),
+        "return": _mean(e.episode_return for e in episodes),
+        "num_searches": _mean(e.num_searches for e in episodes),
+        "turns": _mean(e.turns for e in episodes),
+        "n": float(len(episodes)),
+    }
+
+
+def train(cfg: EnvGRPOConfig) -> dict[str, Any]:
+    """Run ``cfg`` to the end (or resume it) and return the trainer's log history and folder."""
+    trainer, _ = build_trainer(cfg)
+    trainer.train(resume_from_checkpoint=cfg.resume_from_checkpoint)
+    trainer.save_model(str(Path(trainer.args.output_dir) / "final"))
+    return {"run_dir": trainer.args.output_dir, "log_history": trainer.state.log_history}
+
+
+def train_forest(
+    cfg: EnvGRPOConfig, iterations: int = 5, steps_per_iteration: int | None = None
+) -> dict[str, Any]:
+    """R²AG's iterative forest training (``002-r2ag.md`` appendix B.1–B.2) on a tree env.
+
+    Round 1 trains on the roots (each question with no evidence). After each round the policy
+    expands every context once; expansions that hit a gold document and neither stop nor end
+    the episode become the next round's contexts (the tree env with ``prune="gold"`` keeps only
+    the gold-hitting branches as evidence), each replayed from its question by its action
+    prefix. At most ``iterations`` rounds (R²AG: 5), fewer when no context survives. Every
+    rollout is one expansion (``max_turns=1``): its reward is that step's R²AG reward.
+    """
+    if not isinstance(iterations, int) or not 1 <= iterations <= 50:
+        raise ValueError(f"expected iterations in [1, 50], got {iterations!r}")
+    from rag_gym.agents.train.models import load_policy
+    from rag_gym.agents.train.tracking import run_name
+
+    cfg.max_turns = 1
+    model, tokenizer = load_policy(cfg.model)
+    root = Path(cfg.run_dir or Path(cfg.output_dir) / run_name(cfg.env_id, cfg.exp_name, cfg.seed))
+    steps = steps_per_iteration or max(1, math.ceil(cfg.max_steps / iterations))
+    keys: dict[str, tuple[int, tuple[str, ...]]] | None = None
+    history: list[dict[str, Any]] = []
+    for round_ in range(1, iterations + 1):
+        trainer, rollout = build_trainer(
+            cfg, model, tokenizer, keys=keys, max_steps=steps, run_dir=root / f"round{round_}"
+        )
+        trainer.train()
+        model = trainer.model
+        history.append(
+            {"round": round_, "contexts": len(rollout.keys), "log": trainer.state.log_history}
+        )
+        keys = _next_contexts(rollout, HFGenerator(model, tokenizer, temperature=cfg.temperature))
+        if not keys:
+            break
+    return {"run_dir": str(root), "rounds": history}
+
+
+def _next_contexts(
+    rollout: EnvRollout, generate: Callable
+) -> dict[str, tuple[int, tuple[str, ...]]]:
+    keys = list(rollout.keys)
+    nxt: dict[str, tuple[int, tuple[str, ...]]] = {}
+    for start in range(0, len(keys), 16):
+        chunk = keys[start : start + 16]
+        for key, ep in zip(chunk, rollout.play_keys(generate, chunk), strict=True):
+            index, prefix = rollout.keys[key]
+            if ep.finished or not any(b.get("gold_hits") for b in ep.info.get("branches", [])):
+                continue
+            action = rollout.engine.tokenizer.decode(
+                [t for t, m in zip(ep.completion_ids, ep.env_mask, strict=True) if m],
+                skip_special_tokens=True,
+            )
+            nxt[f"{key}>{len(prefix) + 1}"] = (index, (*prefix, action))
+    return nxt

