@@ -256,3 +256,83 @@ def test_trainer_two_steps_update_weights(tmp_path, algorithm, kl_estimator, bet
     assert any((tmp_path / "run" / "tensorboard").iterdir())
     # env-written tokens were masked: every episode has some
     assert all(0 in m for m in [e.env_mask for e in rollout.episodes])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["eval_rar", "lwts", "arena", "r2ag"])
+def test_each_recipe_trains_one_step(tmp_path, name):
+    pytest.importorskip("trl")
+    pytest.importorskip("peft")
+    from rag_gym.agents.train.grpo import build_trainer
+    from rag_gym.agents.train.recipes import RECIPES, recipe
+
+    cfg = recipe(
+        name,
+        model="tiny",
+        env_kwargs=ENV,
+        num_generations=2,
+        max_steps=1,
+        max_turn_tokens=12,
+        max_completion_tokens=120,
+        run_dir=str(tmp_path / name),
+    )
+    assert cfg.algorithm == RECIPES[name]["algorithm"]
+    trainer, rollout = build_trainer(cfg, extra_rewards=[(_length_bonus, 1.0)])
+    trainer.train()
+    row = next(r for r in trainer.state.log_history if "loss" in r)
+    terms = {k for k in row if k.startswith("rewards/") and k.endswith("/mean")}
+    assert "rewards/episode_return/mean" in terms and len(terms) >= 3, terms
+    if name == "lwts":  # stage 1 was set on every env
+        from rag_gym.wrappers.when_to_search import MultiStageAnswerReward
+
+        env = rollout.engine.envs[0]
+        while not isinstance(env, MultiStageAnswerReward):
+            env = env.env
+        assert env.stage == 1
+
+
+def test_recipe_errors_and_overrides():
+    from rag_gym.agents.train.recipes import recipe
+
+    with pytest.raises(ValueError, match="did you mean 'arena'"):
+        recipe("arenaa")
+    cfg = recipe("eval_rar", env_kwargs={"dataset_kwargs": SMALL_WORLD})
+    assert cfg.env_kwargs == {"k": 3, "dataset_kwargs": SMALL_WORLD}
+
+
+def test_forest_contexts_keep_gold_hitting_expansions(tokenizer):
+    """R²AG's next-round contexts: expansions that hit gold, replayed from their prefix."""
+    from rag_gym.agents.train.grpo import EnvRollout, _next_contexts, env_factory, question_keys
+    from rag_gym.agents.train.rollout import RolloutEngine
+
+    make = env_factory("rag_gym/SynthHop-Tree-v0", reward_preset="r2ag", **ENV)
+    engine = RolloutEngine(make, tokenizer, max_turns=1)
+    assert engine.stop == []
+    examples = engine.envs[0].unwrapped.examples
+    keys = dict(list(question_keys(engine).items())[:6])
+    rollout = EnvRollout(engine, keys, num_generations=2)
+
+    class Expand:
+        def __call__(self, sequences, max_new_tokens, stop):
+            out = []
+            for seq in sequences:
+                text = tokenizer.decode(seq)
+                q = re.search(r"Question: (.*?)\n", text).group(1)
+                ex = next(e for e in examples if e.question == q)
+                # query with the first gold passage's title: a sure gold hit at top-1
+                title = engine.envs[0].unwrapped.corpus[ex.supporting_ids[0]].title
+                reply = f"<think>first hop</think><base-Q>{title}</base-Q>"
+                out.append(
+                    [*tokenizer.encode(reply, add_special_tokens=False), tokenizer.eos_token_id]
+                )
+            return out
+
+    nxt = _next_contexts(rollout, Expand())
+    assert nxt, "expansions with the gold title should hit gold"
+    for key, (index, prefix) in nxt.items():
+        assert key.endswith(">1") and len(prefix) == 1 and "<base-Q>" in prefix[0]
+        assert index == keys[key.split(">")[0]][0]
+    # a context replays: its prompt shows the gold evidence found by the prefix
+    episodes = engine.play(Expand(), [nxt[k][0] for k in nxt], prefixes=[nxt[k][1] for k in nxt])
+    prompt = tokenizer.decode(episodes[0].prompt_ids)
+    assert "Evidence" in prompt and episodes[0].turns == 1
