@@ -2,35 +2,59 @@
 
     python benchmarks/server_load.py --passages 100000 --clients 32 --requests 1000
 
-1. Load: ``--clients`` concurrent clients send ``--requests`` single-query requests each to
-   ``rag-gym serve`` (micro-batching on); prints errors (target 0), requests/s, and the server's
-   resident memory at the start and the end. Bounded: it stops after ``--max-seconds``.
-2. Against a one-request-at-a-time server (``--no-micro-batching``, the design of Search-R1's
-   retrieval server) under the same 32 clients: throughput ratio (target >= 2).
-3. Against in-process retrieval, batched: one request of ``--batch`` queries vs one
-   ``retrieve`` call of the same queries (target >= 0.8).
+It builds a BM25 index over a SynthHop world, then runs three things; each server runs in its
+own process, started and stopped here, one at a time:
+
+1. Load: ``--clients`` concurrent clients (one keep-alive connection each) send ``--requests``
+   single-query requests each (Search-R1's ``/retrieve`` body, ``topk`` 3, scores on) to
+   ``rag-gym serve`` (micro-batching on). Prints ok and failed requests (target: 0 failed),
+   requests/s, and the server's resident memory at the start, the peak during the load and the
+   end. Bounded: the clients stop at ``--max-seconds``, and every request times out after 60 s.
+2. Against one-request-at-a-time servers under the same clients (``--compare-requests`` each;
+   target >= 2x): a FastAPI server of Search-R1's design (``retrieval_server.py``: a
+   synchronous endpoint that FastAPI runs in its thread pool, each request retrieved on its
+   own, the reply encoded by FastAPI) over the same retriever and index, and, for reference,
+   ``rag-gym serve --no-micro-batching`` (this server, each request retrieved on its own). Our
+   server is measured again with the same request count, right after them.
+3. Against in-process retrieval, batched: one request of ``--batch`` queries against one
+   ``retrieve`` call of the same queries in this process (best of ``--repeats``; target >= 0.8).
+
+Another process loading the CPU changes the figures; the ratios compare runs made minutes apart.
 """
 
-from __future__ import annotations
+# no "from __future__ import annotations": FastAPI must see the request model class itself
 
 import argparse
+import asyncio
+import contextlib
 import json
+import os
+import shutil
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
+from pathlib import Path
 
 from rag_gym.data.synthhop import world_for
 from rag_gym.retrieval import BM25Retriever
 
+HOST = "127.0.0.1"
+
 
 def free_port() -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((HOST, 0))
         return s.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mb(pid: int) -> float:
@@ -41,58 +65,168 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def start(index: str, batching: bool) -> tuple[subprocess.Popen, str]:
+# ---- a server of Search-R1's design, over our retriever -------------------------------------
+def search_r1_style_app(retriever):
+    """Search-R1's ``search_r1/search/retrieval_server.py`` endpoint, over ``retriever``: a
+    pydantic ``QueryRequest``, a synchronous ``def`` endpoint (FastAPI runs it in its thread
+    pool), the request's queries retrieved on their own, and the reply dict encoded by FastAPI."""
+    from fastapi import FastAPI
+    from pydantic import BaseModel
+
+    class QueryRequest(BaseModel):
+        queries: list[str]
+        topk: int | None = None
+        return_scores: bool = False
+
+    app = FastAPI()
+    corpus = retriever.corpus
+
+    @app.get("/health")
+    def health():
+        return {"status": "ok", "corpus_size": len(corpus)}
+
+    @app.post("/retrieve")
+    def retrieve_endpoint(request: QueryRequest):
+        topk = request.topk or 3
+        found = retriever.retrieve(request.queries, topk)
+        resp = []
+        for ids, scores in zip(found.ids, found.scores, strict=True):
+            docs = [{"id": pid, "contents": corpus[pid].contents} for pid in ids]
+            if request.return_scores:
+                resp.append(
+                    [{"document": d, "score": s} for d, s in zip(docs, scores, strict=True)]
+                )
+            else:
+                resp.append(docs)
+        return {"result": resp}
+
+    return app
+
+
+def serve_search_r1_style(index: str, port: int) -> None:
+    import uvicorn
+
+    uvicorn.run(
+        search_r1_style_app(BM25Retriever.load(index)), host=HOST, port=port, log_level="warning"
+    )
+
+
+def start(kind: str, index: str) -> tuple[subprocess.Popen, int]:
     port = free_port()
-    args = [sys.executable, "-m", "rag_gym.cli", "serve", "--index", index, "--port", str(port)]
-    if not batching:
-        args.append("--no-micro-batching")
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
+    if kind == "search-r1":
+        args = [sys.executable, __file__, "--serve-search-r1", index, "--port", str(port)]
+    else:
+        args = [sys.executable, "-m", "rag_gym.cli", "serve", "--index", index]
+        args += ["--port", str(port)]
+        if kind == "unbatched":
+            args.append("--no-micro-batching")
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    for _ in range(1200):
         try:
-            urllib.request.urlopen(url + "/health", timeout=1).read()
-            return proc, url
+            urllib.request.urlopen(f"http://{HOST}:{port}/health", timeout=1).read()
+            return proc, port
         except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"the {kind} server exited: {proc.stderr.read().decode()[-800:]}"
+                ) from None
             time.sleep(0.1)
     proc.kill()
-    raise RuntimeError("the server did not start")
+    raise RuntimeError(f"the {kind} server did not start within 120 s")
 
 
-def post(url: str, queries: list[str], k: int = 3) -> None:
-    body = json.dumps({"queries": queries, "topk": k}).encode()
-    req = urllib.request.Request(
-        url + "/retrieve", data=body, headers={"Content-Type": "application/json"}
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+# ---- the load: keep-alive clients on asyncio ------------------------------------------------
+async def one_request(reader, writer, body: bytes) -> bytes:
+    writer.write(
+        b"POST /retrieve HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
     )
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        resp.read()
+    status = int((await reader.readline()).split()[1])
+    length = 0
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    payload = await reader.readexactly(length)
+    if status != 200:
+        raise ValueError(f"status {status}: {payload[:200]!r}")
+    return payload
 
 
-def load(
-    url: str, queries: list[str], clients: int, requests: int, max_seconds: float
-) -> tuple[int, int, float]:
-    errors, done = [0], [0]
-    lock = threading.Lock()
+async def run_load(
+    port: int, pid: int, bodies: list[bytes], clients: int, requests: int, max_seconds: float
+) -> dict:
+    stats = {"ok": 0, "failed": 0, "errors": []}
+    rss = [rss_mb(pid)]
     deadline = time.perf_counter() + max_seconds
+    stopped = asyncio.Event()
 
-    def client(c: int) -> None:
+    async def sample() -> None:
+        while not stopped.is_set():
+            rss.append(rss_mb(pid))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopped.wait(), 0.5)
+
+    async def client(c: int) -> None:
+        reader = writer = None
         for r in range(requests):
             if time.perf_counter() > deadline:
                 return
             try:
-                post(url, [queries[(c * requests + r) % len(queries)]])
-                with lock:
-                    done[0] += 1
-            except Exception:
-                with lock:
-                    errors[0] += 1
+                if writer is None:
+                    reader, writer = await asyncio.open_connection(HOST, port)
+                payload = await asyncio.wait_for(
+                    one_request(reader, writer, bodies[(c * requests + r) % len(bodies)]), 60
+                )
+                reply = json.loads(payload)["result"]
+                if len(reply) != 1 or len(reply[0]) != 3:
+                    raise ValueError(f"expected 1 result of 3 passages, got {reply!r:.200}")
+                stats["ok"] += 1
+            except (OSError, ValueError, KeyError, TimeoutError, asyncio.IncompleteReadError) as e:
+                stats["failed"] += 1
+                stats["errors"].append(f"{type(e).__name__}: {e}")
+                if writer is not None:
+                    writer.close()
+                reader = writer = None
+        if writer is not None:
+            writer.close()
 
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return done[0], errors[0], time.perf_counter() - t0
+    sampler = asyncio.create_task(sample())
+    t0, cpu0, own0 = time.perf_counter(), cpu_seconds(pid), time.process_time()
+    await asyncio.gather(*(client(c) for c in range(clients)))
+    stats["seconds"] = time.perf_counter() - t0
+    stats["server_cpu"] = cpu_seconds(pid) - cpu0
+    stats["client_cpu"] = time.process_time() - own0
+    stopped.set()
+    await sampler
+    rss.append(rss_mb(pid))
+    stats.update(rss_start=rss[0], rss_peak=max(rss), rss_end=rss[-1])
+    stats["rate"] = stats["ok"] / stats["seconds"]
+    return stats
+
+
+def warm_up(port: int, pid: int, bodies: list[bytes]) -> None:
+    """A few requests outside the timed runs (first-request code paths, page cache)."""
+    asyncio.run(run_load(port, pid, bodies[-64:], 8, 8, 60))
+
+
+def post_batch(port: int, queries: list[str]) -> None:
+    body = json.dumps({"queries": queries, "topk": 3, "return_scores": True}).encode()
+    req = urllib.request.Request(
+        f"http://{HOST}:{port}/retrieve", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        reply = json.loads(resp.read())
+    assert len(reply["result"]) == len(queries)
 
 
 def main() -> None:
@@ -101,53 +235,125 @@ def main() -> None:
     )
     parser.add_argument("--passages", type=int, default=100_000)
     parser.add_argument("--clients", type=int, default=32)
-    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--requests", type=int, default=1000, help="per client, load run")
+    parser.add_argument(
+        "--compare-requests", type=int, default=300, help="per client and server, comparison"
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved comparison rounds")
     parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--max-seconds", type=float, default=600)
+    parser.add_argument("--serve-search-r1", metavar="INDEX", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve_search_r1:
+        serve_search_r1_style(args.serve_search_r1, args.port)
+        return
+
     world = world_for("hard", n_passages=args.passages)
     queries = [s["question"] for q in world.questions["train"] for s in q.meta["decomposition"]]
-    index = tempfile.mkdtemp(prefix="rag-gym-serve-") + "/bm25"
-    retriever = BM25Retriever(world.corpus)
-    retriever.save(index)
+    bodies = [
+        json.dumps({"queries": [q], "topk": 3, "return_scores": True}).encode() for q in queries
+    ]
+    tmp = Path(tempfile.mkdtemp(prefix="rag-gym-serve-"))
+    servers: dict[str, tuple[subprocess.Popen, int]] = {}
+    try:
+        retriever = BM25Retriever(world.corpus)
+        retriever.save(tmp / "bm25")
+        index = str(tmp / "bm25")
+        print(
+            f"corpus {len(world.corpus):,} passages (SynthHop 'hard'); BM25 backend "
+            f"{retriever.backend}; {len(queries):,} distinct sub-questions as queries"
+        )
+        kinds = ("batched", "search-r1", "unbatched")
+        for kind in kinds:  # all three stay up, idle when not under load
+            servers[kind] = start(kind, index)
+            warm_up(servers[kind][1], servers[kind][0].pid, bodies)
 
-    proc, url = start(index, batching=True)
-    rss0 = rss_mb(proc.pid)
-    done, errors, seconds = load(url, queries, args.clients, args.requests, args.max_seconds)
-    rss1 = rss_mb(proc.pid)
-    batched_rate = done / seconds
-    print(
-        f"corpus {len(world.corpus):,} passages; {args.clients} clients x {args.requests} requests (1 query each)"
-    )
-    print(
-        f"micro-batched server : {done} ok, {errors} errors in {seconds:.1f}s = {batched_rate:.1f} requests/s; "
-        f"server RSS {rss0:.0f} MB at start, {rss1:.0f} MB at the end"
-    )
+        # 1. load
+        proc, port = servers["batched"]
+        s = asyncio.run(
+            run_load(port, proc.pid, bodies, args.clients, args.requests, args.max_seconds)
+        )
+        print(
+            f"load: micro-batched server, {args.clients} clients x {args.requests} requests "
+            f"(1 query each): {s['ok']} ok, {s['failed']} failed in {s['seconds']:.1f}s = "
+            f"{s['rate']:.0f} requests/s; server RSS {s['rss_start']:.0f} MB at the start, "
+            f"peak {s['rss_peak']:.0f} MB, {s['rss_end']:.0f} MB at the end"
+        )
+        for error in s["errors"][:5]:
+            print(f"  failed: {error}")
+        failed_total = s["failed"]
 
-    batch = queries[: args.batch]
-    t0 = time.perf_counter()
-    post(url, batch)
-    served = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    retriever.retrieve(batch, k=3)
-    in_process = time.perf_counter() - t0
-    proc.terminate()
-    proc.wait()
-    print(
-        f"one request of {len(batch)} queries: server {served:.2f}s, in-process {in_process:.2f}s, "
-        f"ratio {in_process / served:.2f} (target >= 0.8)"
-    )
+        # 2. against one-request-at-a-time servers: same clients, rounds interleaved so that a
+        # change in the machine's load falls on every server alike
+        totals = {
+            kind: dict.fromkeys(("ok", "failed", "seconds", "server", "client"), 0.0)
+            for kind in kinds
+        }
+        per_round = max(1, args.compare_requests // args.rounds)
+        for r in range(args.rounds):
+            for kind in kinds[r % 3 :] + kinds[: r % 3]:
+                proc, port = servers[kind]
+                s = asyncio.run(
+                    run_load(port, proc.pid, bodies, args.clients, per_round, args.max_seconds)
+                )
+                for key, value in (
+                    ("ok", s["ok"]),
+                    ("failed", s["failed"]),
+                    ("seconds", s["seconds"]),
+                    ("server", s["server_cpu"]),
+                    ("client", s["client_cpu"]),
+                ):
+                    totals[kind][key] += value
+                for error in s["errors"][:3]:
+                    print(f"  {kind} failed: {error}")
+        rates = {}
+        for kind in kinds:
+            t = totals[kind]
+            rates[kind] = t["ok"] / t["seconds"]
+            failed_total += int(t["failed"])
+            print(
+                f"{kind:>10} server: {args.clients} clients x {per_round * args.rounds} requests "
+                f"in {args.rounds} interleaved rounds: {int(t['ok'])} ok, {int(t['failed'])} failed, "
+                f"{rates[kind]:.0f} requests/s; CPU per request: server "
+                f"{t['server'] / max(t['ok'], 1) * 1e3:.2f} ms, clients "
+                f"{t['client'] / max(t['ok'], 1) * 1e3:.2f} ms"
+            )
+        ratio = rates["batched"] / rates["search-r1"]
+        print(
+            f"micro-batched / Search-R1-design one-at-a-time : {ratio:.2f}x (target >= 2): "
+            f"{'MET' if ratio >= 2 else 'MISSED'}"
+        )
+        print(
+            f"micro-batched / rag-gym serve --no-micro-batching : "
+            f"{rates['batched'] / rates['unbatched']:.2f}x (reference, no target)"
+        )
 
-    proc, url = start(index, batching=False)
-    per_client = max(1, min(args.requests, int(done / args.clients / 4) or 1))
-    done1, errors1, seconds1 = load(url, queries, args.clients, per_client, args.max_seconds)
-    proc.terminate()
-    proc.wait()
-    single_rate = done1 / seconds1
-    print(
-        f"one-at-a-time server : {done1} ok, {errors1} errors in {seconds1:.1f}s = {single_rate:.1f} requests/s"
-    )
-    print(f"micro-batched / one-at-a-time : {batched_rate / single_rate:.2f}x (target >= 2)")
+        # 3. one batched request against in-process retrieval of the same queries
+        batch = queries[: args.batch]
+        port = servers["batched"][1]
+        post_batch(port, batch)  # warm-up
+        served, in_process = [], []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            post_batch(port, batch)
+            served.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            retriever.retrieve(batch, k=3)
+            in_process.append(time.perf_counter() - t0)
+        ratio = min(in_process) / min(served)
+        print(
+            f"one request of {len(batch)} queries, best of {args.repeats}: server "
+            f"{min(served) * 1e3:.1f} ms (client's request to parsed reply), in-process retrieve "
+            f"{min(in_process) * 1e3:.1f} ms; server throughput / in-process {ratio:.2f} "
+            f"(target >= 0.8): {'MET' if ratio >= 0.8 else 'MISSED'}"
+        )
+        print(f"failed requests in all runs: {failed_total} (target 0)")
+    finally:
+        for proc, _ in servers.values():
+            stop(proc)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

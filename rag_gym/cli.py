@@ -308,8 +308,12 @@ def serve(
     max_queries: Annotated[int, typer.Option(help="Most queries per request.")] = 512,
     max_topk: Annotated[int, typer.Option(help="Largest topk.")] = 100,
     batch_window_ms: Annotated[
-        float, typer.Option(help="How long requests are gathered into one batch.")
-    ] = 3.0,
+        float,
+        typer.Option(
+            help="How long an idle server waits for more requests to batch (a busy one batches "
+            "what queues while it retrieves)."
+        ),
+    ] = 0.0,
     micro_batching: Annotated[
         bool, typer.Option(help="Batch concurrent requests (off: one request at a time).")
     ] = True,

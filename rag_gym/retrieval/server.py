@@ -9,8 +9,10 @@ work unchanged::
 (with ``return_scores`` false each query's list holds the documents alone). rag-gym clients may
 add ``exclude`` and ``within`` (per query id lists), which the in-process retrievers take.
 
-Requests that arrive within ``batch_window_ms`` of each other are retrieved as one batch (up to
-``max_batch`` queries), in a worker thread, so concurrent clients share one retrieval call. The
+Concurrent requests are retrieved together (micro-batching): every request queued while earlier
+batches are being retrieved joins the next batch (up to ``max_batch`` queries), and up to
+``max_in_flight`` batches run at once in worker threads, so batches grow with the load and a busy
+server never waits on a timer; an idle one waits up to ``batch_window_ms`` for company. The
 server binds 127.0.0.1 by default; with a token (``--token`` or ``RAG_GYM_TOKEN``) every request
 needs ``Authorization: Bearer <token>``. Limits: queries per request, characters per query,
 ``topk`` (and the request body size); a bad request gets a 4xx with a message, never a 500.
@@ -18,8 +20,6 @@ needs ``Authorization: Bearer <token>``. Limits: queries per request, characters
 
 Needs ``pip install 'rag-gym[server]'``.
 """
-
-# no "from __future__ import annotations": FastAPI must see the request model class itself
 
 import asyncio
 import json
@@ -49,22 +49,34 @@ def create_app(
     retriever: Retriever,
     token: str | None = None,
     limits: ServerLimits | None = None,
-    batch_window_ms: float = 3.0,
+    batch_window_ms: float = 0.0,
     max_batch: int = 512,
     kind: str = "bm25",
     micro_batching: bool = True,
+    max_in_flight: int = 2,
 ):
-    """The FastAPI app serving ``retriever`` (see the module doc). ``micro_batching=False`` gives
-    the one-request-at-a-time design (each request retrieved on its own), for comparison."""
+    """The FastAPI app serving ``retriever`` (see the module doc).
+
+    Args:
+        batch_window_ms: how long an idle server waits for more requests to join a batch; a
+            busy one (a batch in flight) dispatches at once what has queued meanwhile.
+        max_batch: most queries per batch.
+        micro_batching: ``False`` retrieves each request on its own (for comparison).
+        max_in_flight: batches retrieved at the same time, each in its own worker thread.
+    """
     try:
-        from fastapi import FastAPI, Request
-        from fastapi.exceptions import RequestValidationError
-        from fastapi.responses import JSONResponse
+        from fastapi import FastAPI
         from pydantic import BaseModel, ConfigDict, Field
+        from starlette.routing import Route
     except ImportError as exc:
         raise ImportError(
             "the retrieval server needs fastapi and uvicorn: pip install 'rag-gym[server]'"
         ) from exc
+    if max_in_flight < 1 or max_batch < 1 or batch_window_ms < 0:
+        raise ValueError(
+            f"expected max_in_flight >= 1, max_batch >= 1 and batch_window_ms >= 0, got "
+            f"{max_in_flight}, {max_batch} and {batch_window_ms}"
+        )
 
     limits = limits or ServerLimits()
     corpus = retriever.corpus
@@ -78,101 +90,185 @@ def create_app(
         within: list[list[str] | None] | None = None
 
     app = FastAPI(title="rag-gym retrieval server")
-    batcher = _MicroBatcher(retriever, batch_window_ms / 1000.0, max_batch)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError):
-        errors = [
-            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()
-        ]
-        return JSONResponse(
-            status_code=422, content={"error": "invalid request", "details": errors[:10]}
-        )
-
-    @app.middleware("http")
-    async def _guard(request: Request, call_next):
-        if token is not None and request.headers.get("authorization") != f"Bearer {token}":
-            return JSONResponse(status_code=401, content={"error": "missing or wrong bearer token"})
-        size = request.headers.get("content-length")
-        if size is not None and (not size.isdigit() or int(size) > limits.max_body_bytes):
-            return JSONResponse(
-                status_code=413, content={"error": f"body over {limits.max_body_bytes} bytes"}
-            )
-        try:
-            return await call_next(request)
-        except Exception as exc:  # never a 500 with a traceback for a client's request
-            return JSONResponse(status_code=400, content={"error": f"{type(exc).__name__}: {exc}"})
+    app.add_middleware(_Guard, token=token, max_body_bytes=limits.max_body_bytes)
+    batcher = (
+        _MicroBatcher(retriever, batch_window_ms / 1000.0, max_batch, max_in_flight)
+        if micro_batching
+        else None
+    )
+    endpoint = _RetrieveEndpoint(retriever, RetrieveRequest, limits, batcher)
+    app.router.routes.append(Route("/retrieve", endpoint=endpoint, methods=["POST"]))
+    app.state.batcher = batcher
 
     @app.get("/health")
     async def health():
         return {"status": "ok", "corpus_size": len(corpus), "kind": kind}
 
-    @app.post("/retrieve")
-    async def retrieve(req: RetrieveRequest):
-        too_long = [i for i, q in enumerate(req.queries) if len(q) > limits.max_query_chars]
+    @app.on_event("shutdown")
+    async def _stop():
+        endpoint.stop()
+
+    return app
+
+
+class _RetrieveEndpoint:
+    """``POST /retrieve`` as a plain ASGI app: the body is validated by pydantic straight from
+    the JSON bytes and the reply is encoded once, so the request path costs little next to the
+    retrieval it serves (FastAPI's dependency machinery and generic encoder cost more than a
+    batched BM25 query does)."""
+
+    def __init__(self, retriever: Retriever, model, limits: ServerLimits, batcher) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.retriever = retriever
+        self.corpus = retriever.corpus
+        self.model = model
+        self.limits = limits
+        self.batcher = batcher
+        # one-request-at-a-time mode: each request retrieved on its own, in a worker thread
+        self.executor = None if batcher else ThreadPoolExecutor(thread_name_prefix="rag-gym-one")
+
+    async def __call__(self, scope, receive, send) -> None:
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            if len(body) > self.limits.max_body_bytes:
+                await _send_json(
+                    send, 413, {"error": f"body over {self.limits.max_body_bytes} bytes"}
+                )
+                return
+            if not message.get("more_body"):
+                break
+        status, reply = await self.answer(bytes(body))
+        await _send_json(send, status, reply)
+
+    async def answer(self, body: bytes) -> tuple[int, dict]:
+        from pydantic import ValidationError
+
+        try:
+            req = self.model.model_validate_json(body)
+        except ValidationError as exc:
+            errors = [
+                f"{'.'.join(str(p) for p in e.get('loc', ())) or 'body'}: {e.get('msg')}"
+                for e in exc.errors()
+            ]
+            return 422, {"error": "invalid request", "details": errors[:10]}
+        limit = self.limits.max_query_chars
+        too_long = [i for i, q in enumerate(req.queries) if len(q) > limit]
         if too_long:
-            return JSONResponse(
-                status_code=422,
-                content={
-                    "error": f"queries {too_long[:5]} are longer than {limits.max_query_chars} characters"
-                },
-            )
+            return 422, {"error": f"queries {too_long[:5]} are longer than {limit} characters"}
         for name, value in (("exclude", req.exclude), ("within", req.within)):
             if value is not None and len(value) != len(req.queries):
-                return JSONResponse(
-                    status_code=422, content={"error": f"{name} needs one list per query"}
-                )
+                return 422, {"error": f"{name} needs one list per query"}
         if req.within is not None:
             for pool in req.within:
                 if pool is not None and (
-                    len(pool) < req.topk or any(p not in corpus for p in pool)
+                    len(pool) < req.topk or any(p not in self.corpus for p in pool)
                 ):
-                    return JSONResponse(
-                        status_code=422,
-                        content={
-                            "error": "every within pool must hold at least topk ids of the corpus"
-                        },
-                    )
+                    return 422, {
+                        "error": "every within pool must hold at least topk ids of the corpus"
+                    }
         try:
-            if micro_batching:
-                ids, scores = await batcher.submit(req.queries, req.topk, req.exclude, req.within)
+            if self.batcher is not None:
+                ids, scores = await self.batcher.submit(
+                    req.queries, req.topk, req.exclude, req.within
+                )
             else:
                 res = await asyncio.get_running_loop().run_in_executor(
-                    None,
-                    lambda: retriever.retrieve(
+                    self.executor,
+                    lambda: self.retriever.retrieve(
                         req.queries, req.topk, exclude=req.exclude, within=req.within
                     ),
                 )
                 ids, scores = res.ids, res.scores
         except (ValueError, KeyError, TypeError) as exc:
-            return JSONResponse(status_code=422, content={"error": str(exc)})
+            return 422, {"error": str(exc)}
+        corpus = self.corpus
         result = []
         for qids, qscores in zip(ids, scores, strict=True):
             docs = []
             for pid, score in zip(qids, qscores, strict=True):
-                p = corpus[pid]
-                doc = {"id": pid, "contents": p.contents}
+                doc = {"id": pid, "contents": corpus[pid].contents}
                 docs.append({"document": doc, "score": float(score)} if req.return_scores else doc)
             result.append(docs)
-        return {"result": result}
+        return 200, {"result": result}
 
-    @app.on_event("shutdown")
-    async def _stop():
-        batcher.stop()
+    def stop(self) -> None:
+        if self.batcher is not None:
+            self.batcher.stop()
+        if self.executor is not None:
+            self.executor.shutdown(wait=False, cancel_futures=True)
 
-    return app
+
+class _Guard:
+    """ASGI middleware: the bearer token, the body size (refused before the body is read), and
+    a 400 with a message instead of a 500 for anything a request makes the app raise."""
+
+    def __init__(self, app, token: str | None, max_body_bytes: int) -> None:
+        self.app = app
+        self.expected = f"Bearer {token}".encode() if token is not None else None
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        if self.expected is not None and headers.get(b"authorization") != self.expected:
+            await _send_json(send, 401, {"error": "missing or wrong bearer token"})
+            return
+        size = headers.get(b"content-length")
+        if size is not None and (not size.isdigit() or int(size) > self.max_body_bytes):
+            await _send_json(send, 413, {"error": f"body over {self.max_body_bytes} bytes"})
+            return
+        started = False
+
+        async def tracked_send(message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked_send)
+        except Exception as exc:  # never a 500 with a traceback for a client's request
+            if started:
+                raise
+            await _send_json(send, 400, {"error": f"{type(exc).__name__}: {exc}"})
+
+
+async def _send_json(send, status: int, content: dict) -> None:
+    body = json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 class _MicroBatcher:
-    """Collects concurrent requests for ``window`` seconds and retrieves them in one call."""
+    """Retrieves concurrent requests together.
 
-    def __init__(self, retriever: Retriever, window: float, max_batch: int) -> None:
+    A loop takes every request queued so far as one batch (up to ``max_batch`` queries) and hands
+    it to a worker thread; up to ``max_in_flight`` batches are retrieved at once, and requests
+    that arrive meanwhile form the next batch, so batches grow with the load and no request
+    waits for a timer while the server is busy. Only an idle server (nothing in flight) waits up
+    to ``window`` seconds for more requests to join a batch.
+    """
+
+    def __init__(self, retriever: Retriever, window: float, max_batch: int, max_in_flight: int):
+        from concurrent.futures import ThreadPoolExecutor
+
         self.retriever = retriever
         self.window = window
         self.max_batch = max_batch
+        self.max_in_flight = max_in_flight
+        self.executor = ThreadPoolExecutor(max_in_flight, thread_name_prefix="rag-gym-batch")
         self.queue: asyncio.Queue | None = None
         self.task: asyncio.Task | None = None
+        self.in_flight = 0
         self.batches = 0
+        self.requests = 0
 
     async def submit(self, queries, k, exclude, within):
         if self.queue is None:
@@ -182,28 +278,47 @@ class _MicroBatcher:
         await self.queue.put((queries, k, exclude, within, future))
         return await future
 
+    def _drain(self, items: list, size: int) -> int:
+        assert self.queue is not None
+        while size < self.max_batch and not self.queue.empty():
+            item = self.queue.get_nowait()
+            items.append(item)
+            size += len(item[0])
+        return size
+
     async def _run(self) -> None:
         assert self.queue is not None
         loop = asyncio.get_running_loop()
+        slots = asyncio.Semaphore(self.max_in_flight)
         while True:
+            await slots.acquire()
             items = [await self.queue.get()]
-            deadline = loop.time() + self.window
-            size = len(items[0][0])
-            while size < self.max_batch:
-                timeout = deadline - loop.time()
-                if timeout <= 0:
-                    break
-                try:
-                    item = await asyncio.wait_for(self.queue.get(), timeout)
-                except TimeoutError:
-                    break
-                items.append(item)
-                size += len(item[0])
-            await loop.run_in_executor(None, self._retrieve, items)
+            size = self._drain(items, len(items[0][0]))
+            if self.in_flight == 0 and self.window > 0:
+                deadline = loop.time() + self.window
+                while size < self.max_batch:
+                    timeout = deadline - loop.time()
+                    if timeout <= 0:
+                        break
+                    try:
+                        item = await asyncio.wait_for(self.queue.get(), timeout)
+                    except TimeoutError:
+                        break
+                    items.append(item)
+                    size = self._drain(items, size + len(item[0]))
+            self.in_flight += 1
             self.batches += 1
+            self.requests += len(items)
+            done = loop.run_in_executor(self.executor, self._retrieve, items)
+            done.add_done_callback(lambda _, slots=slots: self._finished(slots))
+
+    def _finished(self, slots: asyncio.Semaphore) -> None:
+        self.in_flight -= 1
+        slots.release()
 
     def _retrieve(self, items) -> None:
-        # one call per distinct (k, uses exclude/within) group; results cut back per request
+        # one call for the whole batch at the largest k, cut back per request (a ranking's
+        # first k are the same at any larger k); queries with a pool are retrieved one by one
         k = max(item[1] for item in items)
         queries = [q for item in items for q in item[0]]
         exclude = [e for item in items for e in (item[2] or [None] * len(item[0]))]
@@ -242,6 +357,7 @@ class _MicroBatcher:
     def stop(self) -> None:
         if self.task is not None:
             self.task.cancel()
+        self.executor.shutdown(wait=False, cancel_futures=True)
 
 
 def _set_result(future, value) -> None:

@@ -192,3 +192,62 @@ def test_unreachable_server():
         HttpRetriever(f"http://127.0.0.1:{free_port()}", timeout=1, retries=0)
     with pytest.raises(ValueError, match="expected a server URL"):
         HttpRetriever("localhost:8000")
+
+
+class _Gated:
+    """A retriever that records each call and, when gated, holds it until the gate opens."""
+
+    def __init__(self, corpus) -> None:
+        import threading
+
+        self.inner = BM25Retriever(corpus)
+        self.corpus = corpus
+        self.calls: list[int] = []
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def retrieve(self, queries, k, exclude=None, within=None):
+        self.calls.append(len(queries))
+        self.gate.wait(30)
+        return self.inner.retrieve(queries, k, exclude=exclude, within=within)
+
+
+def test_micro_batcher_shares_calls_between_concurrent_requests(world):
+    import asyncio
+
+    from rag_gym.retrieval.server import _MicroBatcher
+
+    queries = [q.question for q in world.questions["train"][:24]]
+    expected = BM25Retriever(world.corpus).retrieve(queries, k=3)
+    retriever = _Gated(world.corpus)
+    batcher = _MicroBatcher(retriever, window=0.0, max_batch=512, max_in_flight=1)
+
+    async def play():
+        # requests queued together form one batch, whatever each asks (k, exclude)
+        together = await asyncio.gather(
+            *(batcher.submit([q], 3 if i % 2 else 2, None, None) for i, q in enumerate(queries))
+        )
+        # requests that arrive while a batch is being retrieved form the next batch
+        retriever.gate.clear()
+        first = asyncio.ensure_future(batcher.submit(queries[:1], 3, None, None))
+        while not retriever.calls[1:]:
+            await asyncio.sleep(0.001)
+        later = [asyncio.ensure_future(batcher.submit([q], 3, None, None)) for q in queries[1:9]]
+        await asyncio.sleep(0.05)
+        retriever.gate.set()
+        return together, await first, await asyncio.gather(*later)
+
+    together, first, later = asyncio.run(play())
+    batcher.stop()
+    assert retriever.calls == [24, 1, 8]
+    assert [ids[0] for ids, _ in together] == [
+        ids[: 3 if i % 2 else 2] for i, ids in enumerate(expected.ids)
+    ]
+    assert [first[0][0]] + [ids[0] for ids, _ in later] == expected.ids[:9]
+
+
+def test_server_options_are_checked(world):
+    from rag_gym.retrieval.server import create_app
+
+    with pytest.raises(ValueError, match="expected max_in_flight >= 1"):
+        create_app(BM25Retriever(world.corpus), max_in_flight=0)
