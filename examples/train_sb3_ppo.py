@@ -1,7 +1,7 @@
 """Train PPO (Stable-Baselines3) on SynthHop with macro actions and hashed observations, and
 compare it with every fixed macro heuristic on held-out questions.
 
-    nice -n 10 python examples/train_sb3_ppo.py --total-timesteps 200000
+    nice -n 10 python examples/train_sb3_ppo.py --seed 1
 
 Needs ``pip install torch==2.13.0 'rag-gym[sb3]'`` (and ``'rag-gym[track]'`` for ``--track``);
 runs on a CPU, offline. The env is ``make_sb3_env(env_id)`` from :mod:`rag_gym.agents.sb3`:
@@ -61,7 +61,7 @@ class Args:
     """JSON: dataset options on top of the registration's, e.g. '{"n_passages": 2000}'"""
     seed: int = 1
     """seed of PPO, the envs and torch"""
-    total_timesteps: int = 200_000
+    total_timesteps: int = 300_000
     """PPO's environment steps"""
     num_envs: int = 8
     """parallel training envs (in one process)"""
@@ -91,7 +91,7 @@ class Args:
     """fixed heuristics follow up to this many candidates after searching the question"""
     heuristic_questions: int = 0
     """questions per split for the heuristics (0: all)"""
-    eval_every: int = 10_000
+    eval_every: int = 20_000
     """PPO steps between validation evaluations"""
     eval_questions: int = 200
     """validation questions per evaluation (0: all)"""

@@ -18,6 +18,7 @@ from rag_gym.agents.sb3 import (
     make_logger,
     make_sb3_env,
     play_split,
+    question_kind,
     rank_fixed_sequences,
     require_sb3,
     sequence_policy,
@@ -41,7 +42,13 @@ QUESTIONS = [
         "q1", "In which country is the birthplace of Ada Vell?", ("Tamaria",), ("ada", "orrin")
     ),
     QAExample("q2", "In which country is the birthplace of Bo Rann?", ("Vorn",), ("bo", "lusk")),
-    QAExample("q3", "Who was born first, Ada Vell or Bo Rann?", ("Bo Rann",), ("ada", "bo")),
+    QAExample(
+        "q3",
+        "Who was born first, Ada Vell or Bo Rann?",
+        ("Bo Rann",),
+        ("ada", "bo"),
+        type="comparison",
+    ),
 ]
 
 
@@ -140,6 +147,11 @@ def test_fixed_sequences_and_play_split_score_real_episodes():
     assert compare["em"] == pytest.approx(1 / 3)
     # on q1 and q2 ANSWER_EARLIEST does not apply: an invalid step, then the REFUSE that ends
     assert compare["invalid"] == pytest.approx(2 / 3) and compare["refused"] == pytest.approx(2 / 3)
+    grouped = play_split(env, sequence_policy(env, follow), group_by=question_kind)
+    assert (grouped["em/question"], grouped["n/question"]) == (1.0, 2)
+    assert (grouped["em/comparison"], grouped["n/comparison"]) == (0.0, 1)
+    chain = QAExample("c", "q", ("a",), meta={"relations": ["birthplace", "country"]})
+    assert question_kind(chain) == "birthplace>country"
     ranked = rank_fixed_sequences(env, [("SEARCH_QUESTION", "ANSWER_EARLIEST"), follow])
     assert ranked[0][0] == follow and play_split(env, lambda obs, t: 0, n_questions=1)["n"] == 1
 
@@ -163,6 +175,9 @@ def test_make_sb3_env_options():
     env.reset(options={"question_id": "q1"})
     _, reward, *_ = env.step(0)
     assert reward == 0.0
+    # the masks reach through TextToVector, as SB3's vector envs call them
+    mask = env.get_wrapper_attr("action_masks")()
+    assert mask.dtype == bool and mask[:6].tolist() == [True] * 5 + [False]
     # dataset_kwargs update the registration's: SynthHop-Hard keeps its preset (2-4 hops)
     hard = make_sb3_env(
         "rag_gym/SynthHop-Hard-v0", dataset_kwargs={"n_passages": 2000, "n_questions": [60, 30, 30]}

@@ -174,6 +174,7 @@ def test_check_env_and_determinism_on_synthhop():
     assert np.array_equal(rollout(), rollout())
 
 
+@pytest.mark.slow
 @requires_dense
 def test_minilm_encoder_embeds_the_question():
     from rag_gym.retrieval.encoders import default_encoder
