@@ -336,3 +336,35 @@ def test_forest_contexts_keep_gold_hitting_expansions(tokenizer):
     episodes = engine.play(Expand(), [nxt[k][0] for k in nxt], prefixes=[nxt[k][1] for k in nxt])
     prompt = tokenizer.decode(episodes[0].prompt_ids)
     assert "Evidence" in prompt and episodes[0].turns == 1
+
+
+@pytest.mark.slow
+def test_checkpoint_and_resume(tmp_path):
+    pytest.importorskip("trl")
+    pytest.importorskip("peft")
+    from rag_gym.agents.train.grpo import EnvGRPOConfig, build_trainer
+
+    def config(steps):
+        return EnvGRPOConfig(
+            model="tiny",
+            env_kwargs=ENV,
+            num_generations=2,
+            max_steps=steps,
+            max_turns=1,
+            max_turn_tokens=8,
+            max_completion_tokens=64,
+            run_dir=str(tmp_path / "run"),
+            save_steps=1,
+            lora=False,  # full fine-tuning
+            beta=0.0,  # the tiny model has no path to load a reference copy from
+        )
+
+    first, _ = build_trainer(config(1))
+    first.train()
+    checkpoint = tmp_path / "run" / "checkpoint-1"
+    assert (checkpoint / "trainer_state.json").is_file()
+    second, _ = build_trainer(config(2))
+    second.train(resume_from_checkpoint=str(checkpoint))
+    assert second.state.global_step == 2
+    # the history comes back from the checkpoint, and only step 2 is trained
+    assert [r["step"] for r in second.state.log_history if "loss" in r] == [1, 2]
