@@ -306,6 +306,8 @@ class EnvRollout:
             "episode/turns": _mean(e.turns for e in episodes),
             "episode/finished": _mean(e.finished for e in episodes),
             "episode/model_tokens": _mean(e.model_tokens for e in episodes),
+            "episode/completion_tokens": _mean(len(e.completion_ids) for e in episodes),
+            "episode/prompt_tokens": _mean(len(e.prompt_ids) for e in episodes),
             "episode/groups_resampled": float(resampled),
             "episode/groups_flat": float(flat_left),
         }
