@@ -32,6 +32,7 @@ float32 scores, the same ids, the same tie-breaks):
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -82,6 +83,13 @@ BACKENDS = ("auto", "numba", "numpy")
 
 # a batch is split across threads only when it reads at least this many postings
 _POSTINGS_PER_THREAD = 200_000
+
+
+def _bm25s_stopwords(stopwords: str | None):
+    """bm25s's stop-word list for ``stopwords`` (what its ``tokenize`` removes)."""
+    from bm25s.tokenization import _infer_stopwords
+
+    return _infer_stopwords(stopwords)
 
 
 def _numba_kernels():
@@ -140,20 +148,28 @@ class BM25Retriever:
             import Stemmer
 
             self._stemmer = Stemmer.Stemmer(self.config.stemmer)
+        # bm25s.tokenize's own steps (see tokenize)
+        self._split = re.compile(r"(?u)\b\w\w+\b").findall
+        self._stopwords = frozenset(_bm25s_stopwords(self.config.stopwords))
         self.corpus = Corpus(name="empty")
         self.model: bm25s.BM25 | None = None
         if corpus is not None:
             self.index(corpus)
 
     def tokenize(self, texts: list[str]) -> list[list[str]]:
-        """Tokens exactly as the index saw them (lower-case, stop words out, stemmed)."""
-        return self._bm25s.tokenize(
-            texts,
-            stopwords=self.config.stopwords,
-            stemmer=self._stemmer,
-            return_ids=False,
-            show_progress=False,
-        )
+        """Tokens exactly as the index saw them (lower-case, stop words out, stemmed): what
+        ``bm25s.tokenize(texts, stopwords, stemmer, return_ids=False)`` returns.
+
+        bm25s's function builds three (disabled) progress bars and a vocabulary per call, which
+        costs more than scoring a query; this runs its steps alone: lower-case, its token
+        pattern, its stop-word list, PyStemmer. A test holds the two equal.
+        """
+        split, stop, stemmer = self._split, self._stopwords, self._stemmer
+        out = []
+        for text in texts:
+            tokens = [t for t in split(text.lower()) if t not in stop]
+            out.append(stemmer.stemWords(tokens) if stemmer is not None and tokens else tokens)
+        return out
 
     def index(self, corpus: Corpus) -> None:
         """(Re)build the index over ``corpus``."""

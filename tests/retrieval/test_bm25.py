@@ -270,3 +270,20 @@ def test_inconsistent_arrays_name_the_file(bm25, tmp_path, victim, message):
     np.save(path, array)
     with pytest.raises(ValueError, match=message):
         BM25Retriever.load(out)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [BM25Config(), BM25Config(stopwords=None, stemmer=None), BM25Config(stopwords="de")],
+    ids=["en-stemmed", "plain", "german-stop-words"],
+)
+def test_query_tokens_equal_bm25s_tokenize(world, config):
+    # rag-gym runs bm25s.tokenize's steps itself for queries; they must give the same tokens
+    texts = world.corpus.contents()[:300] + [q.question for q in world.questions["train"]]
+    texts += ["", "a", "The THE the", "naïve café Zürich's 42nd year—born 1962?", "x_y 3.5 _a"]
+    texts += ["Stra\u00dfe und die Häuser", "e-mail: someone@example.org, tab\there\nnew line"]
+    stemmer = Stemmer.Stemmer(config.stemmer) if config.stemmer else None
+    expected = bm25s.tokenize(
+        texts, stopwords=config.stopwords, stemmer=stemmer, return_ids=False, show_progress=False
+    )
+    assert BM25Retriever(config=config).tokenize(texts) == expected
