@@ -180,25 +180,30 @@ def _gallop(indices, j, hi, d) -> int:
 
 
 @njit(nogil=True, cache=True)
-def _kth_largest(acc, cand, n_cand, k, heap) -> float:
-    # the k-th largest acc over the candidates (a min-heap of k values), -inf if fewer than k
+def _kth_largest(acc, cand, n_cand, k, heap, docs) -> float:
+    # the k-th largest acc over the candidates (a min-heap of k values, their passages in
+    # docs), -inf if fewer than k
     if n_cand < k:
         return -np.inf
     size = 0
     for c in range(n_cand):
-        v = acc[cand[c]]
+        d = cand[c]
+        v = acc[d]
         if size < k:
             i = size
             heap[i] = v
+            docs[i] = d
             size += 1
             while i > 0:
                 parent = (i - 1) >> 1
                 if heap[parent] <= heap[i]:
                     break
                 heap[i], heap[parent] = heap[parent], heap[i]
+                docs[i], docs[parent] = docs[parent], docs[i]
                 i = parent
         elif v > heap[0]:
             heap[0] = v
+            docs[0] = d
             i = 0
             while True:
                 child = 2 * i + 1
@@ -209,8 +214,21 @@ def _kth_largest(acc, cand, n_cand, k, heap) -> float:
                 if heap[i] <= heap[child]:
                     break
                 heap[i], heap[child] = heap[child], heap[i]
+                docs[i], docs[child] = docs[child], docs[i]
                 i = child
     return heap[0]
+
+
+@njit(nogil=True, cache=True)
+def _exact(data, indices, indptr, tokens, t0, t1, d, zero):
+    # passage d's score summed exactly as bm25s sums it: tokens in query order, in float32
+    v = zero
+    for i in range(t0, t1):
+        tid = tokens[i]
+        j = _find(indices, indptr[tid], indptr[tid + 1], d)
+        if j >= 0:
+            v += data[j]
+    return v
 
 
 @njit(nogil=True, cache=True)
@@ -242,7 +260,9 @@ def top_k_pruned(
     MaxScore-style pruning (Turtle & Flood, 1995): tokens are read in decreasing order of their
     largest contribution (``token_max``); once the k-th best partial score beats the most that
     the unread tokens can still add, no new passage is admitted, hopeless candidates are dropped,
-    and the unread posting lists are only probed (binary search) for the candidates left. The
+    and the unread posting lists are only probed (galloping search) for the candidates left. To
+    get there early, the k best partial scores are completed (every token probed) while
+    admitting: k passages with known exact scores bound the k-th best from below. The
     near-best candidates are then re-scored exactly as bm25s sums (tokens in query order, float32),
     and the top ``k`` taken by (score, id). Every comparison that discards a passage keeps a
     margin of ``delta``, larger than any float32 rounding of the sums, so a discarded passage
@@ -252,6 +272,7 @@ def top_k_pruned(
     hr = np.empty(k, dtype=np.int64)
     hp = np.empty(k, dtype=np.int64)
     kth = np.empty(k, dtype=acc.dtype)
+    kth_docs = np.empty(k, dtype=np.int64)
     zero = np.zeros(1, dtype=acc.dtype)[0]
     for q in range(token_ptr.shape[0] - 1):
         if clock[0] >= STAMP_LIMIT:
@@ -280,6 +301,7 @@ def top_k_pruned(
         admitting = True
         n_cand = 0
         theta = -np.inf
+        floor = -np.inf  # k passages are known to score at least this, exactly
         # candidates come in runs sorted by passage, one per token read while admitting
         runs = np.zeros(m + 1, dtype=np.int64)
         n_runs = 0
@@ -317,7 +339,15 @@ def top_k_pruned(
                             count[d] += 1
             if n_cand < k:
                 continue
-            theta = _kth_largest(acc, cand, n_cand, k, kth)
+            theta = max(_kth_largest(acc, cand, n_cand, k, kth, kth_docs), floor)
+            if admitting and theta - delta <= rest + delta:
+                # complete the k best partial scores: k passages that score at least their
+                # k-th exact score make a floor that can close admission much earlier
+                low = np.inf
+                for c in range(k):
+                    low = min(low, _exact(data, indices, indptr, tokens, t0, t1, kth_docs[c], zero))
+                floor = max(floor, low)
+                theta = max(theta, floor)
             if admitting and theta - delta > rest + delta:
                 admitting = False
             if not admitting:
@@ -349,12 +379,7 @@ def top_k_pruned(
                 continue
             v = acc[d]
             if count[d] > 2 and not in_order:
-                v = zero
-                for i in range(t0, t1):
-                    tid = tokens[i]
-                    j = _find(indices, indptr[tid], indptr[tid + 1], d)
-                    if j >= 0:
-                        v += data[j]
+                v = _exact(data, indices, indptr, tokens, t0, t1, d, zero)
             size = _push(hs, hr, hp, size, k, v + b, id_rank[d], d)
         if admitting:
             # every touched passage was a candidate; the rest score b exactly

@@ -67,7 +67,6 @@ def create_app(
     try:
         from fastapi import FastAPI
         from pydantic import BaseModel, ConfigDict, Field
-        from starlette.routing import Route
     except ImportError as exc:
         raise ImportError(
             "the retrieval server needs fastapi and uvicorn: pip install 'rag-gym[server]'"
@@ -90,14 +89,15 @@ def create_app(
         within: list[list[str] | None] | None = None
 
     app = FastAPI(title="rag-gym retrieval server")
-    app.add_middleware(_Guard, token=token, max_body_bytes=limits.max_body_bytes)
     batcher = (
         _MicroBatcher(retriever, batch_window_ms / 1000.0, max_batch, max_in_flight)
         if micro_batching
         else None
     )
     endpoint = _RetrieveEndpoint(retriever, RetrieveRequest, limits, batcher)
-    app.router.routes.append(Route("/retrieve", endpoint=endpoint, methods=["POST"]))
+    # POST /retrieve goes straight to its endpoint (middleware order: the last added is outermost)
+    app.add_middleware(_Route, path="/retrieve", method="POST", endpoint=endpoint)
+    app.add_middleware(_Guard, token=token, max_body_bytes=limits.max_body_bytes)
     app.state.batcher = batcher
 
     @app.get("/health")
@@ -203,6 +203,27 @@ class _RetrieveEndpoint:
             self.batcher.stop()
         if self.executor is not None:
             self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+class _Route:
+    """ASGI middleware that hands one method and path to ``endpoint`` itself: the hot path skips
+    the router and the exception middleware, which cost more per request than a batched
+    retrieval does."""
+
+    def __init__(self, app, path: str, method: str, endpoint) -> None:
+        self.app = app
+        self.path = path
+        self.method = method
+        self.endpoint = endpoint
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"] == self.path:
+            if scope["method"] == self.method:
+                await self.endpoint(scope, receive, send)
+            else:
+                await _send_json(send, 405, {"error": f"{self.path} takes {self.method} only"})
+            return
+        await self.app(scope, receive, send)
 
 
 class _Guard:
@@ -312,64 +333,73 @@ class _MicroBatcher:
             self.batches += 1
             self.requests += len(items)
             done = loop.run_in_executor(self.executor, self._retrieve, items)
-            done.add_done_callback(lambda _, slots=slots: self._finished(slots))
+            done.add_done_callback(
+                lambda d, items=items, slots=slots: self._deliver(d, items, slots)
+            )
 
-    def _finished(self, slots: asyncio.Semaphore) -> None:
+    def _deliver(self, done: asyncio.Future, items: list, slots: asyncio.Semaphore) -> None:
+        # on the event loop, once per batch: one wake-up of the loop, not one per request
         self.in_flight -= 1
         slots.release()
+        failed = done.exception() if not done.cancelled() else asyncio.CancelledError()
+        outcomes = [failed] * len(items) if failed is not None else done.result()
+        for item, outcome in zip(items, outcomes, strict=True):
+            future = item[4]
+            if future.done():  # the client went away
+                continue
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
 
-    def _retrieve(self, items) -> None:
+    def _retrieve(self, items) -> list:
+        """Each request's ``(ids, scores)``, or the exception its own retrieval raised."""
+        try:
+            return self._retrieve_together(items)
+        except Exception:
+            # one bad request must not fail the others: retrieve each on its own
+            outcomes = []
+            for item in items:
+                try:
+                    outcomes.extend(self._retrieve_together([item]))
+                except Exception as exc:
+                    outcomes.append(exc)
+            return outcomes
+
+    def _retrieve_together(self, items) -> list:
         # one call for the whole batch at the largest k, cut back per request (a ranking's
         # first k are the same at any larger k); queries with a pool are retrieved one by one
         k = max(item[1] for item in items)
         queries = [q for item in items for q in item[0]]
         exclude = [e for item in items for e in (item[2] or [None] * len(item[0]))]
         within = [w for item in items for w in (item[3] or [None] * len(item[0]))]
-        try:
-            if any(w is not None for w in within):
-                results = [
-                    self.retriever.retrieve([q], item_k, exclude=[e] if e else None, within=[w])
-                    for q, e, w, item_k in zip(
-                        queries,
-                        exclude,
-                        within,
-                        [it[1] for it in items for _ in it[0]],
-                        strict=True,
-                    )
-                ]
-                ids = [r.ids[0] for r in results]
-                scores = [r.scores[0] for r in results]
-            else:
-                res = self.retriever.retrieve(queries, k, exclude=exclude if any(exclude) else None)
-                ids, scores = res.ids, res.scores
-        except Exception as exc:
-            for item in items:
-                item[4].get_loop().call_soon_threadsafe(_set_exception, item[4], exc)
-            return
-        start = 0
+        if any(w is not None for w in within):
+            results = [
+                self.retriever.retrieve([q], item_k, exclude=[e] if e else None, within=[w])
+                for q, e, w, item_k in zip(
+                    queries, exclude, within, [it[1] for it in items for _ in it[0]], strict=True
+                )
+            ]
+            ids, scores = [r.ids[0] for r in results], [r.scores[0] for r in results]
+        else:
+            res = self.retriever.retrieve(queries, k, exclude=exclude if any(exclude) else None)
+            ids, scores = res.ids, res.scores
+        outcomes, start = [], 0
         for item in items:
-            n, item_k, future = len(item[0]), item[1], item[4]
-            value = (
-                [i[:item_k] for i in ids[start : start + n]],
-                [s[:item_k] for s in scores[start : start + n]],
+            n, item_k = len(item[0]), item[1]
+            outcomes.append(
+                (
+                    [i[:item_k] for i in ids[start : start + n]],
+                    [s[:item_k] for s in scores[start : start + n]],
+                )
             )
-            future.get_loop().call_soon_threadsafe(_set_result, future, value)
             start += n
+        return outcomes
 
     def stop(self) -> None:
         if self.task is not None:
             self.task.cancel()
         self.executor.shutdown(wait=False, cancel_futures=True)
-
-
-def _set_result(future, value) -> None:
-    if not future.done():
-        future.set_result(value)
-
-
-def _set_exception(future, exc) -> None:
-    if not future.done():
-        future.set_exception(exc)
 
 
 class HttpRetriever:
