@@ -251,3 +251,30 @@ def test_server_options_are_checked(world):
 
     with pytest.raises(ValueError, match="expected max_in_flight >= 1"):
         create_app(BM25Retriever(world.corpus), max_in_flight=0)
+
+
+def test_a_failing_request_does_not_fail_its_batch(world):
+    import asyncio
+
+    from rag_gym.retrieval.server import _MicroBatcher
+
+    class Picky(_Gated):
+        def retrieve(self, queries, k, exclude=None, within=None):
+            if "boom" in queries:
+                raise ValueError("boom is not a query")
+            return super().retrieve(queries, k, exclude=exclude, within=within)
+
+    queries = [q.question for q in world.questions["train"][:2]]
+    batcher = _MicroBatcher(Picky(world.corpus), window=0.0, max_batch=512, max_in_flight=1)
+
+    async def play():
+        asks = [queries[0], "boom", queries[1]]
+        return await asyncio.gather(
+            *(batcher.submit([q], 3, None, None) for q in asks), return_exceptions=True
+        )
+
+    first, failed, last = asyncio.run(play())
+    batcher.stop()
+    assert isinstance(failed, ValueError) and "boom is not a query" in str(failed)
+    expected = BM25Retriever(world.corpus).retrieve(queries, k=3).ids
+    assert [first[0][0], last[0][0]] == expected
