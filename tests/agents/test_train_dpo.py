@@ -352,6 +352,14 @@ def test_policy_epoch_rejects_a_model_without_adapters_and_empty_pairs():
         policy_epoch(lora, tok, [], EvoRagDPOConfig(), "/tmp/unused")
 
 
+def test_train_needs_the_tokenizer_of_a_given_model():
+    pytest.importorskip("trl")
+    from rag_gym.agents.train.evo_rag_dpo import EvoRagDPOConfig, train
+
+    with pytest.raises(TypeError, match="without its tokenizer"):
+        train(EvoRagDPOConfig(), model=object())
+
+
 # ---- end to end -------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_two_stages_of_one_cycle_train_the_adapter(tmp_path):

@@ -31,8 +31,9 @@ One *cycle* (§3.4 "Policy learning alternates three steps", Algorithm 1 lines 3
    exact token context the policy acted in (prompt, its earlier actions and the retrieved
    passages), chosen / rejected the two action's tokens.
 8. **Dev check** (§3.4 "Training stops if … dev EM stalls for two cycles"): greedy EM on
-   ``eval_questions`` validation questions; each cycle's adapter is saved; the stage stops after
-   ``patience`` cycles without a new best.
+   ``eval_questions`` validation questions; each cycle's adapter is saved; the stage's best is
+   the highest dev EM, ties going to the higher dev return (small models often tie at EM 0);
+   the stage stops after ``patience`` cycles without a new best.
 
 The *Discovery* stage runs cycles under Table 1's Start → Mid weights; then the best Discovery
 checkpoint is reloaded (§3.5 "we reload the best-performing checkpoint from the previous
@@ -43,7 +44,9 @@ Readings of the paper, where it leaves room:
 * §3.4 prints the DPO loss without a reference model, ``−log σ(β[log π_θ(x⁺) − log π_θ(x⁻)])``;
   ``reference_free=True`` (the default) trains exactly that (TRL's loss with reference log-probs
   of 0). ``reference_free=False`` is Rafailov et al.'s DPO against the policy as it was when
-  the policy epoch began.
+  the policy epoch began. Without a reference nothing normalises for length: a pair whose
+  chosen action is much shorter (``<refuse/>``) than its rejected one starts with a loss near 0
+  and teaches little, while the reverse pair teaches a lot.
 * The printed ``L_RM`` gives all seven heads the same pair (``x⁺`` has the higher *total*
   return), so the heads differ only by their random initialisation; it is implemented as
   printed. Policy pairs rank siblings by the preference model, not by the returns: that is what
@@ -139,10 +142,12 @@ class EvoRagDPOConfig:
     """Δ (§3.3): reward-model pairs need ``|R(x⁺) − R(x⁻)| ≥ Δ``."""
     policy_margin: float = POLICY_MARGIN
     """δ (§3.4 (ii)): a policy pair needs a preference-model score gap ``≥ δ``."""
-    rm_learning_rate: float = 1e-3
-    """Adam's learning rate for the seven heads (the paper gives none)."""
-    rm_batch_size: int = 64
-    """Pairs per preference-model update."""
+    rm_learning_rate: float = 1e-2
+    """Adam's learning rate for the seven heads (the paper gives no optimiser; linear heads on
+    unit-norm embeddings learn in a few steps at this rate)."""
+    rm_batch_size: int = 16
+    """Pairs per preference-model update (small, so one epoch is several updates even on the
+    few pairs of a small run)."""
     beta: float = 0.1
     """β of the DPO loss (§3.4)."""
     learning_rate: float = 5e-6
@@ -303,7 +308,7 @@ class PreferenceModel:
         self,
         encoder: str | Path | Callable[[Sequence[str]], Any] | None = None,
         n_heads: int = len(EVO_RAG_TERMS),
-        learning_rate: float = 1e-3,
+        learning_rate: float = 1e-2,
         seed: int = 0,
     ) -> None:
         torch = _torch()
@@ -1011,6 +1016,28 @@ def _mean(values: Any) -> float:
     return float(np.mean(values)) if values else 0.0
 
 
+def rollout_engine(cfg: EvoRagDPOConfig, split: str, tokenizer: Any) -> RolloutEngine:
+    """A :class:`~rag_gym.agents.train.rollout.RolloutEngine` over ``cfg``'s env on ``split``:
+    the ``evo_rag`` reward preset and tags, ``cfg``'s horizon and token budgets."""
+    from rag_gym.agents.train.grpo import env_factory
+
+    make = env_factory(
+        cfg.env_id,
+        split=split,
+        reward_preset="evo_rag",
+        tags="evo_rag",
+        max_episode_steps=cfg.max_episode_steps,
+        **cfg.env_kwargs,
+    )
+    return RolloutEngine(
+        make,
+        tokenizer,
+        max_turns=cfg.max_turns or cfg.max_episode_steps or 20,
+        max_turn_tokens=cfg.max_turn_tokens,
+        max_completion_tokens=cfg.max_completion_tokens,
+    )
+
+
 def evaluate_policy(
     model: Any,
     tokenizer: Any,
@@ -1057,12 +1084,12 @@ def train(
     adapter and the tokenizer), TensorBoard logs (W&B with ``track``), ``learning_curve.png``
     and ``history.json``.
 
-    Returns ``{"run_dir", "history", "stages": {stage: {best_cycle, best, cycles}}, "final"}``.
+    Returns ``{"run_dir", "history", "stages": {stage: {best_cycle, best, cycles, checkpoint}},
+    "final", "model"}`` (``model``: the PEFT policy, holding the final adapter).
     """
     _, peft = _require_trl()
     import torch
 
-    from rag_gym.agents.train.grpo import env_factory
     from rag_gym.agents.train.models import load_policy
     from rag_gym.agents.train.tracking import learning_curve, run_name
 
@@ -1086,32 +1113,14 @@ def train(
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(asdict(cfg), indent=2, default=str))
 
-    def engine_for(split: str) -> RolloutEngine:
-        make = env_factory(
-            cfg.env_id,
-            split=split,
-            reward_preset="evo_rag",
-            tags="evo_rag",
-            max_episode_steps=cfg.max_episode_steps,
-            **cfg.env_kwargs,
-        )
-        t_max = cfg.max_episode_steps or 20
-        return RolloutEngine(
-            make,
-            tokenizer,
-            max_turns=cfg.max_turns or t_max,
-            max_turn_tokens=cfg.max_turn_tokens,
-            max_completion_tokens=cfg.max_completion_tokens,
-        )
-
     brancher = SiblingBrancher(
-        engine_for(cfg.split),
+        rollout_engine(cfg, cfg.split, tokenizer),
         cfg.sibling_actions,
         cfg.max_branch_states,
         batch_size=cfg.batch_size,
         seed=cfg.seed,
     )
-    dev = engine_for(cfg.eval_split)
+    dev = rollout_engine(cfg, cfg.eval_split, tokenizer)
     reward_model = PreferenceModel(cfg.encoder, learning_rate=cfg.rm_learning_rate, seed=cfg.seed)
     tracker = _Tracker(run_dir, cfg.track, name, asdict(cfg))
     order = random.Random(cfg.seed)
@@ -1145,7 +1154,7 @@ def train(
                 episodes = brancher.rollout(generate, indices)
                 states = brancher.branch(generate, episodes)
                 new_pairs = reward_model_pairs(states, cfg.rm_margin)
-                before = reward_model.evaluate(new_pairs)
+                unseen = reward_model.evaluate(new_pairs)  # before it trains on them
                 buffer += new_pairs
                 rm_loss = (
                     reward_model.train_epoch(buffer, cfg.rm_batch_size, seed=cfg.seed + cycle_no)
@@ -1189,7 +1198,7 @@ def train(
                     "charts/policy_pairs": float(len(rows)),
                     "charts/policy_steps": float(policy_step),
                     "losses/reward_model": rm_loss,
-                    "eval/rm_accuracy_new_pairs": before["accuracy"],
+                    "eval/rm_accuracy_new_pairs": unseen["accuracy"],
                     "eval/em": dev_scores["em"],
                     "eval/return": dev_scores["return"],
                     "eval/num_searches": dev_scores["num_searches"],
