@@ -8,7 +8,8 @@ takes one pair per state whose preference scores differ by ≥ 0.2 for DPO (one 
 and checks dev EM; the best Discovery checkpoint starts the Refinement stage. EM on held-out
 test questions is reported before and after. See :mod:`rag_gym.agents.train.evo_rag_dpo`.
 
-CPU, about 15 minutes (the embedded SmolLM2-135M, small budgets; shows the loop, not learning)::
+CPU, about 30 minutes on 2 cores (the embedded SmolLM2-135M, small budgets; shows the loop,
+not learning; ``docs/evo_rag_dpo.md`` has what it printed)::
 
     OMP_NUM_THREADS=1 python examples/train_dpo_evo_rag.py
 
