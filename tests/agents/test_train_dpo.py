@@ -359,6 +359,37 @@ def test_policy_epoch_rejects_a_model_without_adapters_and_empty_pairs():
 
 
 @requires_policy
+@pytest.mark.parametrize("reference_free", [True, False])
+def test_policy_epoch_loss_with_and_without_a_reference(tmp_path, reference_free):
+    pytest.importorskip("trl")
+    pytest.importorskip("peft")
+    from peft import LoraConfig, get_peft_model
+
+    from rag_gym.agents.train.evo_rag_dpo import EvoRagDPOConfig, policy_epoch
+    from rag_gym.agents.train.models import tiny_policy
+
+    model, tok = tiny_policy(seed=1)
+    model = get_peft_model(
+        model, LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM")
+    )
+    prompt = tok.encode("Question: who? <search>", add_special_tokens=False)
+    rows = [{"prompt_ids": prompt, "chosen_ids": [11, 12, 13], "rejected_ids": [14]}]
+    cfg = EvoRagDPOConfig(reference_free=reference_free, gradient_accumulation_steps=1)
+    seen = []
+    log = policy_epoch(model, tok, rows, cfg, tmp_path, on_log=lambda r, s, n: seen.append(r))
+    (row,) = [r for r in log if "loss" in r]
+    assert seen and seen[0]["loss"] == row["loss"]
+    margin = row["rewards/margins"]  # β · (log-ratio of chosen − log-ratio of rejected)
+    assert row["loss"] == pytest.approx(math.log1p(math.exp(-margin)), abs=1e-3)
+    if reference_free:  # §3.4 as printed: log-ratios are the log-probabilities themselves
+        assert row["rewards/chosen"] == pytest.approx(0.1 * row["logps/chosen"], rel=1e-4)
+        assert abs(margin) > 0.01
+    else:  # the reference is the policy at the start of the epoch: log 2 at the first step
+        assert row["loss"] == pytest.approx(math.log(2), abs=1e-4) and margin == 0
+    assert list(model.peft_config) == ["default"]  # TRL's "ref" adapter copy was dropped
+
+
+@requires_policy
 def test_train_needs_the_tokenizer_of_a_given_model():
     pytest.importorskip("trl")
     from rag_gym.agents.train.evo_rag_dpo import EvoRagDPOConfig, train
