@@ -100,3 +100,35 @@ def test_train_sb3_ppo_example_runs(tmp_path):
     assert results["ppo"]["test"]["n"] == 30 and len(results["heuristics"]) == 7
     assert [c["timesteps"] for c in results["curve"]] == [2, 130, 256]
     assert (run / "learning_curve.png").is_file() and any(run.glob("events.out.tfevents.*"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not _train_deps(), reason="needs pip install torch==2.13.0 'rag-gym[train,hf,llama]'"
+)
+def test_train_dpo_evo_rag_example_runs(tmp_path):
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "train_dpo_evo_rag.py"),
+            "--model=tiny",
+            "--episodes-per-cycle=2",
+            "--max-episode-steps=2",
+            "--max-branch-states=1",
+            "--cycles-per-stage=1",
+            "--eval-questions=2",
+            "--test-questions=2",
+            "--max-turn-tokens=8",
+            "--max-completion-tokens=256",
+            f"--output-dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    ).stdout
+    assert "before: " in out and "after: " in out
+    assert "discovery cycle 1" in out and "refinement cycle 1" in out
+    (run,) = tmp_path.iterdir()
+    assert (run / "results.json").is_file() and (run / "learning_curve.png").is_file()

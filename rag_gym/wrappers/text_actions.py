@@ -209,8 +209,8 @@ class TextActions(gym.Wrapper, gym.utils.RecordConstructorArgs):
             ):
                 if tag:
                     more.append(
-                        f" To {name}, write <{tag}>"
-                        + ("...</" + tag + ">." if name == "evaluate" else "/>.")
+                        f" To {name}, write "
+                        + (f"<{tag}>...</{tag}>." if name == "evaluate" else f"<{tag}/>.")
                     )
             segments = [
                 INVALID_FORMAT.format(

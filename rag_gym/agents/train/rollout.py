@@ -305,6 +305,20 @@ class HFGenerator:
         self.top_k = int(top_k)
         self.batch_size = batch_size
         self.tokens_generated = 0
+        self._criteria: dict[tuple[str, ...], Any] = {}
+
+    def _stopping(self, stop: Sequence[str]) -> Any:
+        """transformers' stop-string criterion, built once per stop tuple: building it reads and
+        indexes the whole vocabulary (about a second for SmolLM2), which ``stop_strings=`` would
+        redo on every ``generate`` call."""
+        key = tuple(stop)
+        if key not in self._criteria:
+            from transformers import StoppingCriteriaList, StopStringCriteria
+
+            self._criteria[key] = StoppingCriteriaList(
+                [StopStringCriteria(tokenizer=self.tokenizer, stop_strings=list(key))]
+            )
+        return self._criteria[key]
 
     def __call__(
         self, sequences: list[list[int]], max_new_tokens: int, stop: Sequence[str]
@@ -343,7 +357,7 @@ class HFGenerator:
             "eos_token_id": tok.eos_token_id,
         }
         if stop:
-            kwargs.update(stop_strings=list(stop), tokenizer=tok)
+            kwargs["stopping_criteria"] = self._stopping(stop)
         if self.temperature > 0:
             kwargs.update(
                 do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k
