@@ -571,8 +571,7 @@ def env_copies(engine: RolloutEngine, n: int, stage: str | None = None) -> list[
 
     if stage is not None:
         evo_rag_weights(0.0, stage, "dynamic")  # validates the name
-    while len(engine.envs) < n:
-        engine.envs.append(engine.make_env())
+    engine.grow(n)
     if stage is not None:
         for env in engine.envs:
             presets.set_stage(env, stage)
@@ -772,7 +771,7 @@ class SiblingBrancher:
         active = []
         for i, (branch, env, action) in enumerate(zip(branches, envs, actions, strict=True)):
             # RolloutEngine's own turn step, so a branch has exactly the rollout's token layout
-            if engine._advance(branch, env, action):
+            if engine.advance(branch, env, action):
                 active.append(i)
         while active:
             budgets = [
@@ -786,7 +785,7 @@ class SiblingBrancher:
             active = [
                 i
                 for i, tokens in zip(active, new, strict=True)
-                if engine._advance(branches[i], envs[i], list(tokens))
+                if engine.advance(branches[i], envs[i], list(tokens))
             ]
         return [
             Sibling(

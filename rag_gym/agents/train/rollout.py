@@ -160,7 +160,7 @@ class RolloutEngine:
         self.max_completion_tokens = max_completion_tokens
         self.obs_template = obs_template
         self.envs: list[gym.Env] = []
-        self._grow(1)
+        self.grow(1)
         self.stop = list(action_stops(self.envs[0]) if stop is None else stop)
         self.eos_id = tokenizer.eos_token_id
 
@@ -169,7 +169,8 @@ class RolloutEngine:
         """Questions in the env's split."""
         return len(self.envs[0].unwrapped.examples)
 
-    def _grow(self, n: int) -> None:
+    def grow(self, n: int) -> None:
+        """Make env copies until there are ``n``."""
         while len(self.envs) < n:
             self.envs.append(self.make_env())
 
@@ -208,7 +209,7 @@ class RolloutEngine:
         message): R²AG's forest contexts. ``seed`` seeds the env resets.
         """
         n = len(indices)
-        self._grow(n)
+        self.grow(n)
         episodes = []
         for slot, index in enumerate(indices):
             ep = self.start(index, slot, None if seed is None else seed + slot)
@@ -234,15 +235,18 @@ class RolloutEngine:
             )
             still = []
             for i, tokens in zip(active, new, strict=True):
-                if self._advance(episodes[i], self.envs[i], list(tokens)):
+                if self.advance(episodes[i], self.envs[i], list(tokens)):
                     still.append(i)
             active = still
         for ep in episodes:
             ep.text = self.tokenizer.decode(ep.completion_ids, skip_special_tokens=True)
         return episodes
 
-    def _advance(self, ep: Episode, env: gym.Env, tokens: list[int]) -> bool:
-        """Apply one model turn; ``True`` while the episode goes on."""
+    def advance(self, ep: Episode, env: gym.Env, tokens: list[int]) -> bool:
+        """Apply one model turn (``tokens``) to ``ep`` in ``env``: step the env, add the reward,
+        append the observation's tokens; ``True`` while the episode goes on. :meth:`play` calls
+        it for every active episode; EVO-RAG's sibling branches call it to continue an episode
+        from a replayed state."""
         ep.completion_ids += tokens
         ep.env_mask += [1] * len(tokens)
         ep.turns += 1
