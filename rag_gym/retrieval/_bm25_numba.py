@@ -370,17 +370,36 @@ def top_k_pruned(
         in_order = True
         for i in range(m):
             in_order = in_order and order[i] == t0 + i
+        redo = 0
+        for c in range(n_cand):
+            d = cand[c]
+            if acc[d] >= theta - 2 * delta and count[d] > 2 and not in_order:
+                acc[d] = zero  # re-summed below
+                count[d] = -1
+                redo += 1
+        if redo:
+            # tokens in query order, one galloping merge of each sorted run per token
+            for i in range(t0, t1):
+                tid = tokens[i]
+                lo, hi = indptr[tid], indptr[tid + 1]
+                for r in range(n_runs):
+                    j = lo
+                    for c in range(runs[r], runs[r + 1]):
+                        d = cand[c]
+                        if count[d] != -1:
+                            continue
+                        j = _gallop(indices, j, hi, d)
+                        if j >= hi:
+                            break
+                        if indices[j] == d:
+                            acc[d] += data[j]
         b = base[q]
         size = 0
         for c in range(n_cand):
             d = cand[c]
             stamp[d] = gone
-            if acc[d] < theta - 2 * delta:
-                continue
-            v = acc[d]
-            if count[d] > 2 and not in_order:
-                v = _exact(data, indices, indptr, tokens, t0, t1, d, zero)
-            size = _push(hs, hr, hp, size, k, v + b, id_rank[d], d)
+            if acc[d] >= theta - 2 * delta or count[d] == -1:
+                size = _push(hs, hr, hp, size, k, acc[d] + b, id_rank[d], d)
         if admitting:
             # every touched passage was a candidate; the rest score b exactly
             size = _fill_untouched(hs, hr, hp, size, k, b, by_rank, stamp, gone)
