@@ -381,9 +381,19 @@ class _MicroBatcher:
                 )
             ]
             ids, scores = [r.ids[0] for r in results], [r.scores[0] for r in results]
-        else:
-            res = self.retriever.retrieve(queries, k, exclude=exclude if any(exclude) else None)
+        elif any(exclude):
+            res = self.retriever.retrieve(queries, k, exclude=exclude)
             ids, scores = res.ids, res.scores
+        else:
+            # the same query from several clients (a GRPO group's first hop) is retrieved once
+            unique = list(dict.fromkeys(queries))
+            res = self.retriever.retrieve(unique, k)
+            if len(unique) < len(queries):
+                row = {q: i for i, q in enumerate(unique)}
+                ids = [res.ids[row[q]] for q in queries]
+                scores = [res.scores[row[q]] for q in queries]
+            else:
+                ids, scores = res.ids, res.scores
         outcomes, start = [], 0
         for item in items:
             n, item_k = len(item[0]), item[1]

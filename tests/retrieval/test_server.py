@@ -240,6 +240,18 @@ def test_micro_batcher_shares_calls_between_concurrent_requests(world):
     together, first, later = asyncio.run(play())
     batcher.stop()
     assert retriever.calls == [24, 1, 8]
+    # the same query asked by several requests of a batch is retrieved once
+    retriever.calls.clear()
+    batcher = _MicroBatcher(retriever, window=0.0, max_batch=512, max_in_flight=1)
+
+    async def repeated():
+        asks = [queries[i % 3] for i in range(12)]
+        return await asyncio.gather(*(batcher.submit([q], 3, None, None) for q in asks))
+
+    repeats = asyncio.run(repeated())
+    batcher.stop()
+    assert retriever.calls == [3]
+    assert [ids[0] for ids, _ in repeats] == [expected.ids[i % 3] for i in range(12)]
     assert [ids[0] for ids, _ in together] == [
         ids[: 3 if i % 2 else 2] for i, ids in enumerate(expected.ids)
     ]
