@@ -5,7 +5,9 @@ Every agent plays the *same* sampled questions: ``n`` question ids drawn without
 kind (R²AG's tree, ARENA's reader) play the same questions on the same dataset's env of their
 kind (the reader skips unanswerable questions, which ARENA's setting does not have; the tree
 env runs with ``prune="none"``, since no gold is known at test time). Episodes run ``batch_size``
-at a time: each agent step is one batched call for all running episodes.
+at a time: each agent step is one batched call for all running episodes, or, with a backend that
+batches concurrent callers (transformers), each episode goes on as soon as its own reply is done
+(see :func:`run_agent`).
 
 The run folder gets ``protocol.json`` (everything needed to re-run: dataset, split, question
 ids, seed, env kwargs, retriever, k, corpus mode, model and backend spec, prompt versions,
@@ -212,6 +214,12 @@ def run_agent(
 ) -> tuple[list[dict[str, Any]], float]:
     """Play ``agent`` on every question, ``batch_size`` episodes at a time.
 
+    When the agent's language model batches concurrent callers (``lm.concurrent_clients``, the
+    transformers backend), each of the ``batch_size`` slots plays its episodes on its own and
+    the model keeps their requests in one running batch: a slot whose reply is done steps its
+    env and sends its next prompt while the others are still generating. Otherwise every agent
+    step is one batched call for all running episodes, and a step waits for its slowest reply.
+
     Returns the episode records (in question order) and the wall time. An agent or backend
     exception ends the episodes of that call as failed episodes (``error`` set); the run goes on.
     """
@@ -223,6 +231,23 @@ def run_agent(
     active: dict[int, dict[str, Any]] = {}
     done_count = 0
     t0 = time.perf_counter()
+
+    def start(slot: int) -> None:
+        order, qid = queue.pop(0)
+        episode_seed = seed * 1_000_003 + order
+        obs, info = envs[slot].reset(seed=episode_seed, options={"question_id": qid})
+        agent.reset(episode_seed, slot)
+        active[slot] = {
+            "order": order,
+            "obs": obs,
+            "info": info,
+            "start_info": info,
+            "actions": [],
+            "reward": 0.0,
+            "terminated": False,
+            "truncated": False,
+            "t0": time.perf_counter(),
+        }
 
     def finish(slot: int, error: str | None = None) -> None:
         nonlocal done_count
@@ -248,45 +273,54 @@ def run_agent(
         if progress is not None:
             progress(done_count)
 
-    while queue or active:
-        for slot in range(n_slots):
-            if slot not in active and queue:
-                order, qid = queue.pop(0)
-                episode_seed = seed * 1_000_003 + order
-                obs, info = envs[slot].reset(seed=episode_seed, options={"question_id": qid})
-                agent.reset(episode_seed, slot)
-                active[slot] = {
-                    "order": order,
-                    "obs": obs,
-                    "info": info,
-                    "start_info": info,
-                    "actions": [],
-                    "reward": 0.0,
-                    "terminated": False,
-                    "truncated": False,
-                    "t0": time.perf_counter(),
-                }
-        slots = sorted(active)
+    def step(slot: int, action: Any) -> None:
+        st = active[slot]
         try:
-            actions = agent.act_batch(
-                [active[s]["obs"] for s in slots], [active[s]["info"] for s in slots], slots
-            )
-        except Exception as exc:  # a failing agent or LLM backend must not end the run
-            for slot in slots:
-                finish(slot, f"{type(exc).__name__}: {exc}")
-            continue
-        for slot, action in zip(slots, actions, strict=True):
-            st = active[slot]
+            obs, reward, terminated, truncated, info = envs[slot].step(action)
+        except (TypeError, ValueError) as exc:  # an action outside the env's space
+            finish(slot, f"{type(exc).__name__}: {exc}")
+            return
+        st.update(obs=obs, info=info, terminated=terminated, truncated=truncated)
+        st["reward"] += float(reward)
+        st["actions"].append(info.get("action_type") or kind.upper())
+        if terminated or truncated:
+            finish(slot)
+
+    lm = getattr(agent, "lm", None)
+    if n_slots > 1 and getattr(lm, "concurrent_clients", False):
+
+        def client(slot: int) -> Callable[[], None]:
+            def play() -> None:
+                while queue:
+                    start(slot)
+                    while slot in active:
+                        st = active[slot]
+                        try:
+                            (action,) = agent.act_batch([st["obs"]], [st["info"]], [slot])
+                        except Exception as exc:  # a failing agent or backend ends this episode
+                            finish(slot, f"{type(exc).__name__}: {exc}")
+                            break
+                        step(slot, action)
+
+            return play
+
+        lm.run_clients([client(slot) for slot in range(n_slots)])
+    else:
+        while queue or active:
+            for slot in range(n_slots):
+                if slot not in active and queue:
+                    start(slot)
+            slots = sorted(active)
             try:
-                obs, reward, terminated, truncated, info = envs[slot].step(action)
-            except (TypeError, ValueError) as exc:  # an action outside the env's space
-                finish(slot, f"{type(exc).__name__}: {exc}")
+                actions = agent.act_batch(
+                    [active[s]["obs"] for s in slots], [active[s]["info"] for s in slots], slots
+                )
+            except Exception as exc:  # a failing agent or LLM backend must not end the run
+                for slot in slots:
+                    finish(slot, f"{type(exc).__name__}: {exc}")
                 continue
-            st.update(obs=obs, info=info, terminated=terminated, truncated=truncated)
-            st["reward"] += float(reward)
-            st["actions"].append(info.get("action_type") or kind.upper())
-            if terminated or truncated:
-                finish(slot)
+            for slot, action in zip(slots, actions, strict=True):
+                step(slot, action)
     for env in envs:
         env.close()
     return [records[i] for i in sorted(records)], time.perf_counter() - t0

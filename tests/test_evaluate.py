@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import threading
 
 import pytest
 
@@ -22,6 +23,55 @@ def oracle_reply(answers: dict[str, str]):
         return f"Answer: {answers[question]}."
 
     return reply
+
+
+class TurnTakingLM(EchoLM):
+    """A fake backend that batches concurrent clients, as ``TransformersLM`` does: each client
+    runs in a thread of its own, one at a time, and a ``generate`` call hands the turn to the next
+    living client (round robin), so the episodes of different slots interleave."""
+
+    concurrent_clients = True
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.turns: list[int] = []  # which client asked, call by call
+        self._local = threading.local()
+
+    def run_clients(self, clients):
+        cond, alive, turn, local = threading.Condition(), set(range(len(clients))), [0], self._local
+
+        def pass_turn(i: int) -> None:
+            if alive:
+                turn[0] = min((j for j in alive if j > i), default=min(alive))
+                cond.notify_all()
+
+        def take_turn_then(i: int):
+            with cond:
+                pass_turn(i)
+                cond.wait_for(lambda: turn[0] == i)
+
+        def body(i: int, fn) -> None:
+            local.i = i
+            with cond:
+                cond.wait_for(lambda: turn[0] == i)
+            try:
+                fn()
+            finally:
+                with cond:
+                    alive.discard(i)
+                    pass_turn(i)
+
+        self._take_turn = lambda: take_turn_then(local.i)
+        threads = [threading.Thread(target=body, args=(i, c)) for i, c in enumerate(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    def generate(self, prompts, config=None):
+        self.turns.append(self._local.i)
+        self._take_turn()
+        return super().generate(prompts, config)
 
 
 def config(tmp_path, **kw) -> EvalConfig:
@@ -92,6 +142,31 @@ def test_backend_failure_is_counted_not_fatal(tmp_path):
     )
     (row,) = result.rows
     assert row["errors"] == 4 and row["episodes"] == 4 and row["em"] == 0.0
+    assert all("TimeoutError: backend timed out" in e["error"] for e in result.episodes)
+
+
+def test_episodes_in_flight_equal_lockstep_batches(tmp_path):
+    reply = lambda p: re.sub(r"\W+", " ", p[-1]["content"])[-30:]  # noqa: E731 (prompt only)
+    runs = []
+    for name, lm in (("lockstep", EchoLM(reply=reply)), ("flight", TurnTakingLM(reply=reply))):
+        result = evaluate(
+            config(tmp_path, run_name=name, agents=("ircot", "naive_rag"), batch_size=4),
+            lambda n, env, lm=lm: make_agent(n, lm=lm),
+        )
+        runs.append([{k: v for k, v in e.items() if k != "seconds"} for e in result.episodes])
+    assert runs[0] == runs[1] and len(runs[0]) == 24
+    assert all(len(prompts) == 1 for prompts in lm.calls)  # one request per episode step
+    assert sorted(set(lm.turns)) == [0, 1, 2, 3]  # the four slots took turns
+
+
+def test_backend_failure_in_flight_is_counted_not_fatal(tmp_path):
+    lm = TurnTakingLM(fail=True)
+    result = evaluate(
+        config(tmp_path, agents=("naive_rag",), n=6, batch_size=3),
+        lambda n, env: make_agent(n, lm=lm),
+    )
+    (row,) = result.rows
+    assert row["errors"] == 6 and row["episodes"] == 6
     assert all("TimeoutError: backend timed out" in e["error"] for e in result.episodes)
 
 

@@ -9,7 +9,7 @@ transformers, vLLM and OpenAI-compatible servers implement the same interface.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 Chat = list[dict[str, str]]
@@ -60,12 +60,24 @@ class LanguageModel(abc.ABC):
     """A text generator. Subclasses implement :meth:`generate`."""
 
     name: str = "lm"
+    concurrent_clients: bool = False
+    """True when :meth:`run_clients` batches the ``generate`` calls of its clients together."""
 
     @abc.abstractmethod
     def generate(
         self, prompts: Sequence[Prompt], config: GenerationConfig | None = None
     ) -> list[list[Generation]]:
         """``n`` generations for each prompt, in prompt order."""
+
+    def run_clients(self, clients: Sequence[Callable[[], None]]) -> None:
+        """Run ``clients``, functions that call :meth:`generate`; here one after another.
+
+        A backend that sets :attr:`concurrent_clients` runs them together and batches their
+        calls (the evaluator then keeps ``batch_size`` episodes in flight, see
+        :func:`rag_gym.evaluate.run_agent`).
+        """
+        for client in clients:
+            client()
 
     def describe(self) -> dict[str, object]:
         """What the evaluator records in a run's protocol (model id, backend)."""

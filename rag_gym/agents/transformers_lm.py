@@ -4,15 +4,41 @@ The default model is the embedded SmolLM2-135M-Instruct GGUF (dequantised by tra
 load, about 20 s on 2 cores), so this backend works offline and is the one that can be trained
 (:attr:`TransformersLM.model` is a regular ``PreTrainedModel``). Needs ``pip install
 'rag-gym[hf]'`` (transformers, accelerate and gguf; install torch first).
+
+Generation is continuous (in-flight) batching over ``batch_size`` rows, each row one sample of
+one prompt with a key/value cache of its own:
+
+* every step is one forward pass of the model over the rows' new tokens packed into one
+  sequence: a whole prompt for a row that just joined, one token for a row that is decoding;
+  attention runs per row on that row's own cache, so no row is padded and a row's attention
+  is computed exactly as it is for that prompt alone;
+* a row leaves the batch at its end-of-sequence token, its token limit, or as soon as its text
+  contains a stop sequence, and a waiting prompt takes its place at the next step;
+* :meth:`TransformersLM.run_clients` runs several callers (the evaluator's episodes) whose
+  ``generate`` calls all feed the same running batch, so an episode whose reply is done goes on
+  with its next step while the other episodes are still decoding.
+
+Greedy decoding picks the same tokens as ``model.generate`` of one prompt at a time up to
+floating-point rounding: the matrix products of a step with several rows round differently in
+the last bits from those of a single row, which can, rarely, flip a near-tie between two tokens.
+Models whose layers do not take the ``past_key_values.update`` / attention-function route of
+transformers (checked at load on a short prompt) fall back to ``model.generate`` on left-padded
+batches.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rag_gym.agents.lm import Generation, GenerationConfig, LanguageModel, Prompt, check_prompts
+
+#: the attention function registered with transformers for per-row attention
+_ATTENTION = "rag_gym_rows"
 
 
 def _split_model(model: str | Path | None) -> tuple[str, str | None, str]:
@@ -33,7 +59,7 @@ def _split_model(model: str | Path | None) -> tuple[str, str | None, str]:
 
 
 class TransformersLM(LanguageModel):
-    """Batched generation with ``transformers``.
+    """Continuously batched generation with ``transformers`` (see the module doc).
 
     Args:
         model: a hub id, a local model directory, or a ``.gguf`` file; ``None`` is the embedded
@@ -41,8 +67,10 @@ class TransformersLM(LanguageModel):
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``…; default: CUDA when available.
         dtype: torch dtype name (``"float32"``, ``"bfloat16"``…); default float32 on CPU,
             bfloat16 on GPU.
-        batch_size: prompts per forward batch.
+        batch_size: rows (prompt samples) decoded together.
     """
+
+    concurrent_clients = True
 
     def __init__(
         self,
@@ -89,6 +117,12 @@ class TransformersLM(LanguageModel):
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.batch_size = batch_size
         self._torch = torch
+        eos = self.model.generation_config.eos_token_id
+        eos = eos if isinstance(eos, list) else [eos]
+        self._eos = {t for t in (*eos, self.tokenizer.eos_token_id) if t is not None}
+        self._engine = _Engine(self)
+        self._engine.enabled = self._engine.self_check()
+        self._clients = threading.local()
 
     def render(self, prompt: Prompt) -> str:
         """The text a prompt becomes (chat template with the generation prompt for chats)."""
@@ -103,18 +137,63 @@ class TransformersLM(LanguageModel):
     ) -> list[list[Generation]]:
         config = config or GenerationConfig()
         texts = [self.render(p) for p in check_prompts(prompts)]
-        out: list[list[Generation]] = []
-        for start in range(0, len(texts), self.batch_size):
-            out.extend(
-                self._batch(
-                    texts[start : start + self.batch_size], config, seed=config.seed + start
+        if not self._engine.enabled:
+            out: list[list[Generation]] = []
+            for start in range(0, len(texts), self.batch_size):
+                out.extend(
+                    self._hf_batch(
+                        texts[start : start + self.batch_size], config, seed=config.seed + start
+                    )
                 )
-            )
-        return out
+            return out
+        if not texts:
+            return []
+        rows = [
+            _Row(ids, config, sample) for ids in self._encode(texts) for sample in range(config.n)
+        ]
+        client = getattr(self._clients, "client", None)
+        if client is not None and client.scheduler.lm is self:
+            client.submit(rows)  # resumes once the running batch has finished these rows
+        else:
+            self._engine.run(rows)
+        for row in rows:
+            if row.error is not None:
+                raise row.error
+        return [
+            [rows[i * config.n + j].generation() for j in range(config.n)]
+            for i in range(len(texts))
+        ]
 
-    def _batch(
+    def run_clients(self, clients: Sequence[Callable[[], None]]) -> None:
+        """Run ``clients`` (functions that call :meth:`generate`) as one continuous batch.
+
+        Each client runs in a thread of its own, but only one at a time: a client runs until it
+        calls ``generate`` (its prompts join the running batch) or returns, then the next one
+        whose generation is ready runs, in client order. The batch takes a step only when every
+        client is waiting on it, so the steps, and with them the outputs, are the same from run to
+        run. The first exception a client raises is re-raised once all clients are done.
+        """
+        if not self._engine.enabled:
+            for client in clients:
+                client()
+            return
+        _Scheduler(self, clients).run()
+
+    def describe(self) -> dict[str, object]:
+        return {"backend": "transformers", "model": self.name, "device": self.device}
+
+    # -- internals --
+    def _encode(self, texts: list[str]) -> list[list[int]]:
+        ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        for text, row in zip(texts, ids, strict=True):
+            if not row:
+                raise ValueError(f"expected a prompt of at least one token, got {text!r}")
+        return ids
+
+    def _hf_batch(
         self, texts: list[str], config: GenerationConfig, seed: int
     ) -> list[list[Generation]]:
+        """``model.generate`` on a left-padded batch (for models the engine cannot run)."""
         torch, tok = self._torch, self.tokenizer
         enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(
             self.device
@@ -136,7 +215,7 @@ class TransformersLM(LanguageModel):
         width = enc["input_ids"].shape[1]
         prompt_lens = enc["attention_mask"].sum(dim=1).tolist()
         results: list[list[Generation]] = []
-        special = {tok.pad_token_id, tok.eos_token_id}
+        special = {tok.pad_token_id, *self._eos}
         for i in range(len(texts)):
             samples = []
             for j in range(config.n):
@@ -159,5 +238,378 @@ class TransformersLM(LanguageModel):
             results.append(samples)
         return results
 
-    def describe(self) -> dict[str, object]:
-        return {"backend": "transformers", "model": self.name, "device": self.device}
+
+@dataclass(eq=False)
+class _Row:
+    """One sample of one prompt: its tokens, its place in the batch, its outcome."""
+
+    prompt: list[int]
+    config: GenerationConfig
+    sample: int
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    finish: str | None = None
+    error: BaseException | None = None
+    slot: int = -1
+    cached: int = 0  # tokens in this row's key/value cache
+    generator: Any = None
+
+    @property
+    def done(self) -> bool:
+        return self.finish is not None or self.error is not None
+
+    def generation(self) -> Generation:
+        return Generation(
+            text=self.text,
+            prompt_tokens=len(self.prompt),
+            completion_tokens=len(self.tokens),
+            finish_reason=self.finish or "error",
+        )
+
+
+class _Cache:
+    """Key/value tensors of every row, ``[slots, kv heads, capacity, head dim]`` per layer.
+
+    ``update`` is what a transformers attention layer calls with the step's new keys and values:
+    it writes each row's part at that row's positions and hands the attention function the
+    rows' caches (views, no copies) with the step's :class:`_Step`.
+    """
+
+    def __init__(self, model: Any, slots: int) -> None:
+        import torch
+
+        cfg = model.config
+        self.torch = torch
+        self.layers = cfg.num_hidden_layers
+        self.kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.dtype, self.device = model.dtype, model.device
+        self.slots = slots
+        self.capacity = 0
+        self.keys: list[Any] = []
+        self.values: list[Any] = []
+        self.step: _Step | None = None
+
+    def reserve(self, length: int) -> None:
+        if length <= self.capacity:
+            return
+        capacity = max(256, self.capacity)
+        while capacity < length:
+            capacity *= 2
+        shape = (self.slots, self.kv_heads, capacity, self.head_dim)
+        new_k = [
+            self.torch.zeros(shape, dtype=self.dtype, device=self.device)
+            for _ in range(self.layers)
+        ]
+        new_v = [
+            self.torch.zeros(shape, dtype=self.dtype, device=self.device)
+            for _ in range(self.layers)
+        ]
+        for old, new in ((self.keys, new_k), (self.values, new_v)):
+            for o, n in zip(old, new, strict=False):
+                n[:, :, : self.capacity] = o
+        self.keys, self.values, self.capacity = new_k, new_v, capacity
+
+    def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any):
+        keys, values, step = self.keys[layer_idx], self.values[layer_idx], self.step
+        if step.decode:
+            keys[step.slots, :, step.positions] = key_states[0, :, step.queries].transpose(0, 1)
+            values[step.slots, :, step.positions] = value_states[0, :, step.queries].transpose(0, 1)
+        k_rows, v_rows = [], []
+        for slot, start, q0, q1 in step.rows:
+            end = start + q1 - q0
+            keys[slot, :, start:end] = key_states[0, :, q0:q1]
+            values[slot, :, start:end] = value_states[0, :, q0:q1]
+            k_rows.append(keys[slot : slot + 1, :, :end])
+            v_rows.append(values[slot : slot + 1, :, :end])
+        return _Parts(k_rows, step, keys, values), v_rows
+
+
+class _Step:
+    """Which of a forward pass's packed query positions belong to which row.
+
+    ``plan`` holds ``(slot, start, query from, query to)`` per row: the row's new tokens are
+    query positions ``[from, to)`` and go to its cache at ``start``. When two or more rows decode
+    one token each, their attention is one padded call over their slots (``decode``); every
+    other row (a new prompt, or a lone decoding row) is attended on its own (``rows``).
+    """
+
+    def __init__(self, plan: list[tuple[int, int, int, int]], slots: int, torch: Any, device):
+        decode = [p for p in plan if p[3] - p[2] == 1 and p[1] > 0]
+        self.decode = decode if len(decode) > 1 else []
+        self.rows = [p for p in plan if p not in self.decode]
+        if self.decode:
+            long = torch.long
+            self.slots = torch.tensor([p[0] for p in decode], dtype=long, device=device)
+            self.positions = torch.tensor([p[1] for p in decode], dtype=long, device=device)
+            self.queries = torch.tensor([p[2] for p in decode], dtype=long, device=device)
+            self.length = max(p[1] for p in decode) + 1
+            lengths = torch.ones(slots, dtype=long, device=device)  # idle slots: one dummy key
+            lengths[self.slots] = self.positions + 1
+            keep = torch.arange(self.length, device=device)[None, :] < lengths[:, None]
+            self.mask = keep[:, None, None, :]
+
+
+class _Parts(list):
+    """Per-row key views, the step, and the layer's whole key and value tensors."""
+
+    def __init__(self, rows: list[Any], step: _Step, keys: Any, values: Any) -> None:
+        super().__init__(rows)
+        self.step, self.keys, self.values = step, keys, values
+
+
+def _row_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
+    """Attention of each row's queries over that row's own cache.
+
+    A row attended on its own goes through transformers' SDPA call exactly as a batch of one
+    (a new prompt causally, a decoding token over its whole row); decoding rows together go
+    through one SDPA call over their slots, each masked to its own length.
+    """
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    step = key.step
+    batch, heads, n, dim = query.shape
+    out = query.new_empty(batch, n, heads, dim)
+    for (_slot, start, q0, q1), k, v in zip(step.rows, key, value, strict=True):
+        mask = None
+        if q1 - q0 > 1 and start > 0:  # new tokens after a cached part: causal, offset
+            mask = torch.ones(q1 - q0, start + q1 - q0, dtype=torch.bool, device=query.device)
+            mask = mask.tril(start)[None, None]
+        out[:, q0:q1], _ = sdpa_attention_forward(
+            module, query[:, :, q0:q1], k, v, mask, scaling=scaling, **kwargs
+        )
+    if step.decode:
+        q = query.new_zeros(key.keys.shape[0], heads, 1, dim)
+        q[step.slots, :, 0] = query[0, :, step.queries].transpose(0, 1)
+        res = torch.nn.functional.scaled_dot_product_attention(
+            q,
+            key.keys[:, :, : step.length],
+            key.values[:, :, : step.length],
+            attn_mask=step.mask,
+            scale=scaling,
+            enable_gqa=heads != key.keys.shape[1],
+        )
+        out[0, step.queries] = res[step.slots, :, 0]
+    return out, None
+
+
+class _Engine:
+    """The rows of a :class:`TransformersLM`: who is in the batch, who waits, one step at a time."""
+
+    def __init__(self, lm: TransformersLM) -> None:
+        self.lm = lm
+        self.torch = lm._torch
+        self.slots: list[_Row | None] = [None] * lm.batch_size
+        self.waiting: deque[_Row] = deque()
+        self.cache = _Cache(lm.model, lm.batch_size)
+        self.enabled = False
+
+    def busy(self) -> bool:
+        return bool(self.waiting) or any(r is not None for r in self.slots)
+
+    def run(self, rows: list[_Row]) -> None:
+        """Generate ``rows`` to the end (the call of a caller that is not a client)."""
+        self.waiting.extend(rows)
+        try:
+            while self.busy():
+                self.step()
+        finally:
+            self.waiting.clear()
+            self.slots = [None] * len(self.slots)
+
+    def step(self) -> list[_Row]:
+        """Admit waiting rows into free slots, run one forward pass, return the rows finished."""
+        torch = self.torch
+        for s, row in enumerate(self.slots):
+            if row is None and self.waiting:
+                row = self.waiting.popleft()
+                row.slot, row.cached = s, 0
+                if row.config.temperature > 0:
+                    row.generator = torch.Generator(device=self.lm.device)
+                    row.generator.manual_seed(row.config.seed + row.sample)
+                self.slots[s] = row
+        rows = [r for r in self.slots if r is not None]
+        if not rows:
+            return []
+        ids: list[int] = []
+        positions: list[int] = []
+        plan = []
+        for row in rows:
+            new = row.prompt if row.cached == 0 else row.tokens[-1:]
+            plan.append((row.slot, row.cached, len(ids), len(ids) + len(new)))
+            ids.extend(new)
+            positions.extend(range(row.cached, row.cached + len(new)))
+        last = [q1 - 1 for _, _, _, q1 in plan]
+        try:
+            logits = self.forward(ids, positions, plan, last)
+        except Exception as exc:  # the rows of this step fail; the engine stays usable
+            for row in rows:
+                row.error = exc
+                self.slots[row.slot] = None
+            return rows
+        finished = []
+        for i, row in enumerate(rows):
+            row.cached = positions[plan[i][3] - 1] + 1
+            self.advance(row, logits[i])
+            if row.done:
+                self.slots[row.slot] = None
+                finished.append(row)
+        return finished
+
+    def forward(self, ids: list[int], positions: list[int], plan, last: list[int]):
+        torch, model = self.torch, self.lm.model
+        device = self.lm.device
+        self.cache.reserve(max(positions) + 1)
+        self.cache.step = _Step(plan, self.cache.slots, torch, device)
+        previous = model.config._attn_implementation
+        model.config._attn_implementation = _ATTENTION
+        try:
+            with torch.inference_mode():
+                out = model(
+                    input_ids=torch.tensor([ids], device=device),
+                    position_ids=torch.tensor([positions], device=device),
+                    past_key_values=self.cache,
+                    use_cache=True,
+                    logits_to_keep=torch.tensor(last, device=device),
+                )
+        finally:
+            model.config._attn_implementation = previous
+        return out.logits[0].float()
+
+    def advance(self, row: _Row, logits: Any) -> None:
+        """Pick the row's next token and decide whether it is done."""
+        torch, cfg = self.torch, row.config
+        if cfg.temperature > 0:
+            probs = torch.softmax(logits / cfg.temperature, dim=-1)
+            if cfg.top_p < 1:
+                sorted_p, order = probs.sort(descending=True)
+                keep = sorted_p.cumsum(-1) - sorted_p < cfg.top_p  # always keeps the top token
+                probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
+            token = int(torch.multinomial(probs, 1, generator=row.generator))
+        else:
+            token = int(torch.argmax(logits))
+        if token in self.lm._eos:
+            row.finish = "stop"
+        else:
+            row.tokens.append(token)
+            if len(row.tokens) >= cfg.max_tokens:
+                row.finish = "length"
+        if not cfg.stop and row.finish is None:
+            return
+        text = self.lm.tokenizer.decode(row.tokens, skip_special_tokens=True)
+        for s in cfg.stop:
+            cut = text.find(s)
+            if cut >= 0:
+                text, row.finish = text[:cut], "stop"
+        if row.finish is not None:
+            row.text = text
+
+    def self_check(self) -> bool:
+        """Whether this model runs on the engine: its last-token logits match a plain forward."""
+        torch, model = self.torch, self.lm.model
+        ids = self.lm.tokenizer("The capital of France is", add_special_tokens=False)["input_ids"]
+        ids = ids[:8] or [0]
+        try:
+            from transformers import AttentionInterface
+
+            AttentionInterface.register(_ATTENTION, _row_attention)
+            with torch.inference_mode():
+                want = model(input_ids=torch.tensor([ids], device=self.lm.device)).logits[0, -1]
+            got = self.forward(ids, list(range(len(ids))), [(0, 0, 0, len(ids))], [len(ids) - 1])
+        except Exception:  # an architecture this engine cannot drive
+            return False
+        return bool(torch.allclose(got[0], want.float(), atol=1e-3, rtol=1e-3))
+
+
+class _Cancelled(BaseException):
+    """Ends a client whose scheduler stopped (a BaseException, so episode code does not catch it)."""
+
+
+class _Client:
+    def __init__(self, scheduler: _Scheduler, fn: Callable[[], None]) -> None:
+        self.scheduler, self.fn = scheduler, fn
+        self.go = threading.Event()
+        self.rows: list[_Row] = []
+        self.finished = False
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self.main, daemon=True)
+
+    def main(self) -> None:
+        self.go.wait()
+        self.go.clear()
+        self.scheduler.lm._clients.client = self
+        try:
+            if self.scheduler.cancelled:
+                raise _Cancelled
+            self.fn()
+        except _Cancelled:
+            pass
+        except BaseException as exc:  # handed to the caller of run_clients
+            self.error = exc
+        finally:
+            self.finished = True
+            self.scheduler.baton.set()
+
+    def submit(self, rows: list[_Row]) -> None:
+        """Called from this client's thread: queue the rows and wait until they are done."""
+        self.rows = rows
+        self.scheduler.baton.set()
+        self.go.wait()
+        self.go.clear()
+        if self.scheduler.cancelled:
+            raise _Cancelled
+
+    def resume(self) -> None:
+        """Called from the scheduler: let this client run until it submits or returns."""
+        self.rows = []
+        self.scheduler.baton.clear()
+        self.go.set()
+        self.scheduler.baton.wait()
+
+
+class _Scheduler:
+    """Runs clients one at a time and steps the engine when all of them wait (deterministic)."""
+
+    def __init__(self, lm: TransformersLM, fns: Sequence[Callable[[], None]]) -> None:
+        self.lm = lm
+        self.baton = threading.Event()
+        self.cancelled = False
+        self.clients = [_Client(self, fn) for fn in fns]
+
+    def run(self) -> None:
+        engine = self.lm._engine
+        if engine.busy():
+            raise RuntimeError("run_clients: the engine is already running (nested call?)")
+        for c in self.clients:
+            c.thread.start()
+        ready = deque(self.clients)
+        owner: dict[int, _Client] = {}
+        try:
+            while True:
+                while ready:
+                    client = ready.popleft()
+                    client.resume()
+                    if not client.finished:
+                        for row in client.rows:
+                            owner[id(row)] = client
+                        engine.waiting.extend(client.rows)
+                if not engine.busy():
+                    break
+                done = engine.step()
+                woken = []
+                for row in done:
+                    client = owner.pop(id(row))
+                    if client not in woken and all(r.done for r in client.rows):
+                        woken.append(client)
+                ready.extend(sorted(woken, key=self.clients.index))
+        finally:  # normally every client has returned; otherwise end the ones left
+            engine.waiting.clear()
+            engine.slots = [None] * len(engine.slots)
+            self.cancelled = True
+            for c in self.clients:
+                c.go.set()
+                c.thread.join()
+        for c in self.clients:
+            if c.error is not None:
+                raise c.error

@@ -1,4 +1,5 @@
-"""The transformers backend on the embedded SmolLM2 GGUF: batching, sampling seeds, stops, counts."""
+"""The transformers backend on the embedded SmolLM2 GGUF: continuous batching, clients sharing the
+batch, sampling seeds, stops, counts, failures."""
 
 from __future__ import annotations
 
@@ -37,6 +38,90 @@ def test_batched_greedy_equals_one_at_a_time(lm):
     assert all(g[0].prompt_tokens > 5 and 0 < g[0].completion_tokens <= 6 for g in batched)
 
 
+def test_rows_leave_and_join_with_the_outputs_of_one_at_a_time(lm):
+    # six prompts of different lengths on four rows: finished rows are replaced mid-generation
+    chats = [
+        [{"role": "user", "content": "Name a colour." + " Please." * i}] for i in (0, 5, 1, 9, 2, 3)
+    ]
+    cfg = GenerationConfig(max_tokens=3 + len(chats))
+    batched = lm.generate(chats, cfg)
+    single = [lm.generate([c], cfg)[0] for c in chats]
+    assert [g[0].text for g in batched] == [g[0].text for g in single]
+    assert [g[0].prompt_tokens for g in batched] == [g[0].prompt_tokens for g in single]
+    assert len({g[0].prompt_tokens for g in batched}) == len(chats)
+
+
+def test_the_same_tokens_as_transformers_generate(lm):
+    # the fallback path is transformers' own generate, one prompt at a time
+    chats = [[{"role": "user", "content": q}] for q in ("What is 2 + 2?", "Name a river.")]
+    cfg = GenerationConfig(max_tokens=10, stop=(".",))
+    ours = lm.generate(chats, cfg)
+    theirs = [lm._hf_batch([lm.render(c)], cfg, seed=0)[0] for c in chats]
+    assert [g[0].text for g in ours] == [g[0].text for g in theirs]
+    assert [g[0].finish_reason for g in ours] == [g[0].finish_reason for g in theirs]
+
+
+def test_clients_share_the_running_batch(lm, monkeypatch):
+    rows_per_step = []
+    forward = lm._engine.forward
+
+    def counting(ids, positions, plan, last):
+        rows_per_step.append(len(plan))
+        return forward(ids, positions, plan, last)
+
+    monkeypatch.setattr(lm._engine, "forward", counting)
+    replies: list[tuple[int, int, str]] = []
+
+    def client(i: int):
+        def play() -> None:
+            for turn in range(2):
+                cfg = GenerationConfig(max_tokens=2 + 2 * i)
+                (gens,) = lm.generate([f"Say the number {i + turn}."], cfg)
+                replies.append((i, turn, gens[0].text))
+
+        return play
+
+    lm.run_clients([client(i) for i in range(3)])
+    assert max(rows_per_step) == 3  # the three clients' requests decoded together
+    assert sorted((i, t) for i, t, _ in replies) == [(i, t) for i in range(3) for t in range(2)]
+    # client 0 asks for fewer tokens, so it sends its second request first
+    assert [(i, t) for i, t, _ in replies][:2] == [(0, 0), (0, 1)]
+    monkeypatch.undo()
+    for i, turn, text in replies:
+        (alone,) = lm.generate(
+            [f"Say the number {i + turn}."], GenerationConfig(max_tokens=2 + 2 * i)
+        )
+        assert alone[0].text == text
+
+
+def test_a_client_error_reaches_the_caller_after_the_others_finish(lm):
+    finished = []
+
+    def bad() -> None:
+        lm.generate(["Hello"], GenerationConfig(max_tokens=2))
+        raise KeyError("boom")
+
+    def good() -> None:
+        lm.generate(["Hello there"], GenerationConfig(max_tokens=4))
+        finished.append(True)
+
+    with pytest.raises(KeyError, match="boom"):
+        lm.run_clients([bad, good])
+    assert finished == [True]
+
+
+def test_a_failing_forward_fails_its_requests_and_the_model_goes_on(lm, monkeypatch):
+    def broken(*args):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(lm._engine, "forward", broken)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        lm.generate(["Hello"], GenerationConfig(max_tokens=2))
+    monkeypatch.undo()
+    (gens,) = lm.generate(["Hello"], GenerationConfig(max_tokens=2))
+    assert gens[0].completion_tokens == 2
+
+
 def test_sampling_is_seeded_and_n_samples(lm):
     cfg = GenerationConfig(max_tokens=8, temperature=1.0, n=3, seed=7)
     (first,) = lm.generate(["Once upon a time"], cfg)
@@ -44,9 +129,15 @@ def test_sampling_is_seeded_and_n_samples(lm):
     assert len(first) == 3 and [g.text for g in first] == [g.text for g in again]
 
 
-def test_stop_sequences_cut_the_text(lm):
-    (gens,) = lm.generate(["1, 2, 3, 4, 5, 6,"], GenerationConfig(max_tokens=12, stop=(" 8",)))
-    assert " 8" not in gens[0].text and gens[0].finish_reason == "stop"
+def test_stop_sequences_cut_the_text_and_end_the_row(lm):
+    prompt = ["1, 2, 3, 4, 5, 6,"]
+    (gens,) = lm.generate(prompt, GenerationConfig(max_tokens=12, stop=(" 8",)))
+    assert gens[0].text.strip() == "7," and gens[0].finish_reason == "stop"
+    # the row ended at the token that completed " 8", not at the token limit
+    n = gens[0].completion_tokens
+    (before,) = lm.generate(prompt, GenerationConfig(max_tokens=n - 1))
+    (upto,) = lm.generate(prompt, GenerationConfig(max_tokens=n))
+    assert " 8" not in before[0].text and " 8" in upto[0].text
 
 
 def test_bad_model_path():
