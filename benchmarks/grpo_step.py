@@ -68,12 +68,18 @@ def main() -> None:
     ]
     tokens = max(1, round(statistics.mean(model_tokens)))
     full = [
-        r["completions/mean_length"]
+        r["episode/completion_tokens"]
         for r in multi.state.log_history
-        if "completions/mean_length" in r
+        if "episode/completion_tokens" in r
     ]
+    rollout_s = [
+        r["episode/rollout_seconds"]
+        for r in multi.state.log_history
+        if "episode/rollout_seconds" in r
+    ][1:]
     print(
-        f"multi-turn: {statistics.mean(multi_times):.2f} s/step over {len(multi_times)} steps; "
+        f"multi-turn: {statistics.mean(multi_times):.2f} s/step over {len(multi_times)} steps "
+        f"(rollouts {statistics.mean(rollout_s):.2f} s of it); "
         f"{tokens} model tokens per episode ({statistics.mean(full):.0f} with env tokens), "
         f"{args.num_generations} episodes per step ({time.perf_counter() - started:.0f} s total)"
     )
@@ -113,6 +119,18 @@ def main() -> None:
             task_type="CAUSAL_LM",
         ),
     )
+    generation: list[float] = []
+    base = model  # TRL wraps it in LoRA; generation reaches this model's generate
+    plain_generate = base.generate
+
+    def timed_generate(*a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return plain_generate(*a, **kw)
+        finally:
+            generation.append(time.perf_counter() - t0)
+
+    base.generate = timed_generate
     single.train()
     single_times = step_times(single)
     lengths = [
@@ -120,8 +138,10 @@ def main() -> None:
         for r in single.state.log_history
         if "completions/mean_length" in r
     ]
+    gen_s = generation[1:] if len(generation) > 1 else generation
     print(
-        f"single-turn TRL: {statistics.mean(single_times):.2f} s/step, "
+        f"single-turn TRL: {statistics.mean(single_times):.2f} s/step "
+        f"(generation {statistics.mean(gen_s) if gen_s else float('nan'):.2f} s of it), "
         f"{statistics.mean(lengths):.0f} tokens per completion"
     )
     ratio = statistics.mean(multi_times) / statistics.mean(single_times)

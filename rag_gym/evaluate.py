@@ -216,9 +216,10 @@ def run_agent(
 
     When the agent's language model batches concurrent callers (``lm.concurrent_clients``, the
     transformers backend), each of the ``batch_size`` slots plays its episodes on its own and
-    the model keeps their requests in one running batch: a slot whose reply is done steps its
-    env and sends its next prompt while the others are still generating. Otherwise every agent
-    step is one batched call for all running episodes, and a step waits for its slowest reply.
+    the model keeps their requests in one running batch (``lm.run_clients``, one session per
+    agent): a slot whose reply is done steps its env and sends its next prompt while the others
+    are still generating. Otherwise every agent step is one batched call for all running
+    episodes, and a step waits for its slowest reply.
 
     Returns the episode records (in question order) and the wall time. An agent or backend
     exception ends the episodes of that call as failed episodes (``error`` set); the run goes on.
@@ -287,7 +288,7 @@ def run_agent(
             finish(slot)
 
     lm = getattr(agent, "lm", None)
-    if n_slots > 1 and getattr(lm, "concurrent_clients", False):
+    if getattr(lm, "concurrent_clients", False):
 
         def client(slot: int) -> Callable[[], None]:
             def play() -> None:

@@ -14,13 +14,21 @@ one prompt with a key/value cache of its own:
   is computed exactly as it is for that prompt alone;
 * a row leaves the batch at its end-of-sequence token, its token limit, or as soon as its text
   contains a stop sequence, and a waiting prompt takes its place at the next step;
+* a slot keeps the keys and values of its last prompt and reply, and a new prompt that begins
+  with the same tokens (a shared system prompt, the earlier steps of the same episode)
+  computes only the rest (``reuse_prefix``); what a slot keeps is forgotten at the start of
+  every ``generate`` call and every :meth:`~TransformersLM.run_clients` session, so a call's
+  outputs do not depend on earlier calls, unless the calls are inside one
+  :meth:`~TransformersLM.session` (multi-turn RL rollouts, where turn ``t + 1`` extends turn
+  ``t`` token for token and re-computes only the observation);
 * :meth:`TransformersLM.run_clients` runs several callers (the evaluator's episodes) whose
   ``generate`` calls all feed the same running batch, so an episode whose reply is done goes on
   with its next step while the other episodes are still decoding.
 
 Greedy decoding picks the same tokens as ``model.generate`` of one prompt at a time up to
-floating-point rounding: the matrix products of a step with several rows round differently in
-the last bits from those of a single row, which can, rarely, flip a near-tie between two tokens.
+floating-point rounding: the matrix products of a step with several rows, and a prompt
+computed as a kept prefix plus the rest, round differently in the last bits from a single row
+computed whole, which can, rarely, flip a near-tie between two tokens.
 Models whose layers do not take the ``past_key_values.update`` / attention-function route of
 transformers (checked at load on a short prompt) fall back to ``model.generate`` on left-padded
 batches.
@@ -28,9 +36,10 @@ batches.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +48,18 @@ from rag_gym.agents.lm import Generation, GenerationConfig, LanguageModel, Promp
 
 #: the attention function registered with transformers for per-row attention
 _ATTENTION = "rag_gym_rows"
+#: shortest kept prompt prefix worth reusing, in tokens
+_MIN_REUSE = 16
+
+
+def _common_length(a: list[int], b: list[int]) -> int:
+    """Length of the common prefix of two token lists."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def _split_model(model: str | Path | None) -> tuple[str, str | None, str]:
@@ -68,6 +89,8 @@ class TransformersLM(LanguageModel):
         dtype: torch dtype name (``"float32"``, ``"bfloat16"``…); default float32 on CPU,
             bfloat16 on GPU.
         batch_size: rows (prompt samples) decoded together.
+        reuse_prefix: start a prompt from the longest prefix whose keys and values a slot
+            still holds (see the module doc); ``False`` computes every prompt whole.
     """
 
     concurrent_clients = True
@@ -78,6 +101,7 @@ class TransformersLM(LanguageModel):
         device: str | None = None,
         dtype: str | None = None,
         batch_size: int = 8,
+        reuse_prefix: bool = True,
     ) -> None:
         try:
             import torch
@@ -112,17 +136,98 @@ class TransformersLM(LanguageModel):
         )
         self.model = AutoModelForCausalLM.from_pretrained(source, **kwargs).to(self.device)
         self.model.eval()
+        self._setup(batch_size, reuse_prefix)
+
+    @classmethod
+    def from_model(
+        cls, model: Any, tokenizer: Any, batch_size: int = 8, reuse_prefix: bool = True
+    ) -> TransformersLM:
+        """Wrap a model already in memory (a policy being trained, PEFT-wrapped or not) without
+        loading anything: its device and dtype are kept, and so is its train/eval mode (the
+        engine's steps run under ``inference_mode``; callers that sample from a model in
+        training switch it to eval mode around the call, as dropout would otherwise apply)."""
+        import torch
+
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"expected batch_size >= 1, got {batch_size!r}")
+        lm = cls.__new__(cls)
+        lm._torch = torch
+        lm.name = (
+            getattr(getattr(model, "config", None), "name_or_path", None) or type(model).__name__
+        )
+        lm.device = str(next(model.parameters()).device)
+        lm.tokenizer, lm.model = tokenizer, model
+        lm._setup(batch_size, reuse_prefix)
+        return lm
+
+    def _setup(self, batch_size: int, reuse_prefix: bool) -> None:
+        import torch
+
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.batch_size = batch_size
+        self.reuse_prefix = bool(reuse_prefix)
         self._torch = torch
-        eos = self.model.generation_config.eos_token_id
+        self._session = False
+        eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
         eos = eos if isinstance(eos, list) else [eos]
         self._eos = {t for t in (*eos, self.tokenizer.eos_token_id) if t is not None}
         self._engine = _Engine(self)
         self._engine.enabled = self._engine.self_check()
         self._clients = threading.local()
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[TransformersLM]:
+        """Keep the slots' prefixes across the ``generate`` calls inside the block (normally a
+        call starts clean): turn after turn of the same episodes, each prompt extends one a
+        slot already holds, and only the new tokens are computed. The weights must not change
+        inside the block (the kept keys and values would be stale); they are forgotten when it
+        ends."""
+        if self._session:
+            raise RuntimeError("TransformersLM.session: already in a session (nested call?)")
+        self._session = True
+        self._engine.reset()
+        try:
+            yield self
+        finally:
+            self._session = False
+            self._engine.reset()
+
+    def generate_ids(
+        self, prompts: Sequence[Sequence[int]], config: GenerationConfig
+    ) -> list[tuple[list[int], str]]:
+        """Generate from token ids (one sample per prompt, sample ``i`` seeded ``seed + i``):
+        per prompt, the new tokens, ending with the end-of-sequence token when one ended it
+        (a stop string is kept whole, with whatever the token that completed it holds after
+        it), and the finish reason. Needs the engine (:attr:`engine_enabled`)."""
+        if not self._engine.enabled:
+            raise RuntimeError(
+                f"generate_ids needs the batching engine, which {self.name} cannot run"
+            )
+        rows = [_Row(list(ids), config, i) for i, ids in enumerate(prompts)]
+        for row in rows:
+            if not row.prompt:
+                raise ValueError("expected every prompt to have at least one token")
+        client = getattr(self._clients, "client", None)
+        if not rows:
+            pass
+        elif client is not None and client.scheduler.lm is self:
+            client.submit(rows)  # a client of run_clients: join the running batch
+        else:
+            self._engine.run(rows)
+        for row in rows:
+            if row.error is not None:
+                raise row.error
+        return [
+            (row.tokens + ([row.end] if row.end is not None else []), row.finish or "error")
+            for row in rows
+        ]
+
+    @property
+    def engine_enabled(self) -> bool:
+        """Whether the model runs on the batching engine (else ``model.generate`` batches)."""
+        return self._engine.enabled
 
     def render(self, prompt: Prompt) -> str:
         """The text a prompt becomes (chat template with the generation prompt for chats)."""
@@ -253,6 +358,7 @@ class _Row:
     slot: int = -1
     cached: int = 0  # tokens in this row's key/value cache
     generator: Any = None
+    end: int | None = None  # the end-of-sequence token that ended it, if one did
 
     @property
     def done(self) -> bool:
@@ -310,6 +416,12 @@ class _Cache:
                 n[:, :, : self.capacity] = o
         self.keys, self.values, self.capacity = new_k, new_v, capacity
 
+    def copy(self, source: int, target: int, length: int) -> None:
+        """Copy the first ``length`` positions of slot ``source`` into slot ``target``."""
+        for tensors in (self.keys, self.values):
+            for t in tensors:
+                t[target, :, :length] = t[source, :, :length]
+
     def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any):
         keys, values, step = self.keys[layer_idx], self.values[layer_idx], self.step
         if step.decode:
@@ -344,10 +456,8 @@ class _Step:
             self.positions = torch.tensor([p[1] for p in decode], dtype=long, device=device)
             self.queries = torch.tensor([p[2] for p in decode], dtype=long, device=device)
             self.length = max(p[1] for p in decode) + 1
-            lengths = torch.ones(slots, dtype=long, device=device)  # idle slots: one dummy key
-            lengths[self.slots] = self.positions + 1
-            keep = torch.arange(self.length, device=device)[None, :] < lengths[:, None]
-            self.mask = keep[:, None, None, :]
+            keep = torch.arange(self.length, device=device)[None, :] <= self.positions[:, None]
+            self.mask = keep[:, None, None, :]  # [decoding rows, 1, 1, keys]
 
 
 class _Parts(list):
@@ -380,18 +490,41 @@ def _row_attention(module, query, key, value, attention_mask, scaling=None, **kw
             module, query[:, :, q0:q1], k, v, mask, scaling=scaling, **kwargs
         )
     if step.decode:
-        q = query.new_zeros(key.keys.shape[0], heads, 1, dim)
-        q[step.slots, :, 0] = query[0, :, step.queries].transpose(0, 1)
+        # Only the decoding rows' caches, and no repeated key/value heads: each key/value
+        # head's query heads (``groups`` of them, consecutive, as transformers' repeat_kv
+        # orders them) go in as ``groups`` query positions of that head, all seeing every key.
+        rows, kv_heads = len(step.decode), key.keys.shape[1]
+        groups = heads // kv_heads
+        q = query[0, :, step.queries].transpose(0, 1).reshape(rows, kv_heads, groups, dim)
         res = torch.nn.functional.scaled_dot_product_attention(
             q,
-            key.keys[:, :, : step.length],
-            key.values[:, :, : step.length],
+            key.keys[step.slots, :, : step.length],
+            key.values[step.slots, :, : step.length],
             attn_mask=step.mask,
             scale=scaling,
-            enable_gqa=heads != key.keys.shape[1],
         )
-        out[0, step.queries] = res[step.slots, :, 0]
+        out[0, step.queries] = res.reshape(rows, heads, dim)
     return out, None
+
+
+#: forward passes of at most this many tokens use :func:`_narrow_linear` (on the CPU)
+_NARROW = 64
+
+
+def _narrow_linear(self, x):
+    """``nn.Linear.forward`` for a few rows on the CPU: ``(W @ xᵀ)ᵀ``.
+
+    For a decoding step (one row per sequence, 2 to 64 rows) this product streams the weight
+    matrix once, where ``F.linear`` on the same rows goes about 1.3 to 1.9 times slower on the
+    2-core machines this was measured on (SmolLM2's layer shapes, weights not in cache), and
+    decoding on the CPU is bound by reading the weights. The result is the same product summed
+    in another order, so it can differ from ``F.linear`` in the last bits.
+    """
+    flat = x.reshape(-1, x.shape[-1])
+    y = (self.weight @ flat.T).T
+    if self.bias is not None:
+        y = y + self.bias
+    return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
 class _Engine:
@@ -401,34 +534,45 @@ class _Engine:
         self.lm = lm
         self.torch = lm._torch
         self.slots: list[_Row | None] = [None] * lm.batch_size
+        self.kept: list[list[int] | None] = [None] * lm.batch_size  # each slot's cached prompt
         self.waiting: deque[_Row] = deque()
         self.cache = _Cache(lm.model, lm.batch_size)
         self.enabled = False
+        self.linears: list[Any] | None = None
 
     def busy(self) -> bool:
         return bool(self.waiting) or any(r is not None for r in self.slots)
 
     def run(self, rows: list[_Row]) -> None:
-        """Generate ``rows`` to the end (the call of a caller that is not a client)."""
+        """Generate ``rows`` to the end (the call of a caller that is not a client). Kept
+        prefixes last for the call, or for the :meth:`TransformersLM.session` it is in."""
+        keep = self.lm._session
+        self.reset(forget=not keep)
         self.waiting.extend(rows)
         try:
             while self.busy():
                 self.step()
         finally:
-            self.waiting.clear()
-            self.slots = [None] * len(self.slots)
+            self.reset(forget=not keep)
 
     def step(self) -> list[_Row]:
         """Admit waiting rows into free slots, run one forward pass, return the rows finished."""
         torch = self.torch
-        for s, row in enumerate(self.slots):
-            if row is None and self.waiting:
-                row = self.waiting.popleft()
-                row.slot, row.cached = s, 0
-                if row.config.temperature > 0:
-                    row.generator = torch.Generator(device=self.lm.device)
-                    row.generator.manual_seed(row.config.seed + row.sample)
-                self.slots[s] = row
+        free = [s for s, row in enumerate(self.slots) if row is None]
+        fresh: set[int] = set()  # slots whose prompt is computed in this step
+        deferred: list[_Row] = []
+        scanned = 0
+        while free and self.waiting and scanned < 4 * len(self.slots):
+            row = self.waiting.popleft()
+            scanned += 1
+            if fresh and self.defer(row, fresh):
+                deferred.append(row)
+                continue
+            self.admit(row, free, fresh)
+            if row.config.temperature > 0:
+                row.generator = torch.Generator(device=self.lm.device)
+                row.generator.manual_seed(row.config.seed + row.sample)
+        self.waiting.extendleft(reversed(deferred))
         rows = [r for r in self.slots if r is not None]
         if not rows:
             return []
@@ -436,7 +580,7 @@ class _Engine:
         positions: list[int] = []
         plan = []
         for row in rows:
-            new = row.prompt if row.cached == 0 else row.tokens[-1:]
+            new = row.tokens[-1:] if row.tokens else row.prompt[row.cached :]
             plan.append((row.slot, row.cached, len(ids), len(ids) + len(new)))
             ids.extend(new)
             positions.extend(range(row.cached, row.cached + len(new)))
@@ -446,7 +590,7 @@ class _Engine:
         except Exception as exc:  # the rows of this step fail; the engine stays usable
             for row in rows:
                 row.error = exc
-                self.slots[row.slot] = None
+                self.slots[row.slot] = self.kept[row.slot] = None
             return rows
         finished = []
         for i, row in enumerate(rows):
@@ -454,8 +598,62 @@ class _Engine:
             self.advance(row, logits[i])
             if row.done:
                 self.slots[row.slot] = None
+                # the slot keeps what its cache holds: the prompt and the reply but its last token
+                self.kept[row.slot] = (row.prompt + row.tokens)[: row.cached]
                 finished.append(row)
         return finished
+
+    def reuse(self, prompt: list[int], exclude: set[int]) -> tuple[int | None, int]:
+        """The slot (outside ``exclude``) keeping the longest prefix of ``prompt``, and its
+        usable length (at least one prompt token is left to compute; under ``_MIN_REUSE``
+        tokens it is not worth it: ``(None, 0)``)."""
+        source, length = None, 0
+        if self.lm.reuse_prefix:
+            for s, kept in enumerate(self.kept):
+                if kept is not None and s not in exclude:
+                    n = _common_length(kept, prompt)
+                    if n > length:
+                        source, length = s, n
+            length = min(length, len(prompt) - 1)
+        return (source, length) if length >= _MIN_REUSE else (None, 0)
+
+    def defer(self, row: _Row, fresh: set[int]) -> bool:
+        """Whether ``row`` should wait one step for a prompt admitted in this step: it shares a
+        longer prefix with that prompt than with anything already computed (the samples of one
+        prompt, prompts with a common system prompt), and the prefix is computed once."""
+        if not self.lm.reuse_prefix:
+            return False
+        _, now = self.reuse(row.prompt, fresh)
+        best = max((_common_length(self.kept[s], row.prompt) for s in fresh), default=0)
+        return min(best, len(row.prompt) - 1) >= now + _MIN_REUSE
+
+    def admit(self, row: _Row, free: list[int], fresh: set[int]) -> None:
+        """Put ``row`` in a free slot, starting from the longest prompt prefix a slot still holds.
+
+        A slot keeps the keys and values of its last prompt until another prompt takes it, so a
+        prompt that begins like an earlier one (a shared system prompt, the previous step of the
+        same episode) only computes the rest: in that slot when it is free, else after copying
+        the prefix over.
+        """
+        source, length = self.reuse(row.prompt, fresh)
+        if source in free:
+            slot = source
+        else:  # an empty slot, so that kept prefixes other prompts may start from survive
+            slot = next((f for f in free if self.kept[f] is None), free[0])
+        if source is not None and source != slot:
+            self.cache.copy(source, slot, length)
+        free.remove(slot)
+        fresh.add(slot)
+        row.slot, row.cached = slot, length
+        self.slots[slot], self.kept[slot] = row, row.prompt
+
+    def reset(self, forget: bool = True) -> None:
+        """Empty the batch and (``forget``) the kept prefixes: each call, client session or
+        :meth:`TransformersLM.session` starts clean."""
+        self.waiting.clear()
+        self.slots = [None] * len(self.slots)
+        if forget:
+            self.kept = [None] * len(self.slots)
 
     def forward(self, ids: list[int], positions: list[int], plan, last: list[int]):
         torch, model = self.torch, self.lm.model
@@ -464,6 +662,9 @@ class _Engine:
         self.cache.step = _Step(plan, self.cache.slots, torch, device)
         previous = model.config._attn_implementation
         model.config._attn_implementation = _ATTENTION
+        narrow = self.narrow_linears() if len(ids) <= _NARROW else []
+        for linear in narrow:
+            linear.forward = _narrow_linear.__get__(linear)
         try:
             with torch.inference_mode():
                 out = model(
@@ -475,7 +676,18 @@ class _Engine:
                 )
         finally:
             model.config._attn_implementation = previous
+            for linear in narrow:
+                del linear.forward
         return out.logits[0].float()
+
+    def narrow_linears(self) -> list[Any]:
+        """The model's ``nn.Linear`` layers, when it runs on the CPU (else none)."""
+        if self.linears is None:
+            torch = self.torch
+            on_cpu = torch.device(self.lm.device).type == "cpu"
+            modules = self.lm.model.modules() if on_cpu else []
+            self.linears = [m for m in modules if type(m) is torch.nn.Linear]
+        return self.linears
 
     def advance(self, row: _Row, logits: Any) -> None:
         """Pick the row's next token and decide whether it is done."""
@@ -490,7 +702,7 @@ class _Engine:
         else:
             token = int(torch.argmax(logits))
         if token in self.lm._eos:
-            row.finish = "stop"
+            row.finish, row.end = "stop", token
         else:
             row.tokens.append(token)
             if len(row.tokens) >= cfg.max_tokens:
@@ -510,6 +722,8 @@ class _Engine:
         torch, model = self.torch, self.lm.model
         ids = self.lm.tokenizer("The capital of France is", add_special_tokens=False)["input_ids"]
         ids = ids[:8] or [0]
+        training = model.training
+        model.eval()  # dropout (a LoRA adapter's, say) would make the two passes differ
         try:
             from transformers import AttentionInterface
 
@@ -519,6 +733,8 @@ class _Engine:
             got = self.forward(ids, list(range(len(ids))), [(0, 0, 0, len(ids))], [len(ids) - 1])
         except Exception:  # an architecture this engine cannot drive
             return False
+        finally:
+            model.train(training)
         return bool(torch.allclose(got[0], want.float(), atol=1e-3, rtol=1e-3))
 
 
@@ -581,6 +797,7 @@ class _Scheduler:
         engine = self.lm._engine
         if engine.busy():
             raise RuntimeError("run_clients: the engine is already running (nested call?)")
+        engine.reset(forget=not self.lm._session)
         for c in self.clients:
             c.thread.start()
         ready = deque(self.clients)
@@ -604,8 +821,7 @@ class _Scheduler:
                         woken.append(client)
                 ready.extend(sorted(woken, key=self.clients.index))
         finally:  # normally every client has returned; otherwise end the ones left
-            engine.waiting.clear()
-            engine.slots = [None] * len(engine.slots)
+            engine.reset(forget=not self.lm._session)
             self.cancelled = True
             for c in self.clients:
                 c.go.set()

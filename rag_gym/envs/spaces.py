@@ -44,11 +44,23 @@ def text_charset() -> frozenset[str]:
     return frozenset(chars)
 
 
+@functools.cache
+def _charset_tables() -> tuple[frozenset[str], tuple[str, ...], dict[str, np.int32], str]:
+    """What :class:`~gymnasium.spaces.Text` derives from a charset, for :func:`text_charset`."""
+    chars = sorted(text_charset())
+    index = {c: np.int32(i) for i, c in enumerate(chars)}
+    return frozenset(chars), tuple(chars), index, "".join(chars)
+
+
 class UnicodeText(Text):
     """A :class:`~gymnasium.spaces.Text` over printable BMP characters (see the module doc)."""
 
     def __init__(self, max_length: int, min_length: int = 0, seed: Any = None) -> None:
-        super().__init__(max_length, min_length=min_length, charset=text_charset(), seed=seed)
+        # Gymnasium checks the lengths and seed; the charset's sorted list, index and string
+        # (about 50 ms to build for 55,000 characters, and an env has two of these spaces) are
+        # built once per process and shared, read-only, by every UnicodeText.
+        super().__init__(max_length, min_length=min_length, charset="a", seed=seed)
+        self._char_set, self._char_list, self._char_index, self._char_str = _charset_tables()
 
     def contains(self, x: Any) -> bool:
         return (

@@ -138,6 +138,57 @@ def test_hf_generator_trims_at_the_stop_string(tokenizer):
     ]
 
 
+@pytest.mark.parametrize("model_name", ["tiny", "embedded"])
+def test_engine_generator_keeps_each_episode_cache_and_matches_hf(model_name):
+    """The rollout's default generator plays the same greedy episodes as ``model.generate``
+    (through a LoRA-wrapped policy, as in training) while computing each token once: turn two
+    starts from turn one's cache."""
+    pytest.importorskip("peft")
+    torch = pytest.importorskip("torch")
+    from peft import LoraConfig, get_peft_model
+
+    from rag_gym.agents.train.models import load_policy
+    from rag_gym.agents.train.rollout import EngineGenerator, HFGenerator, make_generator
+
+    model, tok = load_policy(model_name)
+    model = get_peft_model(
+        model, LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM")
+    )
+    model.train()
+    engine = _engine(tok, max_turns=3, max_turn_tokens=12, max_completion_tokens=700)
+    gen = make_generator(model, tok, temperature=0.0, batch_size=4)
+    assert isinstance(gen, EngineGenerator)
+    computed = []
+    forward = gen.lm._engine.forward
+
+    def recording(ids, positions, plan, last):
+        computed.append(len(ids))
+        return forward(ids, positions, plan, last)
+
+    gen.lm._engine.forward = recording
+    ours = engine.play(gen, [0, 1, 0])
+    assert model.training  # put back after generating
+    theirs = engine.play(HFGenerator(model, tok, temperature=0.0, batch_size=4), [0, 1, 0])
+    assert [e.completion_ids for e in ours] == [e.completion_ids for e in theirs]
+    assert [e.turns for e in ours] == [e.turns for e in theirs]
+    # every prompt and env token once, plus one per generated token (the two copies of
+    # question 0 share their prompt too); re-computing each turn would cost far more
+    once = sum(len(e.prompt_ids) + len(e.completion_ids) for e in ours)
+    per_turn = sum(
+        len(e.prompt_ids) * e.turns + len(e.completion_ids) * (e.turns - 1) for e in ours
+    )
+    assert sum(computed) <= once and any(e.turns > 1 for e in ours)
+    assert sum(computed) < 0.7 * per_turn
+    # sampling: the four copies of one question draw different replies, reproducibly
+    sampling = make_generator(model, tok, temperature=1.0, batch_size=4)
+    torch.manual_seed(0)
+    first = [e.completion_ids for e in engine.play(sampling, [2] * 4)]
+    torch.manual_seed(0)
+    assert [e.completion_ids for e in engine.play(sampling, [2] * 4)] == first
+    assert len({tuple(c) for c in first}) > 1
+    assert isinstance(make_generator(model, tok, top_k=5), HFGenerator)  # the engine lacks top-k
+
+
 def test_dynamic_sampling_refills_groups_whose_returns_agree(tokenizer):
     from rag_gym.agents.train.grpo import EnvRollout, question_keys
 
@@ -163,13 +214,13 @@ def test_dynamic_sampling_refills_groups_whose_returns_agree(tokenizer):
         model = None
         use_vllm = False
 
-    rollout.generator_for = lambda trainer: HalfWrong(tokenizer, answers)
+    rollout.generator_for = lambda trainer, episodes: HalfWrong(tokenizer, answers)
     out = rollout([examples[0].id] * 2 + [examples[1].id] * 2, Trainer())
     # question 1's group is varied already (right, wrong); question 0's too, with HalfWrong
     assert rollout.last_stats["episode/groups_flat"] == 0
     assert out["episode_return"] == [1.0, 0.0, 1.0, 0.0]
 
-    rollout.generator_for = lambda trainer: Scripted(tokenizer, answers)
+    rollout.generator_for = lambda trainer, episodes: Scripted(tokenizer, answers)
     out = rollout([examples[0].id] * 2, Trainer())  # all right: flat
     # refilled from the pool (examples[5]) but Scripted is always right: still flat after
     # every round, and the batch goes on

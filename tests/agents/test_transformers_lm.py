@@ -94,6 +94,90 @@ def test_clients_share_the_running_batch(lm, monkeypatch):
         assert alone[0].text == text
 
 
+def test_a_prompt_starts_from_the_prefix_its_slot_kept(lm, monkeypatch):
+    starts = []
+    forward = lm._engine.forward
+
+    def recording(ids, positions, plan, last):
+        starts.extend(start for _, start, q0, q1 in plan if q1 - q0 > 1)  # prompt parts
+        return forward(ids, positions, plan, last)
+
+    monkeypatch.setattr(lm._engine, "forward", recording)
+    passage = "Orrin is a river town. Its bridge was built in 1602 by Ada Vell. " * 3
+    questions = [f"{passage}\nQuestion: {q}\nAnswer:" for q in ("Who built it?", "When?")]
+    cfg = GenerationConfig(max_tokens=5)
+    replies = []
+    lm.run_clients([lambda: replies.extend(lm.generate([q], cfg)[0][0] for q in questions)])
+    shared = len(lm.tokenizer(passage + "\nQuestion: ", add_special_tokens=False)["input_ids"])
+    assert starts[0] == 0 and shared - 2 <= starts[1] <= shared  # the second skips the passage
+    starts.clear()
+    lm.generate([questions[1]], cfg)  # a new call starts clean
+    assert starts == [0]
+    monkeypatch.setattr(lm, "reuse_prefix", False)
+    whole = [lm.generate([q], cfg)[0][0] for q in questions]
+    assert [g.text for g in replies] == [g.text for g in whole]
+    assert [g.prompt_tokens for g in replies] == [g.prompt_tokens for g in whole]
+
+
+def _computed(lm, monkeypatch) -> list[tuple[int, int]]:
+    """Records (cache start, tokens computed) of every prompt part the engine runs."""
+    parts: list[tuple[int, int]] = []
+    forward = lm._engine.forward
+
+    def recording(ids, positions, plan, last):
+        parts.extend((start, q1 - q0) for _, start, q0, q1 in plan if q1 - q0 > 1)
+        return forward(ids, positions, plan, last)
+
+    monkeypatch.setattr(lm._engine, "forward", recording)
+    return parts
+
+
+def test_samples_of_one_prompt_compute_it_once(lm, monkeypatch):
+    parts = _computed(lm, monkeypatch)
+    chat = [{"role": "user", "content": "Tell me about rivers and the towns along them."}]
+    out = lm.generate([chat], GenerationConfig(max_tokens=4, n=3, temperature=1.0, seed=3))
+    length = out[0][0].prompt_tokens
+    # the first sample computes the prompt; the others wait one step and compute only its
+    # last token (one-token parts are not recorded)
+    assert parts == [(0, length)]
+    monkeypatch.setattr(lm, "reuse_prefix", False)
+    again = lm.generate([chat], GenerationConfig(max_tokens=4, n=3, temperature=1.0, seed=3))
+    assert [g.text for g in again[0]] == [g.text for g in out[0]]
+
+
+def test_a_session_keeps_prompt_and_reply_across_calls(lm, monkeypatch):
+    parts = _computed(lm, monkeypatch)
+    tok = lm.tokenizer
+    prompt = tok("Orrin is a river town. Its bridge was built in 1602 by Ada Vell. Who built it?")[
+        "input_ids"
+    ]
+    cfg = GenerationConfig(max_tokens=6)
+    with lm.session():
+        ((first, _),) = lm.generate_ids([prompt], cfg)
+        turn = (
+            prompt + first + tok(" Observation: the bridge.", add_special_tokens=False)["input_ids"]
+        )
+        ((second, _),) = lm.generate_ids([turn], cfg)
+    # turn two computed only what turn one did not: its last sampled token and the observation
+    assert parts[0] == (0, len(prompt))
+    start, n = parts[1]
+    assert start == len(prompt) + len(first) - 1 and start + n == len(turn)
+    parts.clear()
+    ((alone, _),) = lm.generate_ids([turn], cfg)  # outside the session: computed whole
+    assert parts == [(0, len(turn))] and alone == second
+
+
+def test_generate_ids_keeps_the_end_token(lm):
+    tok = lm.tokenizer
+    chat = [{"role": "user", "content": "What is 2 + 2? Reply with the number only."}]
+    ids = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    ids = tok(ids, add_special_tokens=False)["input_ids"]
+    [(tokens, finish)] = lm.generate_ids([ids], GenerationConfig(max_tokens=40))
+    assert finish == "stop" and tokens[-1] in lm._eos and "4" in tok.decode(tokens)
+    [(short, finish)] = lm.generate_ids([ids], GenerationConfig(max_tokens=1))
+    assert finish == "length" and short == tokens[:1]
+
+
 def test_a_client_error_reaches_the_caller_after_the_others_finish(lm):
     finished = []
 

@@ -72,7 +72,7 @@ from typing import Any
 
 import numpy as np
 
-from rag_gym.agents.train.rollout import Episode, HFGenerator, RolloutEngine
+from rag_gym.agents.train.rollout import Episode, RolloutEngine, make_generator
 from rag_gym.rewards.core import EVO_RAG_TERMS
 
 #: The action types a sibling can take (§3.1); the rollout's own action is one branch, these the
@@ -1047,7 +1047,7 @@ def evaluate_policy(
 ) -> dict[str, float]:
     """Greedy episodes on the first ``n`` questions of ``engine``'s split: mean EM, return (under
     ``stage``'s weights) and searches (the dev check of §3.4)."""
-    generate = HFGenerator(model, tokenizer, temperature=0.0, batch_size=batch_size)
+    generate = make_generator(model, tokenizer, temperature=0.0, batch_size=batch_size)
     total = min(n, engine.n_questions)
     episodes: list[Episode] = []
     for start in range(0, total, batch_size):
@@ -1137,7 +1137,7 @@ def train(
             best_cycle, stall, cycles = 0, 0, 0
             for cycle in range(1, cfg.cycles_per_stage + 1):
                 cycles, cycle_no = cycle, cycle_no + 1
-                generate = HFGenerator(
+                generate = make_generator(
                     model,
                     tokenizer,
                     temperature=cfg.temperature,

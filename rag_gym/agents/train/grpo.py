@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,7 +35,13 @@ from typing import Any
 
 import gymnasium as gym
 
-from rag_gym.agents.train.rollout import Episode, HFGenerator, RolloutEngine
+from rag_gym.agents.train.rollout import (
+    EngineGenerator,
+    Episode,
+    HFGenerator,
+    RolloutEngine,
+    make_generator,
+)
 
 ALGORITHMS = ("grpo", "dapo")
 KL_ESTIMATORS = ("k3", "stabilized")
@@ -244,20 +251,27 @@ class EnvRollout:
         self.dynamic_sampling = dynamic_sampling
         self.max_resample_rounds = max_resample_rounds
         self.rng = random.Random(seed)
-        self.generator: HFGenerator | None = None
+        self.generator: EngineGenerator | HFGenerator | None = None
         self.last_stats: dict[str, float] = {}
         self.episodes: list[Episode] = []
 
-    def generator_for(self, trainer: Any) -> Callable:
+    def generator_for(self, trainer: Any, episodes: int = 16) -> Callable:
+        """vLLM's engine when the trainer uses vLLM, else :func:`make_generator` on the policy
+        with a slot (a kept cache) for each of the ``episodes`` played at once."""
         if getattr(trainer, "use_vllm", False):
             return VLLMGenerator(trainer, self.engine.tokenizer)
-        if self.generator is None or self.generator.model is not trainer.model:
-            self.generator = HFGenerator(
+        g = self.generator
+        if (
+            g is None
+            or g.model is not trainer.model
+            or (isinstance(g, EngineGenerator) and g.lm.batch_size < episodes)
+        ):
+            self.generator = make_generator(
                 trainer.model,
                 self.engine.tokenizer,
                 temperature=self.temperature,
                 top_p=self.top_p,
-                batch_size=64,
+                batch_size=max(16, episodes),
             )
         return self.generator
 
@@ -267,7 +281,8 @@ class EnvRollout:
         return self.engine.play(generate, indices, prefixes=prefixes if any(prefixes) else None)
 
     def __call__(self, prompts: list[str], trainer: Any) -> dict[str, Any]:
-        generate = self.generator_for(trainer)
+        started = time.perf_counter()
+        generate = self.generator_for(trainer, len(prompts))
         keys = [p if isinstance(p, str) else str(p) for p in prompts]
         unknown = [k for k in keys if k not in self.keys]
         if unknown:
@@ -310,6 +325,7 @@ class EnvRollout:
             "episode/prompt_tokens": _mean(len(e.prompt_ids) for e in episodes),
             "episode/groups_resampled": float(resampled),
             "episode/groups_flat": float(flat_left),
+            "episode/rollout_seconds": time.perf_counter() - started,
         }
         return {
             "prompt_ids": [e.prompt_ids for e in episodes],
@@ -648,7 +664,7 @@ def evaluate_policy(
         max_completion_tokens=cfg.max_completion_tokens,
     )
     total = engine.n_questions if n is None else min(n, engine.n_questions)
-    generate = HFGenerator(model, tokenizer, temperature=0.0, batch_size=batch)
+    generate = make_generator(model, tokenizer, temperature=0.0, batch_size=batch)
     episodes: list[Episode] = []
     for start in range(0, total, batch):
         episodes += engine.play(generate, list(range(start, min(total, start + batch))))
@@ -701,7 +717,9 @@ def train_forest(
         history.append(
             {"round": round_, "contexts": len(rollout.keys), "log": trainer.state.log_history}
         )
-        keys = _next_contexts(rollout, HFGenerator(model, tokenizer, temperature=cfg.temperature))
+        keys = _next_contexts(
+            rollout, make_generator(model, tokenizer, temperature=cfg.temperature)
+        )
         if not keys:
             break
     return {"run_dir": str(root), "rounds": history}

@@ -18,12 +18,15 @@ the observation is tokenised and appended. Only ``env_mask == 1`` tokens are tra
 ``max_completion_tokens`` stops unfinished and gets no end token, so a trainer sees it as
 truncated (DAPO's overlong masking drops it from the loss).
 
-:class:`HFGenerator` generates with ``transformers`` (batched, left-padded, sampled or greedy).
+:class:`EngineGenerator` generates with ``transformers`` on rag-gym's continuous-batching engine,
+each episode's keys and values kept from turn to turn; :class:`HFGenerator` with
+``model.generate`` on left-padded batches (any model, ``top_k``); :func:`make_generator` picks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -206,8 +209,20 @@ class RolloutEngine:
 
         ``prefixes`` replays given action texts before the model's first turn (their tokens
         are not part of the completion; the prompt is the observation after them as one user
-        message): R²AG's forest contexts. ``seed`` seeds the env resets.
+        message): R²AG's forest contexts. ``seed`` seeds the env resets. A generator with a
+        ``session()`` (:class:`EngineGenerator`) keeps each episode's cache across its turns.
         """
+        session = getattr(generate, "session", None)
+        with session() if session is not None else contextlib.nullcontext():
+            return self._play(generate, indices, seed, prefixes)
+
+    def _play(
+        self,
+        generate: Generator,
+        indices: Sequence[int],
+        seed: int | None,
+        prefixes: Sequence[Sequence[str]] | None,
+    ) -> list[Episode]:
         n = len(indices)
         self.grow(n)
         episodes = []
@@ -225,7 +240,17 @@ class RolloutEngine:
                         )
                 ep.prompt_ids = self.render_prompt([{"role": "user", "content": obs}])
             episodes.append(ep)
-        active = list(range(n))
+        run_clients = getattr(generate, "run_clients", None)
+        if run_clients is not None:  # each episode on its own, in one running batch
+            run_clients(
+                [
+                    self._client(generate, ep, env)
+                    for ep, env in zip(episodes, self.envs[:n], strict=True)
+                ]
+            )
+            active = []
+        else:  # turn by turn, every active episode in one call
+            active = list(range(n))
         while active:
             budgets = [self.max_completion_tokens - len(episodes[i].completion_ids) for i in active]
             new = generate(
@@ -241,6 +266,24 @@ class RolloutEngine:
         for ep in episodes:
             ep.text = self.tokenizer.decode(ep.completion_ids, skip_special_tokens=True)
         return episodes
+
+    def _client(self, generate: Generator, ep: Episode, env: gym.Env) -> Callable[[], None]:
+        """One episode played to its end, one ``generate`` call per turn (a client of
+        :meth:`EngineGenerator.run_clients`: its turns join the running batch, so an episode
+        whose reply is done steps its env and goes on while others still decode)."""
+
+        def play() -> None:
+            while True:
+                budget = self.max_completion_tokens - len(ep.completion_ids)
+                [tokens] = generate(
+                    [ep.prompt_ids + ep.completion_ids],
+                    max(1, min(self.max_turn_tokens, budget)),
+                    self.stop,
+                )
+                if not self.advance(ep, env, list(tokens)):
+                    return
+
+        return play
 
     def advance(self, ep: Episode, env: gym.Env, tokens: list[int]) -> bool:
         """Apply one model turn (``tokens``) to ``ep`` in ``env``: step the env, add the reward,
@@ -278,6 +321,162 @@ class RolloutEngine:
         ep.completion_ids += obs_ids
         ep.env_mask += [0] * len(obs_ids)
         return True
+
+
+class EngineGenerator:
+    """Multi-turn generation that computes each token once per rollout: the policy on
+    :class:`~rag_gym.agents.transformers_lm.TransformersLM`'s continuous-batching engine, with
+    each episode's keys and values kept across its turns.
+
+    :meth:`RolloutEngine.play` opens a :meth:`session` for the whole rollout; turn ``t + 1``'s
+    sequence is turn ``t``'s plus the reply and the observation, so only the observation and the
+    new reply are computed (:class:`HFGenerator` re-computes the whole episode every turn, which
+    makes a multi-turn step cost about twice a single-turn one). Outside a session every call
+    starts clean, so weights changed between calls are never read from a stale cache.
+
+    Sampling matches :class:`HFGenerator`'s (temperature, ``top_p``; ``top_k`` is not
+    supported: :func:`make_generator` picks :class:`HFGenerator` for it); each row has its own
+    random stream, seeded from torch's global generator, so runs under a fixed seed repeat.
+
+    Args:
+        model: a causal LM (PEFT-wrapped or not) that the engine can drive
+            (``TransformersLM.from_model(...).engine_enabled``).
+        tokenizer: its tokenizer.
+        temperature: 0 decodes greedily.
+        top_p: nucleus sampling mass.
+        batch_size: rows decoded together, and episodes whose caches are kept; a rollout of
+            more episodes still works, re-computing the episodes whose slot was taken.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        batch_size: int = 16,
+    ) -> None:
+        from rag_gym.agents.transformers_lm import TransformersLM
+
+        if not isinstance(temperature, (int, float)) or temperature < 0:
+            raise ValueError(f"expected temperature >= 0, got {temperature!r}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.temperature = float(temperature)
+        self.top_p = float(top_p)
+        self.lm = TransformersLM.from_model(model, tokenizer, batch_size=batch_size)
+        self.tokens_generated = 0
+        self._merged = False
+
+    @property
+    def usable(self) -> bool:
+        """Whether the engine runs this model (else use :class:`HFGenerator`)."""
+        return self.lm.engine_enabled
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[EngineGenerator]:
+        """Keep each episode's keys and values across the calls inside (one rollout), with the
+        LoRA adapters merged (:meth:`merged`) for all of it."""
+        with self.merged(), self.lm.session():
+            yield self
+
+    def run_clients(self, clients: Sequence[Callable[[], None]]) -> None:
+        """Run ``clients`` (each plays one episode, calling this generator once per turn) as
+        one continuously batched generation: :meth:`TransformersLM.run_clients`. Clients run
+        one at a time in a fixed order, so sampled rollouts repeat under a fixed seed."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with self.merged():
+                self.lm.run_clients(clients)
+        finally:
+            if was_training:
+                self.model.train()
+
+    @contextlib.contextmanager
+    def merged(self) -> Iterator[None]:
+        """LoRA adapters merged into their base weights while generating.
+
+        A LoRA layer otherwise runs three matrix products per linear layer (base, A, B): with
+        SmolLM2 on CPU a decoding step takes about 1.5 times as long. The base weights are
+        copied first and copied back afterwards, so they come out bit for bit as they were
+        (PEFT's own unmerge subtracts the update again, which drifts by a rounding error each
+        time). The copy costs the adapted layers' weights once more in memory during the
+        rollout; for large models on a GPU, generate with vLLM instead. No-op for a model
+        without LoRA layers, or inside another ``merged`` block.
+        """
+        try:
+            from peft.tuners.lora import LoraLayer
+        except ImportError:
+            LoraLayer = None
+        layers = (
+            [m for m in self.model.modules() if isinstance(m, LoraLayer) and not m.merged]
+            if LoraLayer is not None and not self._merged
+            else []
+        )
+        if not layers:
+            yield
+            return
+        import torch
+
+        weights = [m.get_base_layer().weight for m in layers]
+        saved = [w.detach().clone() for w in weights]
+        self._merged = True
+        try:
+            with torch.no_grad():
+                for m in layers:
+                    m.merge()
+            yield
+        finally:
+            with torch.no_grad():
+                for m in layers:
+                    if m.merged:
+                        m.unmerge()
+                for w, copy in zip(weights, saved, strict=True):
+                    w.copy_(copy)
+            self._merged = False
+
+    def __call__(
+        self, sequences: list[list[int]], max_new_tokens: int, stop: Sequence[str]
+    ) -> list[list[int]]:
+        import torch
+
+        from rag_gym.agents.lm import GenerationConfig
+
+        config = GenerationConfig(
+            max_tokens=max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            stop=tuple(stop),
+            seed=int(torch.randint(0, 2**62, ()).item()),
+        )
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with self.merged():
+                out = [tokens for tokens, _ in self.lm.generate_ids(sequences, config)]
+        finally:
+            if was_training:
+                self.model.train()
+        self.tokens_generated += sum(len(t) for t in out)
+        return out
+
+
+def make_generator(
+    model: Any,
+    tokenizer: Any,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    batch_size: int = 16,
+) -> EngineGenerator | HFGenerator:
+    """The generator for rollouts: :class:`EngineGenerator` when the engine runs ``model`` and
+    no ``top_k`` is asked, else :class:`HFGenerator`."""
+    if not top_k:
+        engine = EngineGenerator(model, tokenizer, temperature, top_p, batch_size)
+        if engine.usable:
+            return engine
+    return HFGenerator(model, tokenizer, temperature, top_p, top_k, batch_size)
 
 
 class HFGenerator:
