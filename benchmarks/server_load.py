@@ -17,9 +17,10 @@ own process, started and stopped here, one at a time:
    ``rag-gym serve --no-micro-batching`` (this server, each request retrieved on its own). Our
    server is measured again with the same request count, right after them.
 3. Against in-process retrieval, batched: one request of ``--batch`` queries on a keep-alive
-   connection (sent to reply parsed) against one ``retrieve`` call of the same queries in this
-   process (best of ``--repeats``; target >= 0.8), and against ``retrieve`` plus reading the
-   passage texts, which is what the server's reply holds.
+   connection (sent to reply parsed, with the parser ``HttpRetriever`` uses: orjson when
+   installed) against one ``retrieve`` call of the same queries in this process (best of
+   ``--repeats``; target >= 0.8), and against ``retrieve`` plus reading the passage texts,
+   which is what the server's reply holds.
 
 Another process loading the CPU changes the figures; the ratios compare runs made minutes apart.
 """
@@ -42,6 +43,7 @@ from pathlib import Path
 
 from rag_gym.data.synthhop import world_for
 from rag_gym.retrieval import BM25Retriever
+from rag_gym.retrieval.server import loads  # what HttpRetriever parses replies with
 
 HOST = "127.0.0.1"
 
@@ -189,7 +191,7 @@ async def run_load(
                 payload = await asyncio.wait_for(
                     one_request(reader, writer, bodies[(c * requests + r) % len(bodies)]), 60
                 )
-                reply = json.loads(payload)["result"]
+                reply = loads(payload)["result"]
                 if len(reply) != 1 or len(reply[0]) != 3:
                     raise ValueError(f"expected 1 result of 3 passages, got {reply!r:.200}")
                 stats["ok"] += 1
@@ -226,11 +228,11 @@ async def time_batched(port: int, body: bytes, repeats: int, *in_process) -> lis
     function, timed alternately."""
     reader, writer = await asyncio.open_connection(HOST, port)
     try:
-        json.loads(await one_request(reader, writer, body))  # warm-up
+        loads(await one_request(reader, writer, body))  # warm-up
         best = [float("inf")] * (1 + len(in_process))
         for _ in range(repeats):
             t0 = time.perf_counter()
-            json.loads(await one_request(reader, writer, body))
+            loads(await one_request(reader, writer, body))
             best[0] = min(best[0], time.perf_counter() - t0)
             for i, fn in enumerate(in_process, 1):
                 t0 = time.perf_counter()

@@ -34,6 +34,22 @@ from typing import Any
 from rag_gym.data.types import Corpus, Passage
 from rag_gym.retrieval.base import RetrievalResult, Retriever, check_queries, per_query
 
+try:  # orjson (the server extra installs it) encodes and parses a reply of 768 passages
+    import orjson  # about 5 times as fast as json: most of a batched request's cost at 100k
+
+    def dumps(obj: Any) -> bytes:
+        """JSON bytes of ``obj`` (UTF-8, compact)."""
+        return orjson.dumps(obj)
+
+    loads = orjson.loads
+except ImportError:  # pragma: no cover - the server extra installs orjson
+
+    def dumps(obj: Any) -> bytes:
+        """JSON bytes of ``obj`` (UTF-8, compact)."""
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+
+    loads = json.loads
+
 
 @dataclass(frozen=True)
 class ServerLimits:
@@ -272,7 +288,7 @@ class _Guard:
 
 
 async def _send_json(send, status: int, content: dict) -> None:
-    body = json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode()
+    body = dumps(content)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
@@ -447,7 +463,7 @@ class HttpRetriever:
         headers = {"Content-Type": "application/json"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
-        data = json.dumps(body).encode() if body is not None else None
+        data = dumps(body) if body is not None else None
         last: Exception | None = None
         for attempt in range(self.retries + 1):
             if attempt:
@@ -455,7 +471,7 @@ class HttpRetriever:
             req = urllib.request.Request(self.url + path, data=data, headers=headers, method=method)
             try:
                 with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                    return json.loads(resp.read().decode())
+                    return loads(resp.read())
             except urllib.error.HTTPError as exc:
                 detail = exc.read().decode(errors="replace")[:300]
                 if exc.code < 500:
