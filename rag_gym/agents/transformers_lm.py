@@ -146,12 +146,9 @@ class TransformersLM(LanguageModel):
         loading anything: its device and dtype are kept, and so is its train/eval mode (the
         engine's steps run under ``inference_mode``; callers that sample from a model in
         training switch it to eval mode around the call, as dropout would otherwise apply)."""
-        import torch
-
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"expected batch_size >= 1, got {batch_size!r}")
         lm = cls.__new__(cls)
-        lm._torch = torch
         lm.name = (
             getattr(getattr(model, "config", None), "name_or_path", None) or type(model).__name__
         )
@@ -209,16 +206,8 @@ class TransformersLM(LanguageModel):
         for row in rows:
             if not row.prompt:
                 raise ValueError("expected every prompt to have at least one token")
-        client = getattr(self._clients, "client", None)
-        if not rows:
-            pass
-        elif client is not None and client.scheduler.lm is self:
-            client.submit(rows)  # a client of run_clients: join the running batch
-        else:
-            self._engine.run(rows)
-        for row in rows:
-            if row.error is not None:
-                raise row.error
+        if rows:
+            self._run_rows(rows)
         return [
             (row.tokens + ([row.end] if row.end is not None else []), row.finish or "error")
             for row in rows
@@ -256,14 +245,7 @@ class TransformersLM(LanguageModel):
         rows = [
             _Row(ids, config, sample) for ids in self._encode(texts) for sample in range(config.n)
         ]
-        client = getattr(self._clients, "client", None)
-        if client is not None and client.scheduler.lm is self:
-            client.submit(rows)  # resumes once the running batch has finished these rows
-        else:
-            self._engine.run(rows)
-        for row in rows:
-            if row.error is not None:
-                raise row.error
+        self._run_rows(rows)
         return [
             [rows[i * config.n + j].generation() for j in range(config.n)]
             for i in range(len(texts))
@@ -288,6 +270,19 @@ class TransformersLM(LanguageModel):
         return {"backend": "transformers", "model": self.name, "device": self.device}
 
     # -- internals --
+    def _run_rows(self, rows: list[_Row]) -> None:
+        """Generate ``rows`` to the end: in the running batch when the caller is a client of
+        :meth:`run_clients` (it resumes once they are done), else in a batch of their own.
+        Raises the first row's error."""
+        client = getattr(self._clients, "client", None)
+        if client is not None and client.scheduler.lm is self:
+            client.submit(rows)
+        else:
+            self._engine.run(rows)
+        for row in rows:
+            if row.error is not None:
+                raise row.error
+
     def _encode(self, texts: list[str]) -> list[list[int]]:
         ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
         for text, row in zip(texts, ids, strict=True):
@@ -442,11 +437,12 @@ class _Step:
 
     ``plan`` holds ``(slot, start, query from, query to)`` per row: the row's new tokens are
     query positions ``[from, to)`` and go to its cache at ``start``. When two or more rows decode
-    one token each, their attention is one padded call over their slots (``decode``); every
-    other row (a new prompt, or a lone decoding row) is attended on its own (``rows``).
+    one token each, their attention is one call over those rows' caches, each masked to its own
+    length (``decode``); every other row (a new prompt, or a lone decoding row) is attended on
+    its own (``rows``).
     """
 
-    def __init__(self, plan: list[tuple[int, int, int, int]], slots: int, torch: Any, device):
+    def __init__(self, plan: list[tuple[int, int, int, int]], torch: Any, device):
         decode = [p for p in plan if p[3] - p[2] == 1 and p[1] > 0]
         self.decode = decode if len(decode) > 1 else []
         self.rows = [p for p in plan if p not in self.decode]
@@ -473,7 +469,7 @@ def _row_attention(module, query, key, value, attention_mask, scaling=None, **kw
 
     A row attended on its own goes through transformers' SDPA call exactly as a batch of one
     (a new prompt causally, a decoding token over its whole row); decoding rows together go
-    through one SDPA call over their slots, each masked to its own length.
+    through one SDPA call over their caches, each masked to its own length.
     """
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -566,10 +562,11 @@ class _Engine:
         while free and self.waiting and scanned < 4 * len(self.slots):
             row = self.waiting.popleft()
             scanned += 1
-            if fresh and self.defer(row, fresh):
+            source, length = self.reuse(row.prompt, fresh)
+            if fresh and self.defer(row, fresh, length):
                 deferred.append(row)
                 continue
-            self.admit(row, free, fresh)
+            self.admit(row, free, fresh, source, length)
             if row.config.temperature > 0:
                 row.generator = torch.Generator(device=self.lm.device)
                 row.generator.manual_seed(row.config.seed + row.sample)
@@ -618,25 +615,27 @@ class _Engine:
             length = min(length, len(prompt) - 1)
         return (source, length) if length >= _MIN_REUSE else (None, 0)
 
-    def defer(self, row: _Row, fresh: set[int]) -> bool:
+    def defer(self, row: _Row, fresh: set[int], now: int) -> bool:
         """Whether ``row`` should wait one step for a prompt admitted in this step: it shares a
-        longer prefix with that prompt than with anything already computed (the samples of one
-        prompt, prompts with a common system prompt), and the prefix is computed once."""
+        longer prefix with that prompt than ``now`` (what it could reuse from prefixes already
+        computed; the samples of one prompt, prompts with a common system prompt), and the
+        prefix is computed once."""
         if not self.lm.reuse_prefix:
             return False
-        _, now = self.reuse(row.prompt, fresh)
         best = max((_common_length(self.kept[s], row.prompt) for s in fresh), default=0)
         return min(best, len(row.prompt) - 1) >= now + _MIN_REUSE
 
-    def admit(self, row: _Row, free: list[int], fresh: set[int]) -> None:
-        """Put ``row`` in a free slot, starting from the longest prompt prefix a slot still holds.
+    def admit(
+        self, row: _Row, free: list[int], fresh: set[int], source: int | None, length: int
+    ) -> None:
+        """Put ``row`` in a free slot, starting from the prefix ``source`` keeps (``length``
+        tokens, from :meth:`reuse`).
 
         A slot keeps the keys and values of its last prompt until another prompt takes it, so a
         prompt that begins like an earlier one (a shared system prompt, the previous step of the
         same episode) only computes the rest: in that slot when it is free, else after copying
         the prefix over.
         """
-        source, length = self.reuse(row.prompt, fresh)
         if source in free:
             slot = source
         else:  # an empty slot, so that kept prefixes other prompts may start from survive
@@ -660,7 +659,7 @@ class _Engine:
         torch, model = self.torch, self.lm.model
         device = self.lm.device
         self.cache.reserve(max(positions) + 1)
-        self.cache.step = _Step(plan, self.cache.slots, torch, device)
+        self.cache.step = _Step(plan, torch, device)
         previous = model.config._attn_implementation
         model.config._attn_implementation = _ATTENTION
         narrow = self.narrow_linears() if len(ids) <= _NARROW else []

@@ -323,6 +323,18 @@ class RolloutEngine:
         return True
 
 
+@contextlib.contextmanager
+def eval_mode(model: Any) -> Iterator[None]:
+    """``model`` in eval mode inside the block (no dropout while sampling from a policy in
+    training), and back in the mode it was in afterwards."""
+    training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(training)
+
+
 class EngineGenerator:
     """Multi-turn generation that computes each token once per rollout: the policy on
     :class:`~rag_gym.agents.transformers_lm.TransformersLM`'s continuous-batching engine, with
@@ -384,14 +396,8 @@ class EngineGenerator:
         """Run ``clients`` (each plays one episode, calling this generator once per turn) as
         one continuously batched generation: :meth:`TransformersLM.run_clients`. Clients run
         one at a time in a fixed order, so sampled rollouts repeat under a fixed seed."""
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with self.merged():
-                self.lm.run_clients(clients)
-        finally:
-            if was_training:
-                self.model.train()
+        with eval_mode(self.model), self.merged():
+            self.lm.run_clients(clients)
 
     @contextlib.contextmanager
     def merged(self) -> Iterator[None]:
@@ -450,14 +456,8 @@ class EngineGenerator:
             stop=tuple(stop),
             seed=int(torch.randint(0, 2**62, ()).item()),
         )
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with self.merged():
-                out = [tokens for tokens, _ in self.lm.generate_ids(sequences, config)]
-        finally:
-            if was_training:
-                self.model.train()
+        with eval_mode(self.model), self.merged():
+            out = [tokens for tokens, _ in self.lm.generate_ids(sequences, config)]
         self.tokens_generated += sum(len(t) for t in out)
         return out
 
@@ -567,16 +567,10 @@ class HFGenerator:
             )
         else:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.no_grad():
-                out = self.model.generate(
-                    input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs
-                )
-        finally:
-            if was_training:
-                self.model.train()
+        with eval_mode(self.model), torch.no_grad():
+            out = self.model.generate(
+                input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs
+            )
         return [self._trim(row.tolist(), stop) for row in out[:, width:].cpu()]
 
     def _trim(self, tokens: list[int], stop: Sequence[str]) -> list[int]:
