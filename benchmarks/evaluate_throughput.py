@@ -30,10 +30,10 @@ import time
 import torch
 
 import rag_gym  # noqa: F401
-from rag_gym.agents.lm import LanguageModel
-from rag_gym.agents.transformers_lm import TransformersLM
 from rag_gym.baselines import make_agent
 from rag_gym.evaluate import EvalConfig, evaluate
+from rag_gym.generation.lm import LanguageModel
+from rag_gym.generation.transformers_lm import TransformersLM
 
 
 class Recorder(LanguageModel):

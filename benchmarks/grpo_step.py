@@ -1,7 +1,7 @@
 """One multi-turn GRPO step against a single-turn TRL GRPO step that generates as many tokens.
 
 The multi-turn step plays whole episodes (generate until ``</search>``, retrieve, append the
-passages, generate again…) with :func:`rag_gym.agents.train.grpo.build_trainer`; the
+passages, generate again…) with :func:`rag_gym.train.grpo.build_trainer`; the
 single-turn step is TRL's own ``GRPOTrainer`` on the same questions, with every completion
 forced to the mean number of model-written tokens of the multi-turn episodes
 (``min_new_tokens = max_completion_length``). Same model, LoRA, group size, β. Prints the mean
@@ -41,8 +41,8 @@ def main() -> None:
     from datasets import Dataset
     from peft import LoraConfig
 
-    from rag_gym.agents.train.grpo import EnvGRPOConfig, build_trainer
-    from rag_gym.agents.train.models import load_policy
+    from rag_gym.train.grpo import EnvGRPOConfig, build_trainer
+    from rag_gym.train.models import load_policy
 
     cfg = EnvGRPOConfig(
         model=args.model,

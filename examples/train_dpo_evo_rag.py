@@ -6,7 +6,7 @@ branches the other action types at visited states and completes them with the po
 sibling pairs whose time-weighted returns differ by ≥ 0.3 for the preference model (one epoch),
 takes one pair per state whose preference scores differ by ≥ 0.2 for DPO (one epoch, β = 0.1),
 and checks dev EM; the best Discovery checkpoint starts the Refinement stage. EM on held-out
-test questions is reported before and after. See :mod:`rag_gym.agents.train.evo_rag_dpo`.
+test questions is reported before and after. See :mod:`rag_gym.train.evo_rag_dpo`.
 
 CPU, about 30 minutes on 2 cores (the embedded SmolLM2-135M, small budgets; shows the loop,
 not learning; ``docs/evo_rag_dpo.md`` has what it printed)::
@@ -98,14 +98,14 @@ def parse() -> Args:
 
 def main() -> None:
     args = parse()
-    from rag_gym.agents.train.evo_rag_dpo import (
+    from rag_gym.train.evo_rag_dpo import (
         EvoRagDPOConfig,
         evaluate_policy,
         rollout_engine,
         train,
     )
-    from rag_gym.agents.train.models import load_policy
-    from rag_gym.agents.train.tracking import run_name
+    from rag_gym.train.models import load_policy
+    from rag_gym.train.tracking import run_name
 
     world = {"n_passages": args.n_passages, "n_questions": [200, 50, 50]}
     run_dir = Path(args.output_dir) / run_name(args.env_id, args.exp_name, args.seed)

@@ -32,7 +32,7 @@ from pathlib import Path
 @dataclass
 class Args:
     recipe: str = "eval_rar"
-    """eval_rar | lwts | arena (r2ag trains with rag_gym.agents.train.recipes.run)"""
+    """eval_rar | lwts | arena (r2ag trains with rag_gym.train.recipes.run)"""
     env_id: str = "rag_gym/SynthHop-v0"
     """the env to train in (its -Reader-v0 id for arena)"""
     model: str = "embedded"
@@ -76,10 +76,10 @@ def parse() -> Args:
 
 def main() -> None:
     args = parse()
-    from rag_gym.agents.train.grpo import build_trainer, evaluate_policy
-    from rag_gym.agents.train.models import load_policy
-    from rag_gym.agents.train.recipes import recipe
-    from rag_gym.agents.train.tracking import run_name
+    from rag_gym.train.grpo import build_trainer, evaluate_policy
+    from rag_gym.train.models import load_policy
+    from rag_gym.train.recipes import recipe
+    from rag_gym.train.tracking import run_name
 
     world = {"n_passages": args.n_passages, "n_questions": [200, 50, 50]}
     run_dir = Path(args.output_dir) / run_name(args.env_id, args.exp_name, args.seed)

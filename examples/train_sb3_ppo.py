@@ -4,7 +4,7 @@ compare it with every fixed macro heuristic on held-out questions.
     nice -n 10 python examples/train_sb3_ppo.py --seed 1
 
 Needs ``pip install torch==2.13.0 'rag-gym[sb3]'`` (and ``'rag-gym[track]'`` for ``--track``);
-runs on a CPU, offline. The env is ``make_sb3_env(env_id)`` from :mod:`rag_gym.agents.sb3`:
+runs on a CPU, offline. The env is ``make_sb3_env(env_id)`` from :mod:`rag_gym.train.sb3`:
 ``MacroActions`` (14 discrete macros: search the question, search candidate j of the focus
 passage, answer candidate j, answer the earliest, backtrack, refuse) and ``TextToVector``
 (890 floats); the reward is the env's own EM at the answer (minus ``--step-cost`` per step).
@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 import rag_gym  # noqa: F401  (registers the envs)
-from rag_gym.agents.sb3 import (
+from rag_gym.train.sb3 import (
     episode_stats_callback,
     eval_callback,
     fixed_sequences,

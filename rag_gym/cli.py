@@ -100,13 +100,13 @@ def evaluate(
     console = Console(stderr=True)
     backend = judge_fn = None
     try:
-        from rag_gym.agents.backends import make_lm
+        from rag_gym.generation.backends import make_lm
 
         if any(needs_lm(a) for a in config.agents):
             backend = make_lm(lm, seed=config.seed)
             config.lm_spec = lm
         if judge is not None:
-            from rag_gym.agents.judges import LLMAnswerJudge
+            from rag_gym.generation.judges import LLMAnswerJudge
 
             judge_fn = LLMAnswerJudge(make_lm(judge))
     except (ImportError, FileNotFoundError, TypeError, ValueError) as exc:

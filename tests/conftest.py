@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rag_gym.agents.lm import Generation, GenerationConfig, LanguageModel
+from rag_gym.generation.lm import Generation, GenerationConfig, LanguageModel
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

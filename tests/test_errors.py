@@ -9,13 +9,13 @@ import sys
 import numpy as np
 import pytest
 
-from rag_gym.agents.lm import GenerationConfig, check_prompts
 from rag_gym.baselines import check_agent_name
 from rag_gym.data import Corpus, DataFormatError, Passage, QAExample, load
 from rag_gym.data.synthhop import SynthHopConfig, _unique_words
 from rag_gym.data.synthhop import load as load_synthhop
 from rag_gym.envs import SearchEnv
 from rag_gym.evaluate import EvalConfig
+from rag_gym.generation.lm import GenerationConfig, check_prompts
 from rag_gym.retrieval import BM25Retriever
 from rag_gym.retrieval.bm25 import BM25Config
 from tests.conftest import requires_llama
@@ -307,7 +307,7 @@ def test_lm_interface_errors():
 
 
 def test_llama_backend_missing_names_the_extra(monkeypatch):
-    from rag_gym.agents import llama_cpp
+    from rag_gym.generation import llama_cpp
 
     monkeypatch.setitem(sys.modules, "llama_cpp", None)
     with pytest.raises(
@@ -322,7 +322,7 @@ def test_llama_backend_missing_names_the_extra(monkeypatch):
 
 
 def test_embedded_model_file_missing(monkeypatch, tmp_path):
-    from rag_gym.agents import llama_cpp
+    from rag_gym.generation import llama_cpp
 
     class Spec:
         def __init__(self) -> None:
@@ -335,7 +335,7 @@ def test_embedded_model_file_missing(monkeypatch, tmp_path):
 
 @requires_llama
 def test_llama_bad_model_path():
-    from rag_gym.agents.llama_cpp import LlamaCppLM
+    from rag_gym.generation.llama_cpp import LlamaCppLM
 
     with pytest.raises(
         FileNotFoundError, match=r"no GGUF model file at nope\.gguf; pass model_path="
@@ -351,7 +351,7 @@ def test_agent_and_eval_errors():
 
 
 def test_vllm_missing_names_the_extra(monkeypatch):
-    from rag_gym.agents.vllm_lm import VLLMLM
+    from rag_gym.generation.vllm_lm import VLLMLM
 
     monkeypatch.setitem(sys.modules, "vllm", None)
     with pytest.raises(
@@ -361,7 +361,7 @@ def test_vllm_missing_names_the_extra(monkeypatch):
 
 
 def test_transformers_missing_names_the_extra(monkeypatch):
-    from rag_gym.agents.transformers_lm import TransformersLM
+    from rag_gym.generation.transformers_lm import TransformersLM
 
     monkeypatch.setitem(sys.modules, "transformers", None)
     with pytest.raises(ImportError, match=r"pip install 'rag-gym\[hf\]'"):

@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from rag_gym.agents.base import Agent
-from rag_gym.agents.lm import GenerationConfig, LanguageModel
 from rag_gym.envs.search import ActionType
 from rag_gym.envs.spaces import sanitize
+from rag_gym.generation.lm import GenerationConfig, LanguageModel
 
 
 class LLMAgent(Agent):

@@ -107,7 +107,7 @@ class RefusalReward(RewardTerm):
     sufficient, 0 otherwise. EVO-RAG asks an external LLM verifier whether the evidence
     suffices; ``verifier(question, evidence_passages, info) -> bool`` is pluggable: by default
     :func:`gold_coverage` (all of D* retrieved and the question answerable); an LLM judge
-    (e.g. :class:`rag_gym.agents.judges.LLMSufficiencyJudge`) fits the same signature. Table 1
+    (e.g. :class:`rag_gym.generation.judges.LLMSufficiencyJudge`) fits the same signature. Table 1
     weight ρ: 0.5 throughout."""
 
     name = "refusal"

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 import rag_gym  # noqa: F401
-from rag_gym.agents.lm import GenerationConfig
 from rag_gym.baselines import make_agent
 from rag_gym.baselines.naive_rag import NaiveRAG, clean_answer
 from rag_gym.baselines.random import RandomAgent
 from rag_gym.envs import ActionType
+from rag_gym.generation.lm import GenerationConfig
 from tests.conftest import SMALL_WORLD, EchoLM, requires_llama
 
 
@@ -114,7 +114,7 @@ def test_generation_config_errors():
 @pytest.mark.llm
 @requires_llama
 def test_embedded_smollm2_generates():
-    from rag_gym.agents.llama_cpp import LlamaCppLM
+    from rag_gym.generation.llama_cpp import LlamaCppLM
 
     lm = LlamaCppLM()
     (gens,) = lm.generate(
@@ -132,7 +132,7 @@ def test_embedded_smollm2_generates():
 @pytest.mark.llm
 @requires_llama
 def test_naive_rag_with_embedded_model_end_to_end():
-    from rag_gym.agents.llama_cpp import LlamaCppLM
+    from rag_gym.generation.llama_cpp import LlamaCppLM
 
     env = small_env()
     agent = NaiveRAG(LlamaCppLM())

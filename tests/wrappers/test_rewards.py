@@ -644,7 +644,7 @@ def test_make_time_evo_rag_preset_with_embedded_minilm():
 
 # ---------------------------------------------------------------- LLM judges -------------------
 def test_llm_sufficiency_judge_drives_refusal():
-    from rag_gym.agents.judges import LLMSufficiencyJudge
+    from rag_gym.generation.judges import LLMSufficiencyJudge
     from tests.conftest import EchoLM
 
     lm = EchoLM(reply="Yes, it is.")
@@ -657,7 +657,7 @@ def test_llm_sufficiency_judge_drives_refusal():
 
 
 def test_llm_answer_judge_in_lwts():
-    from rag_gym.agents.judges import LLMAnswerJudge
+    from rag_gym.generation.judges import LLMAnswerJudge
     from tests.conftest import EchoLM
 
     correctness = core.Correctness("judge", LLMAnswerJudge(EchoLM(reply="yes")))

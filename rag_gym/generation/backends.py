@@ -2,16 +2,16 @@
 
 | spec | backend |
 |---|---|
-| ``llama_cpp`` or ``llama_cpp:PATH.gguf`` | :class:`~rag_gym.agents.llama_cpp.LlamaCppLM` (default: embedded SmolLM2-135M) |
-| ``transformers`` or ``transformers:ID_OR_PATH`` | :class:`~rag_gym.agents.transformers_lm.TransformersLM` |
-| ``vllm:ID_OR_PATH`` | :class:`~rag_gym.agents.vllm_lm.VLLMLM` (GPU) |
-| ``openai:MODEL@BASE_URL`` | :class:`~rag_gym.agents.openai_compat.OpenAICompatibleLM` (key from ``OPENAI_API_KEY``) |
+| ``llama_cpp`` or ``llama_cpp:PATH.gguf`` | :class:`~rag_gym.generation.llama_cpp.LlamaCppLM` (default: embedded SmolLM2-135M) |
+| ``transformers`` or ``transformers:ID_OR_PATH`` | :class:`~rag_gym.generation.transformers_lm.TransformersLM` |
+| ``vllm:ID_OR_PATH`` | :class:`~rag_gym.generation.vllm_lm.VLLMLM` (GPU) |
+| ``openai:MODEL@BASE_URL`` | :class:`~rag_gym.generation.openai_compat.OpenAICompatibleLM` (key from ``OPENAI_API_KEY``) |
 """
 
 from __future__ import annotations
 
 from rag_gym._names import unknown_name
-from rag_gym.agents.lm import LanguageModel
+from rag_gym.generation.lm import LanguageModel
 
 BACKENDS = ("llama_cpp", "transformers", "vllm", "openai")
 
@@ -26,17 +26,17 @@ def make_lm(spec: str = "llama_cpp", seed: int = 0) -> LanguageModel:
     if name not in BACKENDS:
         raise unknown_name("backend", name, BACKENDS)
     if name == "llama_cpp":
-        from rag_gym.agents.llama_cpp import LlamaCppLM
+        from rag_gym.generation.llama_cpp import LlamaCppLM
 
         return LlamaCppLM(model_path=arg or None, seed=seed)
     if name == "transformers":
-        from rag_gym.agents.transformers_lm import TransformersLM
+        from rag_gym.generation.transformers_lm import TransformersLM
 
         return TransformersLM(arg or None)
     if name == "vllm":
         if not arg:
             raise ValueError("expected 'vllm:<model id or path>', got no model")
-        from rag_gym.agents.vllm_lm import VLLMLM
+        from rag_gym.generation.vllm_lm import VLLMLM
 
         return VLLMLM(arg, seed=seed)
     model, at, url = arg.partition("@")
@@ -44,6 +44,6 @@ def make_lm(spec: str = "llama_cpp", seed: int = 0) -> LanguageModel:
         raise ValueError(
             f"expected 'openai:<model>@<base_url>', e.g. 'openai:qwen@http://127.0.0.1:8000/v1', got {spec!r}"
         )
-    from rag_gym.agents.openai_compat import OpenAICompatibleLM
+    from rag_gym.generation.openai_compat import OpenAICompatibleLM
 
     return OpenAICompatibleLM(model, base_url=url)

@@ -72,8 +72,8 @@ from typing import Any
 
 import numpy as np
 
-from rag_gym.agents.train.rollout import Episode, RolloutEngine, make_generator
 from rag_gym.rewards.core import EVO_RAG_TERMS
+from rag_gym.train.rollout import Episode, RolloutEngine, make_generator
 
 #: The action types a sibling can take (§3.1); the rollout's own action is one branch, these the
 #: others.
@@ -582,7 +582,7 @@ class SiblingBrancher:
     """Rolls out episodes and branches sibling actions at their visited states (§3.3).
 
     Args:
-        engine: a :class:`~rag_gym.agents.train.rollout.RolloutEngine` over the ``evo_rag`` env
+        engine: a :class:`~rag_gym.train.rollout.RolloutEngine` over the ``evo_rag`` env
             (its env copies are reused for branches).
         sibling_actions: the action types tried at each state besides the policy's own.
         max_branch_states: states branched per episode (random), ``None`` for all.
@@ -958,7 +958,7 @@ class _Tracker:
     ``sync_tensorboard`` and one ``SummaryWriter``; plus the rows for the learning curve."""
 
     def __init__(self, run_dir: Path, track: bool, name: str, config: dict[str, Any]) -> None:
-        from rag_gym.agents.train.tracking import report_to
+        from rag_gym.train.tracking import report_to
 
         targets = report_to(run_dir, track)
         self.wandb = None
@@ -1016,9 +1016,9 @@ def _mean(values: Any) -> float:
 
 
 def rollout_engine(cfg: EvoRagDPOConfig, split: str, tokenizer: Any) -> RolloutEngine:
-    """A :class:`~rag_gym.agents.train.rollout.RolloutEngine` over ``cfg``'s env on ``split``:
+    """A :class:`~rag_gym.train.rollout.RolloutEngine` over ``cfg``'s env on ``split``:
     the ``evo_rag`` reward preset and tags, ``cfg``'s horizon and token budgets."""
-    from rag_gym.agents.train.grpo import env_factory
+    from rag_gym.train.grpo import env_factory
 
     make = env_factory(
         cfg.env_id,
@@ -1076,7 +1076,7 @@ def train(
 ) -> dict[str, Any]:
     """Run EVO-RAG's two stages (Algorithm 1) and return the run's record.
 
-    ``model``/``tokenizer`` default to :func:`~rag_gym.agents.train.models.load_policy` of
+    ``model``/``tokenizer`` default to :func:`~rag_gym.train.models.load_policy` of
     ``cfg.model``; the model gets LoRA adapters (a PEFT model is used as is). ``on_cycle``
     sees each cycle's summary row. Writes to the run folder: ``config.json``, each cycle's
     adapter and preference heads (``<stage>/cycle<n>/``), ``final/`` (the best Refinement
@@ -1089,8 +1089,8 @@ def train(
     _, peft = _require_trl()
     import torch
 
-    from rag_gym.agents.train.models import load_policy
-    from rag_gym.agents.train.tracking import learning_curve, run_name
+    from rag_gym.train.models import load_policy
+    from rag_gym.train.tracking import learning_curve, run_name
 
     torch.manual_seed(cfg.seed)
     if model is None:

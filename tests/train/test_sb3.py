@@ -11,7 +11,9 @@ import pytest
 import torch
 
 import rag_gym  # noqa: F401
-from rag_gym.agents.sb3 import (
+from rag_gym.data import Corpus, Passage, QAExample
+from rag_gym.retrieval import BM25Retriever
+from rag_gym.train.sb3 import (
     episode_stats_callback,
     eval_callback,
     fixed_sequences,
@@ -23,8 +25,6 @@ from rag_gym.agents.sb3 import (
     require_sb3,
     sequence_policy,
 )
-from rag_gym.data import Corpus, Passage, QAExample
-from rag_gym.retrieval import BM25Retriever
 from tests.conftest import SMALL_WORLD
 
 PASSAGES = [

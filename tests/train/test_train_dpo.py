@@ -1,4 +1,4 @@
-"""EVO-RAG's DPO training (rag_gym.agents.train.evo_rag_dpo): pair thresholds, the multi-head
+"""EVO-RAG's DPO training (rag_gym.train.evo_rag_dpo): pair thresholds, the multi-head
 preference model, state replay and sibling branches, and a 2-step end-to-end run."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ ENV = {"dataset_kwargs": SMALL_WORLD}
 
 # ---- pair selection (§3.3 Δ = 0.3, §3.4 δ = 0.2) ---------------------------------------------
 def test_reward_model_pairs_need_a_return_gap_of_delta():
-    from rag_gym.agents.train.evo_rag_dpo import RM_MARGIN, EvoRagDPOConfig, preference_pairs
+    from rag_gym.train.evo_rag_dpo import RM_MARGIN, EvoRagDPOConfig, preference_pairs
 
     assert RM_MARGIN == EvoRagDPOConfig().rm_margin == 0.3
     # 0.5 − 0.2 is 0.30000000000000004 and 0.8 − 0.5 is 0.30000000000000004 in floats; both count
@@ -48,7 +48,7 @@ def test_reward_model_pairs_need_a_return_gap_of_delta():
 
 
 def test_policy_pair_needs_a_score_gap_of_delta():
-    from rag_gym.agents.train.evo_rag_dpo import POLICY_MARGIN, EvoRagDPOConfig, policy_pair
+    from rag_gym.train.evo_rag_dpo import POLICY_MARGIN, EvoRagDPOConfig, policy_pair
 
     assert POLICY_MARGIN == EvoRagDPOConfig().policy_margin == 0.2
     assert policy_pair([0.1, 0.3, 0.25]) == (1, 0)  # best and worst, gap exactly 0.2
@@ -70,7 +70,7 @@ def _lookup_encoder(vectors):
 
 def test_preference_model_loss_is_the_averaged_pairwise_logistic_loss():
     torch = pytest.importorskip("torch")
-    from rag_gym.agents.train.evo_rag_dpo import PreferenceModel
+    from rag_gym.train.evo_rag_dpo import PreferenceModel
 
     vectors = {"good": [1.0, 0.0, 2.0], "bad": [0.0, 1.0, -1.0], "meh": [0.5, 0.5, 0.0]}
     model = PreferenceModel(_lookup_encoder(vectors), seed=3)
@@ -103,7 +103,7 @@ def test_preference_model_loss_is_the_averaged_pairwise_logistic_loss():
 
 def test_preference_model_round_trips_its_heads(tmp_path):
     torch = pytest.importorskip("torch")
-    from rag_gym.agents.train.evo_rag_dpo import PreferenceModel
+    from rag_gym.train.evo_rag_dpo import PreferenceModel
 
     encode = _lookup_encoder({"a": [1.0, 2.0, 3.0]})
     one, two = PreferenceModel(encode, seed=1), PreferenceModel(encode, seed=2)
@@ -115,7 +115,7 @@ def test_preference_model_round_trips_its_heads(tmp_path):
 
 @requires_dense
 def test_preference_model_learns_a_constructed_pair_set():
-    from rag_gym.agents.train.evo_rag_dpo import PreferenceModel
+    from rag_gym.train.evo_rag_dpo import PreferenceModel
 
     # Preferred branches search for the entity the question names; rejected ones write garbage
     # or refuse. The frozen MiniLM embeds them; only the seven heads learn.
@@ -149,7 +149,7 @@ def tokenizer():
     pytest.importorskip("transformers")
     from transformers import AutoTokenizer
 
-    from rag_gym.agents.train.models import trainable_embedded
+    from rag_gym.train.models import trainable_embedded
 
     return AutoTokenizer.from_pretrained(trainable_embedded())
 
@@ -180,9 +180,9 @@ class Scripted:
 
 
 def _brancher(tokenizer, **kw):
-    from rag_gym.agents.train.evo_rag_dpo import SiblingBrancher
-    from rag_gym.agents.train.grpo import env_factory
-    from rag_gym.agents.train.rollout import RolloutEngine
+    from rag_gym.train.evo_rag_dpo import SiblingBrancher
+    from rag_gym.train.grpo import env_factory
+    from rag_gym.train.rollout import RolloutEngine
 
     make = env_factory(
         "rag_gym/SynthHop-v0", reward_preset="evo_rag", tags="evo_rag", max_episode_steps=4, **ENV
@@ -195,7 +195,7 @@ def _brancher(tokenizer, **kw):
 
 @requires_policy
 def test_replay_reproduces_the_visited_state(tokenizer):
-    from rag_gym.agents.train.evo_rag_dpo import BranchJob, model_turns, replay
+    from rag_gym.train.evo_rag_dpo import BranchJob, model_turns, replay
 
     brancher, policy = _brancher(tokenizer)
     brancher.set_stage("discovery")
@@ -234,7 +234,7 @@ def test_replay_reproduces_the_visited_state(tokenizer):
 
 @requires_policy
 def test_siblings_are_the_other_action_types_completed_by_the_policy(tokenizer):
-    from rag_gym.agents.train.evo_rag_dpo import replay, reward_model_pairs
+    from rag_gym.train.evo_rag_dpo import replay, reward_model_pairs
 
     brancher, policy = _brancher(tokenizer)
     brancher.set_stage("discovery")
@@ -280,9 +280,9 @@ def test_siblings_are_the_other_action_types_completed_by_the_policy(tokenizer):
 
 @requires_policy
 def test_branching_needs_the_evo_rag_env(tokenizer):
-    from rag_gym.agents.train.evo_rag_dpo import SiblingBrancher
-    from rag_gym.agents.train.grpo import env_factory
-    from rag_gym.agents.train.rollout import RolloutEngine
+    from rag_gym.train.evo_rag_dpo import SiblingBrancher
+    from rag_gym.train.grpo import env_factory
+    from rag_gym.train.rollout import RolloutEngine
 
     plain = RolloutEngine(
         env_factory("rag_gym/SynthHop-v0", reward_preset="eval_rar", **ENV), tokenizer
@@ -320,14 +320,14 @@ def test_branching_needs_the_evo_rag_env(tokenizer):
     ],
 )
 def test_config_rejects_bad_values(kwargs, error, match):
-    from rag_gym.agents.train.evo_rag_dpo import EvoRagDPOConfig
+    from rag_gym.train.evo_rag_dpo import EvoRagDPOConfig
 
     with pytest.raises(error, match=match):
         EvoRagDPOConfig(**kwargs)
 
 
 def test_config_defaults_are_the_papers():
-    from rag_gym.agents.train.evo_rag_dpo import EvoRagDPOConfig
+    from rag_gym.train.evo_rag_dpo import EvoRagDPOConfig
 
     cfg = EvoRagDPOConfig(sibling_actions=["SEARCH", "REFUSE"])
     assert cfg.sibling_actions == ("SEARCH", "REFUSE")
@@ -342,8 +342,8 @@ def test_config_defaults_are_the_papers():
 def test_policy_epoch_rejects_a_model_without_adapters_and_empty_pairs():
     pytest.importorskip("trl")
     pytest.importorskip("peft")
-    from rag_gym.agents.train.evo_rag_dpo import EvoRagDPOConfig, policy_epoch
-    from rag_gym.agents.train.models import tiny_policy
+    from rag_gym.train.evo_rag_dpo import EvoRagDPOConfig, policy_epoch
+    from rag_gym.train.models import tiny_policy
 
     model, tok = tiny_policy()
     row = {"prompt_ids": [1, 2], "chosen_ids": [3], "rejected_ids": [4]}
@@ -365,8 +365,8 @@ def test_policy_epoch_loss_with_and_without_a_reference(tmp_path, reference_free
     pytest.importorskip("peft")
     from peft import LoraConfig, get_peft_model
 
-    from rag_gym.agents.train.evo_rag_dpo import EvoRagDPOConfig, policy_epoch
-    from rag_gym.agents.train.models import tiny_policy
+    from rag_gym.train.evo_rag_dpo import EvoRagDPOConfig, policy_epoch
+    from rag_gym.train.models import tiny_policy
 
     model, tok = tiny_policy(seed=1)
     model = get_peft_model(
@@ -392,7 +392,7 @@ def test_policy_epoch_loss_with_and_without_a_reference(tmp_path, reference_free
 @requires_policy
 def test_train_needs_the_tokenizer_of_a_given_model():
     pytest.importorskip("trl")
-    from rag_gym.agents.train.evo_rag_dpo import EvoRagDPOConfig, train
+    from rag_gym.train.evo_rag_dpo import EvoRagDPOConfig, train
 
     with pytest.raises(TypeError, match="without its tokenizer"):
         train(EvoRagDPOConfig(), model=object())
@@ -408,8 +408,8 @@ def test_two_stages_of_one_cycle_train_the_adapter(tmp_path):
     from peft import LoraConfig, get_peft_model
     from safetensors.torch import load_file
 
-    from rag_gym.agents.train.evo_rag_dpo import EvoRagDPOConfig, train
-    from rag_gym.agents.train.models import tiny_policy
+    from rag_gym.train.evo_rag_dpo import EvoRagDPOConfig, train
+    from rag_gym.train.models import tiny_policy
 
     cfg = EvoRagDPOConfig(
         model="tiny",

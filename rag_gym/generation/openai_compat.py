@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from rag_gym.agents.lm import Generation, GenerationConfig, LanguageModel, Prompt, check_prompts
+from rag_gym.generation.lm import Generation, GenerationConfig, LanguageModel, Prompt, check_prompts
 
 _RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
 

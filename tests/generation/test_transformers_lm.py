@@ -7,7 +7,7 @@ import importlib.util
 
 import pytest
 
-from rag_gym.agents.lm import GenerationConfig
+from rag_gym.generation.lm import GenerationConfig
 from tests.conftest import llama_available
 
 pytestmark = [
@@ -25,7 +25,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def lm():
-    from rag_gym.agents.transformers_lm import TransformersLM
+    from rag_gym.generation.transformers_lm import TransformersLM
 
     return TransformersLM(batch_size=4)
 
@@ -225,7 +225,7 @@ def test_stop_sequences_cut_the_text_and_end_the_row(lm):
 
 
 def test_bad_model_path():
-    from rag_gym.agents.transformers_lm import TransformersLM
+    from rag_gym.generation.transformers_lm import TransformersLM
 
     with pytest.raises(FileNotFoundError, match=r"no GGUF model file at nope\.gguf"):
         TransformersLM("nope.gguf")

@@ -11,8 +11,8 @@ import urllib.request
 
 import pytest
 
-from rag_gym.agents.lm import GenerationConfig
-from rag_gym.agents.openai_compat import OpenAICompatibleLM
+from rag_gym.generation.lm import GenerationConfig
+from rag_gym.generation.openai_compat import OpenAICompatibleLM
 from tests.conftest import llama_available
 
 pytestmark = [
@@ -32,7 +32,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server():
-    from rag_gym.agents.llama_cpp import embedded_gguf_path
+    from rag_gym.generation.llama_cpp import embedded_gguf_path
 
     port = free_port()
     proc = subprocess.Popen(

@@ -337,7 +337,7 @@ def eval_mode(model: Any) -> Iterator[None]:
 
 class EngineGenerator:
     """Multi-turn generation that computes each token once per rollout: the policy on
-    :class:`~rag_gym.agents.transformers_lm.TransformersLM`'s continuous-batching engine, with
+    :class:`~rag_gym.generation.transformers_lm.TransformersLM`'s continuous-batching engine, with
     each episode's keys and values kept across its turns.
 
     :meth:`RolloutEngine.play` opens a :meth:`session` for the whole rollout; turn ``t + 1``'s
@@ -368,7 +368,7 @@ class EngineGenerator:
         top_p: float = 1.0,
         batch_size: int = 16,
     ) -> None:
-        from rag_gym.agents.transformers_lm import TransformersLM
+        from rag_gym.generation.transformers_lm import TransformersLM
 
         if not isinstance(temperature, (int, float)) or temperature < 0:
             raise ValueError(f"expected temperature >= 0, got {temperature!r}")
@@ -447,7 +447,7 @@ class EngineGenerator:
     ) -> list[list[int]]:
         import torch
 
-        from rag_gym.agents.lm import GenerationConfig
+        from rag_gym.generation.lm import GenerationConfig
 
         config = GenerationConfig(
             max_tokens=max_new_tokens,

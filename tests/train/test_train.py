@@ -1,4 +1,4 @@
-"""Multi-turn rollouts and GRPO/DAPO training (rag_gym.agents.train)."""
+"""Multi-turn rollouts and GRPO/DAPO training (rag_gym.train)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ ENV = {"dataset_kwargs": SMALL_WORLD}
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from rag_gym.agents.train.models import trainable_embedded
+    from rag_gym.train.models import trainable_embedded
 
     return AutoTokenizer.from_pretrained(trainable_embedded())
 
@@ -57,8 +57,8 @@ class Scripted:
 
 
 def _engine(tokenizer, preset="eval_rar", **kw):
-    from rag_gym.agents.train.grpo import env_factory
-    from rag_gym.agents.train.rollout import RolloutEngine
+    from rag_gym.train.grpo import env_factory
+    from rag_gym.train.rollout import RolloutEngine
 
     make = env_factory("rag_gym/SynthHop-v0", reward_preset=preset, **ENV)
     return RolloutEngine(make, tokenizer, **kw)
@@ -125,7 +125,7 @@ def test_rollout_engine_rejects_bad_arguments(tokenizer, kwargs, match):
 
 
 def test_hf_generator_trims_at_the_stop_string(tokenizer):
-    from rag_gym.agents.train.rollout import HFGenerator
+    from rag_gym.train.rollout import HFGenerator
 
     gen = HFGenerator(model=None, tokenizer=tokenizer)
     tokens = tokenizer.encode("<search>a b</search> and then more", add_special_tokens=False)
@@ -147,8 +147,8 @@ def test_engine_generator_keeps_each_episode_cache_and_matches_hf(model_name):
     torch = pytest.importorskip("torch")
     from peft import LoraConfig, get_peft_model
 
-    from rag_gym.agents.train.models import load_policy
-    from rag_gym.agents.train.rollout import EngineGenerator, HFGenerator, make_generator
+    from rag_gym.train.models import load_policy
+    from rag_gym.train.rollout import EngineGenerator, HFGenerator, make_generator
 
     model, tok = load_policy(model_name)
     model = get_peft_model(
@@ -190,7 +190,7 @@ def test_engine_generator_keeps_each_episode_cache_and_matches_hf(model_name):
 
 
 def test_dynamic_sampling_refills_groups_whose_returns_agree(tokenizer):
-    from rag_gym.agents.train.grpo import EnvRollout, question_keys
+    from rag_gym.train.grpo import EnvRollout, question_keys
 
     engine = _engine(tokenizer)
     answers = _answers(engine)
@@ -230,7 +230,7 @@ def test_dynamic_sampling_refills_groups_whose_returns_agree(tokenizer):
 
 
 def test_config_validation():
-    from rag_gym.agents.train.grpo import EnvGRPOConfig
+    from rag_gym.train.grpo import EnvGRPOConfig
 
     with pytest.raises(ValueError, match="did you mean 'dapo'"):
         EnvGRPOConfig(algorithm="dapoo")
@@ -270,7 +270,7 @@ def test_trainer_two_steps_update_weights(tmp_path, algorithm, kl_estimator, bet
     pytest.importorskip("trl")
     pytest.importorskip("peft")
     torch = pytest.importorskip("torch")
-    from rag_gym.agents.train.grpo import EnvGRPOConfig, build_trainer
+    from rag_gym.train.grpo import EnvGRPOConfig, build_trainer
 
     cfg = EnvGRPOConfig(
         model="tiny",
@@ -314,8 +314,8 @@ def test_trainer_two_steps_update_weights(tmp_path, algorithm, kl_estimator, bet
 def test_each_recipe_trains_one_step(tmp_path, name):
     pytest.importorskip("trl")
     pytest.importorskip("peft")
-    from rag_gym.agents.train.grpo import build_trainer
-    from rag_gym.agents.train.recipes import RECIPES, recipe
+    from rag_gym.train.grpo import build_trainer
+    from rag_gym.train.recipes import RECIPES, recipe
 
     cfg = recipe(
         name,
@@ -343,7 +343,7 @@ def test_each_recipe_trains_one_step(tmp_path, name):
 
 
 def test_recipe_errors_and_overrides():
-    from rag_gym.agents.train.recipes import recipe
+    from rag_gym.train.recipes import recipe
 
     with pytest.raises(ValueError, match="did you mean 'arena'"):
         recipe("arenaa")
@@ -353,8 +353,8 @@ def test_recipe_errors_and_overrides():
 
 def test_forest_contexts_keep_gold_hitting_expansions(tokenizer):
     """R²AG's next-round contexts: expansions that hit gold, replayed from their prefix."""
-    from rag_gym.agents.train.grpo import EnvRollout, _next_contexts, env_factory, question_keys
-    from rag_gym.agents.train.rollout import RolloutEngine
+    from rag_gym.train.grpo import EnvRollout, _next_contexts, env_factory, question_keys
+    from rag_gym.train.rollout import RolloutEngine
 
     make = env_factory("rag_gym/SynthHop-Tree-v0", reward_preset="r2ag", **ENV)
     engine = RolloutEngine(make, tokenizer, max_turns=1)
@@ -393,7 +393,7 @@ def test_forest_contexts_keep_gold_hitting_expansions(tokenizer):
 def test_checkpoint_and_resume(tmp_path):
     pytest.importorskip("trl")
     pytest.importorskip("peft")
-    from rag_gym.agents.train.grpo import EnvGRPOConfig, build_trainer
+    from rag_gym.train.grpo import EnvGRPOConfig, build_trainer
 
     def config(steps):
         return EnvGRPOConfig(

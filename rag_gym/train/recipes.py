@@ -1,4 +1,4 @@
-"""The papers' training recipes, as :class:`~rag_gym.agents.train.grpo.EnvGRPOConfig` settings.
+"""The papers' training recipes, as :class:`~rag_gym.train.grpo.EnvGRPOConfig` settings.
 
 | recipe | env | algorithm | settings (paper section) |
 |---|---|---|---|
@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 from rag_gym._names import unknown_name
-from rag_gym.agents.train.grpo import EnvGRPOConfig
+from rag_gym.train.grpo import EnvGRPOConfig
 
 RECIPES: dict[str, dict[str, Any]] = {
     "eval_rar": {
@@ -104,9 +104,9 @@ def recipe(name: str, **overrides: Any) -> EnvGRPOConfig:
 
 
 def run(name: str, **overrides: Any) -> dict[str, Any]:
-    """Train recipe ``name`` to the end: R²AG with :func:`~rag_gym.agents.train.grpo.train_forest`
-    (at most 5 rounds), the others with :func:`~rag_gym.agents.train.grpo.train`."""
-    from rag_gym.agents.train.grpo import train, train_forest
+    """Train recipe ``name`` to the end: R²AG with :func:`~rag_gym.train.grpo.train_forest`
+    (at most 5 rounds), the others with :func:`~rag_gym.train.grpo.train`."""
+    from rag_gym.train.grpo import train, train_forest
 
     cfg = recipe(name, **overrides)
     if name == "r2ag":

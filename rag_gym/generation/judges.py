@@ -7,7 +7,7 @@
   :class:`rag_gym.wrappers.MultiStageAnswerReward` through
   ``rag_gym.rewards.core.Correctness("judge", judge)``.
 
-Both take any :class:`~rag_gym.agents.LanguageModel` (an OpenAI-compatible server's model, or
+Both take any :class:`~rag_gym.generation.LanguageModel` (an OpenAI-compatible server's model, or
 the embedded SmolLM2 for tests), decode greedily, and read a leading yes/no. A reply with
 neither, or a backend error, counts as "no" (and is counted in ``errors``), so a flaky judge
 never stops a training run.
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rag_gym.agents.lm import GenerationConfig, LanguageModel
+from rag_gym.generation.lm import GenerationConfig, LanguageModel
 
 SUFFICIENCY_PROMPT = (
     "Question: {question}\n\nEvidence:\n{evidence}\n\n"

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rag_gym.agents.lm import Generation, GenerationConfig, LanguageModel, Prompt, check_prompts
+from rag_gym.generation.lm import Generation, GenerationConfig, LanguageModel, Prompt, check_prompts
 
 #: the attention function registered with transformers for per-row attention
 _ATTENTION = "rag_gym_rows"
@@ -65,7 +65,7 @@ def _common_length(a: list[int], b: list[int]) -> int:
 def _split_model(model: str | Path | None) -> tuple[str, str | None, str]:
     """(path or id to load, gguf file name or None, label)."""
     if model is None:
-        from rag_gym.agents.llama_cpp import embedded_gguf_path
+        from rag_gym.generation.llama_cpp import embedded_gguf_path
 
         path = embedded_gguf_path()
         return str(path.parent), path.name, path.stem

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rag_gym.agents.lm import Generation, GenerationConfig, LanguageModel, Prompt, check_prompts
+from rag_gym.generation.lm import Generation, GenerationConfig, LanguageModel, Prompt, check_prompts
 
 
 class VLLMLM(LanguageModel):

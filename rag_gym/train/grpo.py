@@ -3,7 +3,7 @@
 TRL supplies the loss and the trainer loop; this module supplies what it lacks:
 
 * a rollout function (TRL's ``rollout_func``) that plays whole episodes in a text-action env
-  (:class:`~rag_gym.agents.train.rollout.RolloutEngine`): generate until an action tag closes,
+  (:class:`~rag_gym.train.rollout.RolloutEngine`): generate until an action tag closes,
   step the env, append the observation, go on until the episode ends. Env-written tokens
   (retrieved passages, messages) get ``env_mask = 0`` and are left out of the loss, the
   Search-R1 / Eval-RAR practice (``003-eval-rar.txt`` §3.2 "retrieved token masking");
@@ -35,7 +35,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from rag_gym.agents.train.rollout import (
+from rag_gym.train.rollout import (
     EngineGenerator,
     Episode,
     HFGenerator,
@@ -60,7 +60,7 @@ def _require_trl():
 
 @dataclass
 class EnvGRPOConfig:
-    """Options of a GRPO/DAPO run over a rag_gym env (see :data:`~rag_gym.agents.train.recipes.RECIPES`
+    """Options of a GRPO/DAPO run over a rag_gym env (see :data:`~rag_gym.train.recipes.RECIPES`
     for the papers' settings)."""
 
     env_id: str = "rag_gym/SynthHop-v0"
@@ -487,7 +487,7 @@ def build_trainer(
 ) -> tuple[Any, EnvRollout]:
     """An :class:`EnvGRPOTrainer` for ``cfg`` and its rollout function.
 
-    ``model``/``tokenizer`` default to :func:`~rag_gym.agents.train.models.load_policy` of
+    ``model``/``tokenizer`` default to :func:`~rag_gym.train.models.load_policy` of
     ``cfg.model``; ``keys`` (question key → (index, replayed action prefix)) default to every
     question of the split. ``extra_rewards`` adds TRL-style reward functions
     ``fn(completions, **columns) -> list[float]`` (e.g. :mod:`rag_gym.rewards.trl`) with their
@@ -497,8 +497,8 @@ def build_trainer(
     from datasets import Dataset
     from transformers import TrainerCallback
 
-    from rag_gym.agents.train.models import load_policy
-    from rag_gym.agents.train.tracking import learning_curve, report_to, run_name
+    from rag_gym.train.models import load_policy
+    from rag_gym.train.tracking import learning_curve, report_to, run_name
     from rag_gym.wrappers import presets
 
     if model is None:
@@ -699,8 +699,8 @@ def train_forest(
     """
     if not isinstance(iterations, int) or not 1 <= iterations <= 50:
         raise ValueError(f"expected iterations in [1, 50], got {iterations!r}")
-    from rag_gym.agents.train.models import load_policy
-    from rag_gym.agents.train.tracking import run_name
+    from rag_gym.train.models import load_policy
+    from rag_gym.train.tracking import run_name
 
     cfg.max_turns = 1
     model, tokenizer = load_policy(cfg.model)

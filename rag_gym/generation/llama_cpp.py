@@ -11,7 +11,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from rag_gym.agents.lm import Generation, GenerationConfig, LanguageModel, Prompt, check_prompts
+from rag_gym.generation.lm import Generation, GenerationConfig, LanguageModel, Prompt, check_prompts
 
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -2,7 +2,7 @@
 
 A backend generates, for a batch of prompts (plain strings or chat message lists), ``n``
 samples each, honouring stop sequences, temperature and a token limit, and reports token counts.
-llama.cpp (:mod:`rag_gym.agents.llama_cpp`, the embedded default) implements it here;
+llama.cpp (:mod:`rag_gym.generation.llama_cpp`, the embedded default) implements it here;
 transformers, vLLM and OpenAI-compatible servers implement the same interface.
 """
 

@@ -40,7 +40,7 @@ def trainable_embedded(out: str | Path | None = None) -> Path:
 
     Converted from the GGUF on first use (about 10 s), then reused. Returns its directory.
     """
-    from rag_gym.agents.llama_cpp import embedded_gguf_path
+    from rag_gym.generation.llama_cpp import embedded_gguf_path
 
     torch, transformers = _require()
     out = Path(out) if out is not None else cache_dir() / "smollm2-135m-instruct"
