@@ -24,10 +24,21 @@ INSTRUCTIONS = (
 def parse_relevance(content: str) -> list[int]:
     """Reference numbers in a ``<relevance>`` block, in order, without repeats.
 
+    A number too long for Python's int-string conversion (4,300 digits by default) raises
+    ``ValueError``; :class:`ReaderEnv` counts it as an invalid action.
+
     >>> parse_relevance("[1, 5]"), parse_relevance("3,3 and [7]"), parse_relevance("none")
     ([1, 5], [3, 7], [])
     """
-    return list(dict.fromkeys(int(n) for n in re.findall(r"\d+", content)))
+    numbers = []
+    for digits in re.findall(r"\d+", content):
+        try:
+            numbers.append(int(digits))
+        except ValueError:  # over sys.get_int_max_str_digits()
+            raise ValueError(
+                f"expected reference numbers, got a number of {len(digits)} digits in <relevance>"
+            ) from None
+    return list(dict.fromkeys(numbers))
 
 
 class ReaderEnv(QAEnv):
@@ -81,6 +92,8 @@ class ReaderEnv(QAEnv):
     | ``format_ok`` | ``<relevance>``, ``<analysis>``, ``<answer>`` all present, in that order |
     | ``tags`` | the reader tags found, in order |
     | ``action_clipped`` | whether the text was cut |
+    | ``invalid_action``, ``message`` | whether the output was rejected, and why (a ``<relevance>`` \
+      number too long to read): it then earns 0, with ``format_ok`` false and no prediction |
     | ``reward_terms`` | ``{"answer": ...}`` |
 
     ## Arguments
@@ -169,8 +182,13 @@ class ReaderEnv(QAEnv):
             first.setdefault(tag.name, tag)
         order = [t.name for t in sorted(first.values(), key=lambda t: t.start)]
         format_ok = order == list(READER_TAGS)
-        relevance = parse_relevance(first["relevance"].content) if "relevance" in first else []
-        prediction = first["answer"].content if "answer" in first else None
+        message = ""
+        try:
+            relevance = parse_relevance(first["relevance"].content) if "relevance" in first else []
+        except ValueError as exc:  # an invalid action: rejected whole, the episode still ends
+            relevance, message = [], f"invalid action: {exc}"
+            format_ok = False
+        prediction = first["answer"].content if "answer" in first and not message else None
         scores = self._score(prediction) if prediction else {"em": 0.0, "f1": 0.0, "cover_em": 0.0}
         reward = self._answer_reward(scores) if prediction else 0.0
         self._done = True
@@ -184,6 +202,8 @@ class ReaderEnv(QAEnv):
                 "format_ok": format_ok,
                 "tags": parsed.names(),
                 "action_clipped": clipped,
+                "invalid_action": bool(message),
+                "message": message,
                 "reward_terms": {"answer": reward},
             }
         )
@@ -207,6 +227,8 @@ class ReaderEnv(QAEnv):
             "format_ok": False,
             "tags": [],
             "action_clipped": False,
+            "invalid_action": False,
+            "message": "",
             "reward_terms": {"answer": 0.0},
         }
 

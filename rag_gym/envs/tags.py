@@ -24,7 +24,11 @@ from dataclasses import dataclass
 from rag_gym._names import unknown_name
 from rag_gym.envs.search import ActionType
 
-_TAG = re.compile(r"<\s*(/?)\s*([A-Za-z][\w-]*)\s*(/?)\s*>")
+# ``<``, optional ``/``, a name, optional ``/``, ``>``, with whitespace allowed around each part.
+# Each slash takes the whitespace after it inside its own optional group, so no two ``\s*`` sit
+# side by side: ``"<" + " " * n`` fails in O(n), not O(n**2) (two adjacent ``\s*`` made the
+# engine try every split of the run between them).
+_TAG = re.compile(r"<\s*(?:(/)\s*)?([A-Za-z][\w-]*)\s*(?:(/)\s*)?>")
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,14 @@ huge = st.builds(
     st.sampled_from(["x", "<search>", "漢", "\U0001f600 ", "a b "]),
     st.integers(1_000, 80_000),
 )
-text_actions = st.one_of(st.text(max_size=300), tag_soup, huge, st.just(""))
+# "<" then a long run of whitespace: the shape that made a regex with two adjacent \s* quadratic
+stalled_tag = st.builds(
+    lambda pad, n, tail: "<" + pad * n + tail,
+    st.sampled_from([" ", "\t", " \n", "/ ", "search "]),
+    st.integers(1_000, 16_383),
+    st.sampled_from(["", "search>q</search>", "answer", "/>", "<answer>x</answer>"]),
+)
+text_actions = st.one_of(st.text(max_size=300), tag_soup, huge, stalled_tag, st.just(""))
 printable = st.characters(max_codepoint=0xFFFF, exclude_categories=("Cc", "Cf", "Cs", "Co", "Cn"))
 dict_actions = st.fixed_dictionaries(
     {
@@ -165,3 +172,51 @@ def test_fuzz_out_of_space_dict_actions_raise_typed_errors(envs):
         assert env.observation_space.contains(obs)
 
     run()
+
+
+# the tag pattern as it was before parsing was made linear: the reference for what it finds
+_REFERENCE_TAG = r"<\s*(/?)\s*([A-Za-z][\w-]*)\s*(/?)\s*>"
+
+
+@settings(max_examples=2_000, deadline=None, database=None, derandomize=True)
+@given(st.text(alphabet="<>/ \tab-_1\n", max_size=40))
+def test_tag_pattern_finds_what_the_reference_pattern_finds(text):
+    import re
+
+    from rag_gym.envs.tags import _TAG
+
+    def found(pattern):
+        return [
+            (m.span(), bool(m.group(1)), m.group(2), bool(m.group(3)))
+            for m in pattern.finditer(text)
+        ]
+
+    assert found(_TAG) == found(re.compile(_REFERENCE_TAG))
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("<" + " " * 16_383, []),
+        ("<" + " " * 16_383 + "search>q</search>", [("search", "q")]),
+        ("<search" + " " * 16_383, []),
+        ("<search" + " " * 16_383 + "/" + " " * 16_383 + ">", []),
+        ("< /" + "\t" * 16_383 + "answer>", []),
+        ("<answer>" + " " * 16_383 + "<" + " " * 16_383 + "</answer>", [("answer", "<")]),
+        ("<refuse" + " " * 16_383 + "/" + " " * 16_383 + ">", [("refuse", "")]),
+    ],
+)
+def test_long_whitespace_inside_a_tag_parses_to_the_right_tags(text, expected):
+    from rag_gym.envs.tags import parse
+
+    parsed = parse(text, self_closing=frozenset({"refuse"}))
+    assert [(t.name, t.content) for t in parsed.tags] == expected
+
+
+@pytest.mark.parametrize("kind", ["text", "tree", "reader"])
+def test_a_stalled_tag_is_an_ordinary_bad_action(envs, kind):
+    env = envs[kind]
+    env.reset(seed=0)
+    obs, reward, terminated, truncated, info = env.step("<" + " " * 16_383)
+    assert env.observation_space.contains(obs)
+    assert info["format_ok"] is False and reward <= 0.0

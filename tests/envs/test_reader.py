@@ -106,3 +106,22 @@ def test_render_shows_references_and_output(capsys):
     human.reset()
     human.step("<answer>y</answer>")
     assert "Model output:\n<answer>y</answer>" in capsys.readouterr().out
+
+
+def test_a_relevance_number_past_the_int_string_limit_is_an_invalid_action():
+    import sys
+
+    digits = "9" * (sys.get_int_max_str_digits() + 1)
+    with pytest.raises(ValueError, match=f"a number of {len(digits)} digits"):
+        parse_relevance(f"[1, {digits}]")
+    env = make_env()
+    env.reset()
+    action = f"<relevance>[1, {digits}]</relevance><analysis>-</analysis><answer>Ada Vell</answer>"
+    obs, reward, term, trunc, info = env.step(action)
+    assert (obs, reward, term, trunc) == ("", 0.0, True, False)
+    assert info["invalid_action"] and f"{len(digits)} digits" in info["message"]
+    assert info["relevance"] == [] and info["relevance_found"] and not info["format_ok"]
+    assert info["prediction"] is None
+    env.reset()
+    _, reward, _, _, info = env.step(ReaderEnv.format_action([1, 5], "-", "Ada Vell"))
+    assert reward == 1.0 and not info["invalid_action"] and info["message"] == ""
