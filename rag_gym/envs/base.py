@@ -4,8 +4,8 @@
 searches (the SynthHop world, the split's pooled passages, or a corpus file) and a BM25 index
 over it, and draws a question per episode with ``self.np_random``.
 
-Environments built with the same data arguments in one process share the loaded questions,
-corpus and index (a read-only cache of weak references, so copies made by
+Environments built with the same data arguments (and the same ``retriever=`` URL or ``index=``)
+in one process share the loaded questions, corpus and index (a read-only cache of weak references, so copies made by
 ``gym.make_vec(..., vectorization_mode="sync")`` cost one index, and nothing outlives its
 last env).
 """
@@ -95,6 +95,7 @@ class QAEnv(gym.Env):
                     corpus,
                     corpus_mode,
                     index,
+                    retriever,  # a server URL or None: never share one retriever for another
                 ],
                 sort_keys=True,
                 default=str,

@@ -168,23 +168,47 @@ def test_concurrent_clients_are_batched(world, server):
 
 
 def test_env_searches_through_the_server(world, server):
-    url, _ = server
+    import gc
     import os
 
-    env_local = gym.make("rag_gym/SynthHop-v0", split="validation", dataset_kwargs=SMALL_WORLD)
+    url, _ = server
+
+    def counted(env):
+        """Count the retrieve calls of the env's own retriever."""
+        retriever = env.unwrapped.retriever
+        calls = []
+        inner = retriever.retrieve
+        retriever.retrieve = lambda *a, **kw: calls.append(1) or inner(*a, **kw)
+        return calls
+
+    def make(**kw):
+        return gym.make(
+            "rag_gym/SynthHop-v0", split="validation", dataset_kwargs=SMALL_WORLD, **kw
+        )
+
     os.environ["RAG_GYM_TOKEN"] = TOKEN
     try:  # a URL string, as a registration kwarg would give it
-        env_http = gym.make(
-            "rag_gym/SynthHop-v0", split="validation", dataset_kwargs=SMALL_WORLD, retriever=url
-        )
+        env_local = make()
+        env_http = make(retriever=url)  # made while a local env with the same data is alive
+        assert isinstance(env_http.unwrapped.retriever, HttpRetriever)
+        assert isinstance(env_local.unwrapped.retriever, BM25Retriever)
+        local_calls, http_calls = counted(env_local), counted(env_http)
+        for env in (env_local, env_http):
+            env.reset(seed=4)
+        q = env_local.unwrapped.current_example.question
+        a = env_local.step({"type": 0, "text": q})
+        assert (len(local_calls), len(http_calls)) == (1, 0)
+        b = env_http.step({"type": 0, "text": q})
+        assert (len(local_calls), len(http_calls)) == (1, 1)
+        assert a[4]["retrieved_ids"] == b[4]["retrieved_ids"] and a[0] == b[0]
+        # the reverse: a local env made while only an HTTP env is alive searches locally
+        del env_local, a
+        gc.collect()
+        env_local = make()
+        assert isinstance(env_local.unwrapped.retriever, BM25Retriever)
+        assert make(retriever=url).unwrapped.retriever is env_http.unwrapped.retriever
     finally:
         del os.environ["RAG_GYM_TOKEN"]
-    for env in (env_local, env_http):
-        env.reset(seed=4)
-    q = env_local.unwrapped.current_example.question
-    a = env_local.step({"type": 0, "text": q})
-    b = env_http.step({"type": 0, "text": q})
-    assert a[4]["retrieved_ids"] == b[4]["retrieved_ids"] and a[0] == b[0]
 
 
 def test_unreachable_server():
