@@ -3,18 +3,22 @@
 Every env, reward wrapper, TRL-style reward function and the evaluator calls these functions;
 nothing else in rag-gym re-implements them.
 
-Answer metrics follow the SQuAD / HotpotQA official evaluation scripts: normalise (lower-case,
-remove punctuation, remove the articles *a, an, the*, collapse white space; rag-gym also turns
-underscores into spaces, as FlashRAG does), then take the best score over all gold aliases.
+Answer metrics follow the SQuAD / HotpotQA official evaluation scripts, which the 2Wiki,
+MuSiQue, Search-R1 and FlashRAG scorers copy: normalise (lower-case, delete every ASCII
+punctuation character, underscores included, remove the articles *a, an, the*, collapse white
+space), then take the best score over all gold aliases. ``docs/metrics.md`` says which official
+scorer each metric matches, and where they differ.
 
 >>> normalize_answer("The  Eiffel_Tower!")
-'eiffel tower'
+'eiffeltower'
 >>> exact_match("the eiffel tower", ["Eiffel Tower", "La tour Eiffel"])
 1.0
 >>> round(f1_score("Eiffel tower in Paris", ["Eiffel Tower"]), 4)
 0.6667
 >>> cover_exact_match("It is the Eiffel Tower.", ["eiffel tower"])
 1.0
+>>> cover_exact_match("Parisian cafés", ["Paris"]), sub_exact_match("Parisian cafés", ["Paris"])
+(0.0, 1.0)
 
 Retrieval metrics take the ranked retrieved ids and the gold ids:
 
@@ -37,8 +41,12 @@ _YES_NO = {"yes", "no", "noanswer"}
 
 
 def normalize_answer(text: str) -> str:
-    """Lower-case, underscores to spaces, strip punctuation and articles, collapse spaces."""
-    text = text.lower().replace("_", " ")
+    """Lower-case, delete ASCII punctuation (``_`` included), drop articles, collapse spaces.
+
+    Exactly the SQuAD / HotpotQA ``normalize_answer``: ``"Eiffel_Tower"`` becomes
+    ``"eiffeltower"``; non-ASCII punctuation such as curly quotes is kept, as there.
+    """
+    text = text.lower()
     text = "".join(ch for ch in text if ch not in _PUNCT)
     text = _ARTICLES.sub(" ", text)
     return " ".join(text.split())
@@ -75,16 +83,30 @@ def f1_score(prediction: str, golds: str | Iterable[str]) -> float:
 
 
 def cover_exact_match(prediction: str, golds: str | Iterable[str]) -> float:
-    """1.0 when some normalised gold alias occurs, token-aligned, in the normalised prediction.
+    """1.0 when some normalised gold alias occurs as whole tokens in the normalised prediction.
 
-    This is the "cover EM" of Search-R1 and LWTS (a gold answer contained in the response).
+    Token-aligned: ``"Paris"`` is not covered by ``"Parisian"``, and an alias that normalises
+    to nothing covers nothing. This is rag-gym's own, stricter reading of "the answer is in the
+    response"; Search-R1's ``subem_check`` and FlashRAG's ``acc`` are :func:`sub_exact_match`.
     """
     pred = f" {normalize_answer(prediction)} "
     return float(any(g and f" {g} " in pred for g in map(normalize_answer, _as_list(golds))))
 
 
+def sub_exact_match(prediction: str, golds: str | Iterable[str]) -> float:
+    """1.0 when some normalised gold alias is a substring of the normalised prediction.
+
+    A raw substring test after normalisation, exactly Search-R1's ``subem_check``
+    (``qa_em.py``) and FlashRAG's ``acc`` (``Sub_ExactMatch``): ``"Paris"`` is found in
+    ``"Parisian"``, and, as there, an alias that normalises to ``""`` (``"The"``) is found in
+    every prediction. An empty alias list scores 0.0.
+    """
+    pred = normalize_answer(prediction)
+    return float(any(normalize_answer(g) in pred for g in _as_list(golds)))
+
+
 def answer_scores(prediction: str, golds: str | Iterable[str]) -> dict[str, float]:
-    """EM, F1 and cover-EM at once."""
+    """EM, F1 and cover-EM at once (what the envs report in ``info["scores"]``)."""
     golds = _as_list(golds)
     return {
         "em": exact_match(prediction, golds),

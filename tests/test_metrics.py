@@ -11,7 +11,12 @@ from rag_gym import metrics as m
     ("text", "expected"),
     [
         ("The Eiffel Tower!", "eiffel tower"),
-        ("  a  cat_and   AN  apple ", "cat and apple"),
+        (
+            "  a  cat_and   AN  apple ",
+            "catand apple",
+        ),  # "_" is deleted, as every official scorer does
+        ("Eiffel_Tower", "eiffeltower"),
+        ("“Hamlet”", "“hamlet”"),  # curly quotes are not ASCII punctuation: kept
         ("U.S.A.", "usa"),
         ("the", ""),
         ("Theatre", "theatre"),
@@ -47,6 +52,49 @@ def test_cover_em_is_token_aligned():
     assert m.cover_exact_match("anything", [""]) == 0.0
 
 
+# Each official behaviour, hand-computed against the SQuAD / HotpotQA normalisation (which the
+# 2Wiki, MuSiQue, Search-R1 and FlashRAG scorers copy). Columns: EM, F1, cover-EM, sub-EM.
+@pytest.mark.parametrize(
+    ("prediction", "golds", "em", "f1", "cover", "sub"),
+    [
+        # underscore: deleted, never a space ("new_york" -> "newyork")
+        ("Eiffel_Tower", ["Eiffel Tower"], 0.0, 0.0, 0.0, 0.0),
+        ("eiffel_tower", ["Eiffel_Tower"], 1.0, 1.0, 1.0, 1.0),
+        ("New_York City", ["New York"], 0.0, 0.0, 0.0, 0.0),
+        # glued suffix: "obamas" holds "obama" as a substring, not as a token
+        ("Obama's", ["Obama"], 0.0, 0.0, 0.0, 1.0),
+        ("It was in the 1990s", ["1990"], 0.0, 0.0, 0.0, 1.0),
+        # curly quotes stay (not in string.punctuation): "obama’s", "“hamlet”"
+        ("Obama’s", ["Obama"], 0.0, 0.0, 0.0, 1.0),
+        ("“Hamlet”", ["Hamlet"], 0.0, 0.0, 0.0, 1.0),
+        ('"Hamlet"', ["Hamlet"], 1.0, 1.0, 1.0, 1.0),
+        # yes/no: F1 is 0 unless the prediction is exactly it (HotpotQA); cover/sub still see it
+        ("yes it is", ["yes"], 0.0, 0.0, 1.0, 1.0),
+        ("Yes.", ["yes"], 1.0, 1.0, 1.0, 1.0),
+        ("no", ["yes"], 0.0, 0.0, 0.0, 0.0),
+        # empty gold: an alias that normalises to "" is a substring of everything (Search-R1,
+        # FlashRAG), covers nothing (token-aligned), and F1 has no token to share (HotpotQA)
+        ("anything", ["The"], 0.0, 0.0, 0.0, 1.0),
+        ("", [""], 1.0, 0.0, 0.0, 1.0),
+        ("anything", [], 0.0, 0.0, 0.0, 0.0),
+        # best alias wins in every column
+        ("Paris, France", ["Lyon", "Paris"], 0.0, pytest.approx(2 / 3), 1.0, 1.0),
+    ],
+)
+def test_official_behaviours(prediction, golds, em, f1, cover, sub):
+    assert m.exact_match(prediction, golds) == em
+    assert m.f1_score(prediction, golds) == f1
+    assert m.cover_exact_match(prediction, golds) == cover
+    assert m.sub_exact_match(prediction, golds) == sub
+
+
+def test_sub_em_is_a_raw_substring_where_cover_em_is_token_aligned():
+    assert m.sub_exact_match("Parisian", "Paris") == 1.0
+    assert m.cover_exact_match("Parisian", "Paris") == 0.0
+    # a single string is one alias, not a list of characters
+    assert m.sub_exact_match("xyz", "ab") == 0.0
+
+
 def test_recall_full_recall():
     retrieved = ["d3", "d1", "d3", "d7", "d2"]
     gold = ["d1", "d2"]
@@ -69,3 +117,30 @@ def test_average_precision_r2ag():
 
 def test_retrieval_count():
     assert m.retrieval_count(["SEARCH", "EVALUATE", "search", "ANSWER"]) == 2
+
+
+def test_leaderboard_has_sub_em_beside_cover_em():
+    from rag_gym.evaluate import COLUMNS, summarise
+
+    keys = [c[0] for c in COLUMNS]
+    assert keys[keys.index("cover_em") + 1] == "sub_em"
+
+    def episode(prediction, answers, cover):
+        return {
+            "prediction": prediction, "answers": answers, "answerable": True, "em": 0.0,
+            "f1": 0.0, "cover_em": cover, "judge": None, "recall": None, "full_recall": None,
+            "ap": None, "searches": 1, "steps": 2, "refused": False, "prompt_tokens": 0,
+            "completion_tokens": 0, "error": None,
+        }  # fmt: skip
+
+    row = summarise(
+        "a",
+        [
+            episode("Parisian", ["Paris"], 0.0),  # sub-EM 1, cover-EM 0
+            episode("Lyon", ["Paris"], 0.0),
+            episode(None, ["Paris"], 0.0),  # no answer: 0
+            episode("Paris", ["Paris"], float("nan")),  # unscored episode: left out of both
+        ],
+        1.0,
+    )
+    assert row["cover_em"] == 0.0 and row["sub_em"] == pytest.approx(1 / 3)
