@@ -40,6 +40,7 @@ COLUMNS = (
     ("em", "EM", "{:.3f}"),
     ("f1", "F1", "{:.3f}"),
     ("cover_em", "cover-EM", "{:.3f}"),
+    ("sub_em", "sub-EM", "{:.3f}"),
     ("judge", "judge", "{:.3f}"),
     ("recall", "recall", "{:.3f}"),
     ("full_recall", "full recall", "{:.3f}"),
@@ -327,6 +328,17 @@ def run_agent(
     return [records[i] for i in sorted(records)], time.perf_counter() - t0
 
 
+def _sub_em(episodes: list[dict[str, Any]]) -> float:
+    """Mean sub-EM (Search-R1's ``subem_check``, FlashRAG's ``acc``) of the episodes' predictions:
+    0.0 for an episode without one, and left out, as cover-EM is, where cover-EM is NaN."""
+    vals = [
+        metrics.sub_exact_match(e["prediction"], e["answers"]) if e.get("prediction") else 0.0
+        for e in episodes
+        if not (isinstance(e.get("cover_em"), float) and np.isnan(e["cover_em"]))
+    ]
+    return float(np.mean(vals)) if vals else float("nan")
+
+
 def summarise(agent: str, episodes: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
     """One leaderboard row from an agent's episodes."""
 
@@ -346,6 +358,7 @@ def summarise(agent: str, episodes: list[dict[str, Any]], seconds: float) -> dic
         "em": mean("em"),
         "f1": mean("f1"),
         "cover_em": mean("cover_em"),
+        "sub_em": _sub_em(episodes),
         "judge": mean("judge"),
         "recall": mean("recall"),
         "full_recall": mean("full_recall"),
