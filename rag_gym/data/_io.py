@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,21 +11,57 @@ from rag_gym.data.errors import DataFormatError
 
 
 def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield ``(line number, record)`` for each non-blank line; bad JSON names file and line."""
+    """Yield ``(line number, record)`` for each non-blank line; bad JSON, bytes that are not
+    UTF-8 and nesting too deep to parse name the file and the line."""
     _check_file(path)
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            where = f"line {lineno}"
+            line = _decode(raw, path, where)
             if not line.strip():
                 continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataFormatError(
-                    path, f"line {lineno}", "(json)", "valid JSON", str(exc)
-                ) from None
+            record = parse_json(line, path, where)
             if not isinstance(record, dict):
-                raise DataFormatError(path, f"line {lineno}", "(record)", "a JSON object", record)
+                raise DataFormatError(path, where, "(record)", "a JSON object", record)
             yield lineno, record
+
+
+def parse_json(text: str, path: Path | str, where: str) -> Any:
+    """``json.loads(text)``; invalid JSON or nesting too deep for the parser raises
+    :class:`DataFormatError` naming ``path`` and ``where``."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataFormatError(path, where, "(json)", "valid JSON", str(exc)) from None
+    except RecursionError:
+        raise DataFormatError(
+            path, where, "(json)", "JSON nested less deeply", "nesting too deep to parse"
+        ) from None
+
+
+def read_text(path: Path) -> str:
+    """The whole file as UTF-8 text; a byte that is not UTF-8 names the file and its line."""
+    _check_file(path)
+    return _decode(path.read_bytes(), path, None)
+
+
+def _decode(raw: bytes, path: Path | str, where: str | None) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if where is None:
+            line = raw.count(b"\n", 0, exc.start) + 1
+            col = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+            where = f"line {line}"
+        else:
+            col = exc.start + 1
+        raise DataFormatError(
+            path,
+            where,
+            "(encoding)",
+            "UTF-8 text",
+            f"byte {raw[exc.start : exc.start + 1]!r} at column {col}; re-save the file as UTF-8",
+        ) from None
 
 
 def iter_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -40,11 +76,8 @@ def iter_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
         for lineno, record in iter_jsonl(path):
             yield f"line {lineno}", record
     elif suffix == ".json":
-        with open(path, encoding="utf-8") as f:
-            try:
-                data = json.load(f)
-            except json.JSONDecodeError as exc:
-                raise DataFormatError(path, "(file)", "(json)", "valid JSON", str(exc)) from None
+        text = read_text(path)
+        data = parse_json(text, path, "(file)") if text.strip() else []  # blank: no records
         if isinstance(data, dict) and isinstance(data.get("data"), list):
             data = data["data"]
         if not isinstance(data, list):
@@ -60,12 +93,54 @@ def iter_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
             import pyarrow.parquet as pq
         except ImportError as exc:
             raise ImportError(f"reading {path} needs pyarrow: pip install 'rag-gym[hub]'") from exc
-        for i, record in enumerate(pq.read_table(path).to_pylist()):
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+            raise DataFormatError(
+                path, "(file)", "(parquet)", "a readable parquet file", str(exc)
+            ) from None
+        for i, record in enumerate(rows):
             yield f"record {i}", record
     else:
         raise ValueError(
             f"expected a .json, .jsonl or .parquet file, got {path.name!r}; "
             "convert the file or pass the right path"
+        )
+
+
+def checked_examples(
+    path: Path | str, parsed: Iterable[tuple[str, Any]], id_field: str = "id"
+) -> list:
+    """The examples of ``parsed`` (``(where, QAExample)`` pairs in file order), after the checks
+    every loader shares: at least one record, a non-empty question, and unique ids (a repeated
+    id names both records: the env would otherwise keep the last and never pose the first)."""
+    examples = []
+    first_at: dict[str, str] = {}
+    for where, example in parsed:
+        if not example.question.strip():
+            raise DataFormatError(path, where, "question", "a non-empty question", example.question)
+        if example.id in first_at:
+            raise DataFormatError(
+                path,
+                f"{first_at[example.id]} and {where}",
+                id_field,
+                "unique question ids (give one of the two records another id)",
+                example.id,
+            )
+        first_at[example.id] = where
+        examples.append(example)
+    if not examples:
+        raise DataFormatError(path, "(file)", "(records)", "at least one record", "no records")
+    return examples
+
+
+def require_pool(
+    passages: Sequence[Any], record: Mapping[str, Any], field: str, path, where
+) -> None:
+    """A dataset whose questions come with their own paragraphs needs a non-empty ``field``."""
+    if not passages:
+        raise DataFormatError(
+            path, where, field, "a non-empty list of paragraphs", record.get(field, "it is missing")
         )
 
 

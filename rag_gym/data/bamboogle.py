@@ -9,9 +9,10 @@ server) to search.
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 
-from rag_gym.data._io import iter_records
+from rag_gym.data._io import checked_examples, iter_records, read_text
 from rag_gym.data.errors import DataFormatError
 from rag_gym.data.flashrag import parse_record as parse_flashrag
 from rag_gym.data.types import QAExample
@@ -26,10 +27,13 @@ def load(path: str | Path | None = None, split: str = "test") -> list[QAExample]
     path = Path(path)
     if path.suffix.lower() in (".tsv", ".csv"):
         return _load_table(path)
-    return [
-        _as_bamboogle(parse_flashrag(r, path, where, default_id=f"bamboogle-{i}"))
-        for i, (where, r) in enumerate(iter_records(path))
-    ]
+    return checked_examples(
+        path,
+        (
+            (where, _as_bamboogle(parse_flashrag(r, path, where, default_id=f"bamboogle-{i}")))
+            for i, (where, r) in enumerate(iter_records(path))
+        ),
+    )
 
 
 def _as_bamboogle(ex: QAExample) -> QAExample:
@@ -47,25 +51,36 @@ def _load_table(path: Path) -> list[QAExample]:
     if not path.is_file():
         raise FileNotFoundError(f"no such file: {path}")
     delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
-    with open(path, encoding="utf-8", newline="") as f:
-        reader = csv.DictReader(f, delimiter=delimiter)
-        header = {(h or "").strip().lower(): h for h in reader.fieldnames or []}
-        for col in ("question", "answer"):
-            if col not in header:
-                raise DataFormatError(
-                    path, "line 1", col.capitalize(), "a header column", list(header)
-                )
-        examples = []
-        for i, row in enumerate(reader):
-            q = (row.get(header["question"]) or "").strip()
-            a = (row.get(header["answer"]) or "").strip()
-            if not q:
-                raise DataFormatError(path, f"line {i + 2}", "Question", "a non-empty question", q)
-            if not a:
-                raise DataFormatError(path, f"line {i + 2}", "Answer", "a non-empty answer", a)
-            examples.append(
+    text = read_text(path)
+    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter)
+    header = {(h or "").strip().lower(): h for h in reader.fieldnames or []}
+    for col in ("question", "answer"):
+        if col not in header:
+            raise DataFormatError(path, "line 1", col.capitalize(), "a header column", list(header))
+    examples = []
+    try:
+        rows = list(reader)
+    except csv.Error as exc:  # e.g. a field over csv.field_size_limit()
+        raise DataFormatError(
+            path, f"line {reader.line_num}", "(csv)", "valid CSV/TSV", str(exc)
+        ) from None
+    for i, row in enumerate(rows):
+        q = (row.get(header["question"]) or "").strip()
+        a = (row.get(header["answer"]) or "").strip()
+        if not q:
+            raise DataFormatError(path, f"line {i + 2}", "Question", "a non-empty question", q)
+        if not a:
+            raise DataFormatError(path, f"line {i + 2}", "Answer", "a non-empty answer", a)
+        examples.append(
+            (
+                f"line {i + 2}",
                 QAExample(
-                    id=f"bamboogle-{i + 1}", question=q, answers=(a,), hops=2, type="compositional"
-                )
+                    id=f"bamboogle-{i + 1}",
+                    question=q,
+                    answers=(a,),
+                    hops=2,
+                    type="compositional",
+                ),
             )
-    return examples
+        )
+    return checked_examples(path, examples)

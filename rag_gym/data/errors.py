@@ -20,8 +20,11 @@ class DataFormatError(ValueError):
         self.path = str(path)
         self.where = where
         self.field = field
-        shown = got if isinstance(got, str) and got in ("it is missing", "neither") else _short(got)
+        shown = got if isinstance(got, str) and got in _PLAIN else _short(got)
         super().__init__(f"{path}, {where}, field {field!r}: expected {expected}, got {shown}")
+
+
+_PLAIN = ("it is missing", "neither", "no records")  # shown as words, not as repr
 
 
 def _short(value: Any, limit: int = 80) -> str:

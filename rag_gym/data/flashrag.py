@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rag_gym.data._io import iter_records, require
+from rag_gym.data._io import checked_examples, iter_records, require
 from rag_gym.data.errors import DataFormatError
 from rag_gym.data.types import QAExample
 
@@ -30,12 +30,18 @@ def load(
 
         records = load_hub_records(HUB_ID, subset, split, "FlashRAG")
         src = Path(f"hub:{HUB_ID}/{subset}/{split}")
-        return [parse_record(r, src, f"record {i}") for i, r in enumerate(records)]
+        return checked_examples(
+            src,
+            ((f"record {i}", parse_record(r, src, f"record {i}")) for i, r in enumerate(records)),
+        )
     path = Path(path)
-    return [
-        parse_record(r, path, where, default_id=f"{path.stem}-{i}")
-        for i, (where, r) in enumerate(iter_records(path))
-    ]
+    return checked_examples(
+        path,
+        (
+            (where, parse_record(r, path, where, default_id=f"{path.stem}-{i}"))
+            for i, (where, r) in enumerate(iter_records(path))
+        ),
+    )
 
 
 def parse_record(

@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rag_gym.data._io import iter_records
+from rag_gym.data._io import checked_examples, iter_records, require_pool
 from rag_gym.data._wiki import parse_common
 from rag_gym.data.types import QAExample
 
@@ -34,16 +34,21 @@ def load(
         from rag_gym.data.hub import load_hub_records
 
         records = load_hub_records(HUB_ID, setting, split, "HotpotQA")
-        return [
-            parse_record(r, Path(f"hub:{HUB_ID}/{setting}/{split}"), f"record {i}")
-            for i, r in enumerate(records)
-        ]
+        src = Path(f"hub:{HUB_ID}/{setting}/{split}")
+        return checked_examples(
+            src,
+            ((f"record {i}", parse_record(r, src, f"record {i}")) for i, r in enumerate(records)),
+            "_id",
+        )
     path = Path(path)
-    return [parse_record(r, path, where) for where, r in iter_records(path)]
+    return checked_examples(
+        path, ((where, parse_record(r, path, where)) for where, r in iter_records(path)), "_id"
+    )
 
 
 def parse_record(record: dict[str, Any], path: Path, where: str) -> QAExample:
     qid, question, answers, passages, gold = parse_common(record, path, where)
+    require_pool(passages, record, "context", path, where)
     return QAExample(
         id=qid,
         question=question,

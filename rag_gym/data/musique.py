@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rag_gym.data._io import iter_records, require
+from rag_gym.data._io import checked_examples, iter_records, require, require_pool
 from rag_gym.data.errors import DataFormatError
 from rag_gym.data.types import Passage, QAExample
 
@@ -26,7 +26,9 @@ def load(path: str | Path | None = None, split: str = "validation") -> list[QAEx
             "https://github.com/StonyBrookNLP/musique and pass path='.../musique_ans_v1.0_dev.jsonl'"
         )
     path = Path(path)
-    return [parse_record(r, path, where) for where, r in iter_records(path)]
+    return checked_examples(
+        path, ((where, parse_record(r, path, where)) for where, r in iter_records(path))
+    )
 
 
 def parse_record(record: dict[str, Any], path: Path, where: str) -> QAExample:
@@ -86,6 +88,7 @@ def parse_record(record: dict[str, Any], path: Path, where: str) -> QAExample:
         if by_idx[support] not in ordered:
             ordered.append(by_idx[support])
     gold = tuple(ordered + [pid for pid in flagged if pid not in ordered])
+    require_pool(passages, record, "paragraphs", path, where)
 
     answers = tuple(dict.fromkeys(([answer] if answer is not None else []) + aliases))
     return QAExample(

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rag_gym.data._io import iter_records
+from rag_gym.data._io import checked_examples, iter_records, require_pool
 from rag_gym.data._wiki import parse_common
 from rag_gym.data.errors import DataFormatError
 from rag_gym.data.types import QAExample
@@ -26,7 +26,9 @@ def load(path: str | Path | None = None, split: str = "validation") -> list[QAEx
             "https://github.com/Alab-NII/2wikimultihop and pass path='.../dev.json'"
         )
     path = Path(path)
-    return [parse_record(r, path, where) for where, r in iter_records(path)]
+    return checked_examples(
+        path, ((where, parse_record(r, path, where)) for where, r in iter_records(path)), "_id"
+    )
 
 
 def parse_record(record: dict[str, Any], path: Path, where: str) -> QAExample:
@@ -36,6 +38,7 @@ def parse_record(record: dict[str, Any], path: Path, where: str) -> QAExample:
         raise DataFormatError(
             path, where, "evidences", "a list of [subject, relation, object]", evidences
         )
+    require_pool(passages, record, "context", path, where)
     return QAExample(
         id=qid,
         question=question,

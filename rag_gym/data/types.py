@@ -187,8 +187,8 @@ class Corpus:
         * ``{"id", "contents"}`` with ``contents = "title\\ntext"`` (FlashRAG, Search-R1, Pyserini);
         * ``{"id", "title", "text"}`` (DPR, BEIR style).
 
-        A malformed line raises :class:`~rag_gym.data.errors.DataFormatError` naming the file,
-        the line and the field.
+        A malformed line, or a file with no passages, raises
+        :class:`~rag_gym.data.errors.DataFormatError` naming the file, the line and the field.
         """
         path = Path(path)
         corpus = cls(name=name or path.stem)
@@ -213,6 +213,8 @@ class Corpus:
                 corpus.add(Passage(str(pid), title, text))
             except ValueError as exc:
                 raise DataFormatError(path, f"line {lineno}", "id", "a unique id", pid) from exc
+        if not len(corpus):
+            raise DataFormatError(path, "(file)", "(records)", "at least one passage", "no records")
         return corpus
 
     def to_jsonl(self, path: str | Path, fmt: str = "contents") -> None:

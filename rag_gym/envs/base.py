@@ -119,6 +119,15 @@ class QAEnv(gym.Env):
         if not self.examples:
             raise ValueError(f"dataset {self.dataset!r} split {split!r} has no questions")
         self._by_id = {ex.id: i for i, ex in enumerate(self.examples)}
+        if len(self._by_id) != len(self.examples):  # one question would be posed twice, one never
+            first: dict[str, int] = {}
+            for i, ex in enumerate(self.examples):
+                if ex.id in first:
+                    raise ValueError(
+                        f"expected unique question ids, got {ex.id!r} at examples[{first[ex.id]}] "
+                        f"and examples[{i}]; give one of them another id"
+                    )
+                first[ex.id] = i
         self._example: QAExample | None = None
 
     def _build(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -165,7 +166,10 @@ def test_hotpotqa_missing_question(tmp_path):
     path = _write_json(
         tmp_path,
         "bad.json",
-        [{"_id": "a", "question": "q", "answer": "x", "context": []}, {"_id": "b", "answer": "x"}],
+        [
+            {"_id": "a", "question": "q", "answer": "x", "context": [["T", ["s."]]]},
+            {"_id": "b", "answer": "x"},
+        ],
     )
     with pytest.raises(
         DataFormatError,
@@ -263,3 +267,185 @@ def test_datasets_without_hub_copy_say_where_to_get_them():
         load("musique")
     with pytest.raises(ValueError, match="pass path="):
         load("2wikimultihopqa")
+
+
+# ---- records a loader refuses: repeated ids, empty questions and pools, empty files ---------
+CTX = [["T", ["s."]]]
+GOOD = {
+    "hotpotqa": ("h.json", {"_id": "a", "question": "q?", "answer": "x", "context": CTX}),
+    "2wikimultihopqa": ("w.json", {"_id": "a", "question": "q?", "answer": "x", "context": CTX}),
+    "musique": (
+        "m.jsonl",
+        {
+            "id": "a",
+            "question": "q?",
+            "answer": "x",
+            "paragraphs": [{"idx": 0, "paragraph_text": "p"}],
+        },
+    ),
+    "flashrag": ("f.jsonl", {"id": "a", "question": "q?", "golden_answers": ["x"]}),
+    "bamboogle": ("b.jsonl", {"id": "a", "question": "q?", "answer": "x"}),
+}
+
+
+def _write(tmp_path: Path, name: str, records) -> Path:
+    path = tmp_path / name
+    if name.endswith(".jsonl"):
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    else:
+        path.write_text(json.dumps(records))
+    return path
+
+
+def _where(name: str, i: int) -> str:
+    return f"line {i + 1}" if name.endswith(".jsonl") else f"record {i}"
+
+
+@pytest.mark.parametrize("dataset", sorted(GOOD))
+def test_a_repeated_question_id_names_both_records(tmp_path, dataset):
+    name, rec = GOOD[dataset]
+    other = {**rec, "question": "another?"}
+    path = _write(tmp_path, name, [rec, {**rec, "question": "b?", "_id": "b", "id": "b"}, other])
+    first, third = _where(name, 0), _where(name, 2)
+    with pytest.raises(
+        DataFormatError, match=rf"{name}, {first} and {third}, field '_?id': expected unique"
+    ):
+        load(dataset, path=path)
+
+
+def test_a_repeated_bamboogle_tsv_row_is_fine_but_an_empty_table_is_not(tmp_path):
+    path = tmp_path / "b.tsv"
+    path.write_text("Question\tAnswer\nq?\tx\nq?\tx\n")  # rows are numbered: ids never repeat
+    assert [ex.id for ex in load("bamboogle", path=path)] == ["bamboogle-1", "bamboogle-2"]
+    path.write_text("Question\tAnswer\n")
+    with pytest.raises(DataFormatError, match=r"b\.tsv, \(file\), .*at least one record, got no"):
+        load("bamboogle", path=path)
+
+
+@pytest.mark.parametrize("dataset", sorted(GOOD))
+@pytest.mark.parametrize("question", ["", "  \n"])
+def test_an_empty_question_is_refused(tmp_path, dataset, question):
+    name, rec = GOOD[dataset]
+    path = _write(tmp_path, name, [rec, {**rec, "_id": "b", "id": "b", "question": question}])
+    with pytest.raises(
+        DataFormatError,
+        match=rf"{_where(name, 1)}, field 'question': expected a non-empty question",
+    ):
+        load(dataset, path=path)
+
+
+@pytest.mark.parametrize(
+    ("dataset", "field", "value"),
+    [
+        ("hotpotqa", "context", []),
+        ("hotpotqa", "context", None),
+        ("hotpotqa", "context", {"title": [], "sentences": []}),
+        ("2wikimultihopqa", "context", []),
+        ("2wikimultihopqa", "context", None),
+        ("musique", "paragraphs", []),
+    ],
+)
+def test_an_empty_or_missing_pool_is_refused(tmp_path, dataset, field, value):
+    name, rec = GOOD[dataset]
+    bad = {k: v for k, v in rec.items() if k != field}
+    if value is not None:
+        bad[field] = value
+    path = _write(tmp_path, name, [rec, {**bad, "_id": "b", "id": "b"}])
+    got = "it is missing" if value is None else re.escape(repr(value))
+    with pytest.raises(
+        DataFormatError,
+        match=rf"{_where(name, 1)}, field '{field}': expected a non-empty list of paragraphs, got {got}",
+    ):
+        load(dataset, path=path)
+
+
+@pytest.mark.parametrize(
+    ("dataset", "content"),
+    [
+        (dataset, content)
+        for dataset, (name, _) in sorted(GOOD.items())
+        for content in (["", "\n\n"] + (["[]", '{"data": []}'] if name.endswith(".json") else []))
+    ],
+)
+def test_a_file_without_records_is_refused(tmp_path, dataset, content):
+    name, _ = GOOD[dataset]
+    path = tmp_path / name
+    path.write_text(content)
+    with pytest.raises(DataFormatError, match=rf"{name}, \(file\), .*got no records"):
+        load(dataset, path=path)
+
+
+def test_an_empty_corpus_file_is_refused(tmp_path):
+    from rag_gym.data import Corpus
+
+    path = tmp_path / "c.jsonl"
+    path.write_text("\n")
+    with pytest.raises(DataFormatError, match=r"c\.jsonl, \(file\), .*at least one passage"):
+        Corpus.from_jsonl(path)
+
+
+@pytest.mark.parametrize("dataset", sorted(GOOD))
+def test_bytes_that_are_not_utf8_name_the_file_and_line(tmp_path, dataset):
+    name, rec = GOOD[dataset]
+    path = _write(tmp_path, name, [rec, {**rec, "_id": "b", "id": "b"}])
+    raw = path.read_bytes()
+    if name.endswith(".jsonl"):
+        lines = raw.split(b"\n")
+        lines[1] = lines[1].replace(b"q?", b"q\xff?")
+        raw = b"\n".join(lines)
+        where = "line 2"
+    else:
+        raw = raw.replace(b"q?", b"q\xc3(?", 1)
+        where = "line 1"
+    path.write_bytes(raw)
+    with pytest.raises(
+        DataFormatError, match=rf"{name}, {where}, field '\(encoding\)': expected UTF-8"
+    ):
+        load(dataset, path=path)
+
+
+def test_not_utf8_in_a_tsv_and_a_corpus(tmp_path):
+    from rag_gym.data import Corpus
+
+    tsv = tmp_path / "b.tsv"
+    tsv.write_bytes(b"Question\tAnswer\nq?\tx\nq\xff?\tx\n")
+    with pytest.raises(DataFormatError, match=r"b\.tsv, line 3, field '\(encoding\)'.*column 2"):
+        load("bamboogle", path=tsv)
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_bytes(b'{"id": "a", "text": "ok"}\n{"id": "b", "text": "\xe9"}\n')
+    with pytest.raises(DataFormatError, match=r"c\.jsonl, line 2, field '\(encoding\)'"):
+        Corpus.from_jsonl(corpus)
+
+
+@pytest.mark.parametrize("name", ["h.json", "h.jsonl"])
+def test_json_nested_100k_deep_names_the_file(tmp_path, name):
+    path = tmp_path / name
+    deep = "[" * 100_000 + "]" * 100_000
+    path.write_text(
+        deep if name.endswith(".json") else json.dumps(GOOD["musique"][1]) + "\n" + deep + "\n"
+    )
+    where = r"\(file\)" if name.endswith(".json") else "line 2"
+    with pytest.raises(
+        DataFormatError, match=rf"{name}, {where}, field '\(json\)'.*nesting too deep"
+    ):
+        load("hotpotqa" if name.endswith(".json") else "musique", path=path)
+
+
+def test_a_damaged_parquet_file_names_the_file(tmp_path):
+    pytest.importorskip("pyarrow")
+    path = tmp_path / "h.parquet"
+    path.write_bytes(b"PAR1 not really")
+    with pytest.raises(DataFormatError, match=r"h\.parquet, \(file\), field '\(parquet\)'"):
+        load("hotpotqa", path=path)
+
+
+def test_an_env_refuses_repeated_ids_in_examples():
+    from rag_gym.data import Passage, QAExample
+    from rag_gym.envs import SearchEnv
+
+    pool = (Passage("p1", "T", "Ada was born in Vell."),)
+    q = QAExample("q1", "Where was Ada born?", ("Vell",), ("p1",), pool)
+    with pytest.raises(
+        ValueError, match=r"unique question ids, got 'q1' at examples\[0\] and examples\[2\]"
+    ):
+        SearchEnv(examples=[q, QAExample("q2", "?", ("x",), (), pool), q])
