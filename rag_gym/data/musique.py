@@ -62,6 +62,10 @@ def parse_record(record: dict[str, Any], path: Path, where: str) -> QAExample:
         if not isinstance(text, str):
             raise DataFormatError(path, where, f"{field}.paragraph_text", "a string", text)
         pid = f"{qid}::{idx}"
+        if idx in by_idx:
+            raise DataFormatError(
+                path, where, f"{field}.idx", "an idx no other paragraph of the record has", idx
+            )
         by_idx[idx] = pid
         passages.append(Passage(pid, title, text))
         if para.get("is_supporting"):

@@ -205,6 +205,14 @@ class SynthHopConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise TypeError(f"expected an int seed, got {self.seed!r}")
+        if self.seed < 0:
+            raise ValueError(f"expected seed >= 0 (numpy takes no negative seeds), got {self.seed}")
+        for name in ("hops", "n_questions"):
+            if not isinstance(getattr(self, name), (tuple, list)):
+                example = "(2,) or (2, 3, 4)" if name == "hops" else "(1000, 200, 200)"
+                raise TypeError(
+                    f"expected {name} as a tuple, e.g. {example}, got {getattr(self, name)!r}"
+                )
         if not isinstance(self.n_passages, int) or self.n_passages < 500:
             raise ValueError(f"expected n_passages >= 500, got {self.n_passages!r}")
         hops = tuple(self.hops)
@@ -318,7 +326,8 @@ def world_for(preset: str = "default", **overrides: Any) -> SynthHopWorld:
         )
     base.update(overrides)
     for key in ("hops", "n_questions"):
-        base[key] = tuple(base[key])
+        if isinstance(base[key], list):  # JSON kwargs give lists
+            base[key] = tuple(base[key])
     return generate(SynthHopConfig(**base))
 
 

@@ -187,6 +187,19 @@ class QAEnv(gym.Env):
         return True
 
     # ---- shared pieces of reset/step -------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        """Seed ``self.np_random`` (Gymnasium's ``Env.reset``); a seed that is not an int >= 0
+        is a ``TypeError`` or ``ValueError`` here, before Gymnasium's untyped error."""
+        if seed is not None:
+            if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+                raise TypeError(f"expected seed to be an int or None, got {seed!r}")
+            if seed < 0:
+                raise ValueError(
+                    f"expected seed >= 0 or None, got {seed}; numpy's seeding takes no negative seeds"
+                )
+            seed = int(seed)  # Gymnasium takes a Python int only
+        return super().reset(seed=seed, options=options)
+
     def _choose_example(self, options: dict[str, Any] | None) -> QAExample:
         options = options or {}
         if "question_id" in options:
@@ -203,7 +216,11 @@ class QAEnv(gym.Env):
         else:
             index = int(self.np_random.integers(len(self.examples)))
         example = self.examples[int(index)]
-        self._pool = [p.id for p in example.passages] if self.corpus_mode == "pool" else None
+        self._pool = (
+            list(dict.fromkeys(p.id for p in example.passages))
+            if self.corpus_mode == "pool"
+            else None
+        )
         if self._pool is not None and not self._pool:
             raise ValueError(f"question {example.id!r} has an empty pool; use corpus_mode='corpus'")
         self._example = example

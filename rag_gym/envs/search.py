@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -128,12 +129,14 @@ class SearchEnv(QAEnv):
     * ``corpus_mode``: ``"pool"`` (each question's own distractor pool) or ``"corpus"`` (the
       whole corpus: SynthHop's world, the split's pooled passages, or ``corpus``). Default:
       ``"corpus"`` for SynthHop or when ``corpus`` is given, else ``"pool"``.
-    * ``k`` (3): passages per search; ``exclude_seen`` (False): never return a passage already
-      retrieved this episode.
+    * ``k`` (3): passages per search, capped at the candidates there are (the question's pool
+      in pool mode, else the corpus): a ``k`` above them returns every candidate, ranked.
+      ``exclude_seen`` (False): never return a passage already retrieved this episode.
     * ``answer_metric``: ``"em"``, ``"f1"`` or ``"em_f1"``.
     * ``max_query_chars`` (512), ``max_text_chars`` (4096, the action text space),
       ``max_obs_chars`` (16384).
-    * ``invalid_action_penalty`` (0.0): reward of an invalid action.
+    * ``invalid_action_penalty`` (0.0): reward of an invalid action (finite: NaN and
+      infinities are a ``ValueError``).
     * ``retriever``: a retrieval server URL (``"http://127.0.0.1:8000"``, see ``rag-gym serve``),
       or a live retriever object that replaces the built BM25 index.
     * ``retriever``, ``examples``: live objects that replace the built ones (not for
@@ -187,9 +190,16 @@ class SearchEnv(QAEnv):
     ) -> None:
         check_int("max_query_chars", max_query_chars, 1)
         check_int("max_text_chars", max_text_chars, max_query_chars)
-        if not isinstance(invalid_action_penalty, (int, float)):
+        if isinstance(invalid_action_penalty, bool) or not isinstance(
+            invalid_action_penalty, (int, float)
+        ):
             raise TypeError(
                 f"expected invalid_action_penalty to be a float, got {invalid_action_penalty!r}"
+            )
+        if not math.isfinite(invalid_action_penalty):
+            raise ValueError(
+                f"expected a finite invalid_action_penalty, got {invalid_action_penalty}; "
+                "a NaN or infinite reward poisons every return it is summed into"
             )
         super().__init__(
             dataset=dataset,

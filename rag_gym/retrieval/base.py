@@ -94,8 +94,10 @@ def id_ranks(corpus: Corpus) -> np.ndarray:
 
 
 def positions(corpus: Corpus, ids: Iterable[str], strict: bool = True) -> np.ndarray:
-    """Corpus positions of ``ids``; an unknown id is a ``KeyError`` (``strict``) or skipped."""
+    """Corpus positions of ``ids``, each once (a pool naming a passage twice ranks it once); an
+    unknown id is a ``KeyError`` (``strict``) or skipped."""
     index = corpus._index
+    ids = dict.fromkeys(ids)
     if strict:
         try:
             return np.fromiter((index[i] for i in ids), dtype=np.int64)

@@ -449,3 +449,13 @@ def test_an_env_refuses_repeated_ids_in_examples():
         ValueError, match=r"unique question ids, got 'q1' at examples\[0\] and examples\[2\]"
     ):
         SearchEnv(examples=[q, QAExample("q2", "?", ("x",), (), pool), q])
+
+
+def test_musique_paragraphs_sharing_an_idx_are_refused(tmp_path):
+    name, rec = GOOD["musique"]
+    paragraphs = [{"idx": 0, "paragraph_text": "p"}, {"idx": 0, "paragraph_text": "q"}]
+    path = _write(tmp_path, name, [{**rec, "paragraphs": paragraphs}])
+    with pytest.raises(
+        DataFormatError, match=r"line 1, field 'paragraphs\[1\]\.idx': expected an idx no other"
+    ):
+        load("musique", path=path)

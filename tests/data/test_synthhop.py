@@ -131,6 +131,10 @@ def test_presets():
             "raise n_passages or lower n_questions",
         ),
         ({"seed": "x"}, TypeError, "expected an int seed"),
+        ({"seed": -1}, ValueError, r"expected seed >= 0 \(numpy takes no negative seeds\), got -1"),
+        ({"hops": 0}, TypeError, r"expected hops as a tuple, e\.g\. \(2,\) or \(2, 3, 4\), got 0"),
+        ({"hops": ()}, ValueError, r"expected hops from \(2, 3, 4\), got \(\)"),
+        ({"n_questions": 5}, TypeError, r"expected n_questions as a tuple"),
     ],
 )
 def test_config_errors(kwargs, error, match):
@@ -139,6 +143,10 @@ def test_config_errors(kwargs, error, match):
 
 
 def test_preset_errors():
+    with pytest.raises(TypeError, match=r"expected hops as a tuple"):
+        world_for("default", hops=0)
+    with pytest.raises(ValueError, match=r"expected seed >= 0"):
+        world_for("default", seed=-1)
     with pytest.raises(ValueError, match="did you mean 'hard'"):
         world_for("hrd")
     with pytest.raises(TypeError, match=r"unknown SynthHop config fields \['size'\]"):

@@ -243,6 +243,9 @@ def test_observation_is_sanitised():
         ({"answer_metric": "acc"}, ValueError, "expected answer_metric in"),
         ({"corpus_mode": "full"}, ValueError, "expected corpus_mode 'pool', 'corpus' or None"),
         ({"render_mode": "rgb_array"}, ValueError, "expected render_mode in"),
+        ({"invalid_action_penalty": float("nan")}, ValueError, "expected a finite invalid_action"),
+        ({"invalid_action_penalty": -float("inf")}, ValueError, "expected a finite invalid_action"),
+        ({"invalid_action_penalty": True}, TypeError, "expected invalid_action_penalty to be a"),
     ],
 )
 def test_constructor_errors(kwargs, error, match):
@@ -275,3 +278,34 @@ def test_pool_mode_searches_only_the_question_pool():
         }
         _, _, _, _, info = env.step(act(S, info["question"]))
         assert len(info["retrieved_ids"]) == 3 and set(info["retrieved_ids"]) <= pool
+
+
+@pytest.mark.parametrize(
+    ("seed", "error", "match"),
+    [(-1, ValueError, r"expected seed >= 0 or None, got -1"), (1.5, TypeError, "expected seed")],
+)
+def test_a_bad_seed_is_a_typed_error(seed, error, match):
+    env = make_env()
+    with pytest.raises(error, match=match):
+        env.reset(seed=seed)
+    wrapped = gym.make(
+        "rag_gym/SynthHop-v0", dataset_kwargs={"n_passages": 2000, "n_questions": [40, 10, 10]}
+    )
+    with pytest.raises(error, match=match):
+        wrapped.reset(seed=seed)
+    assert env.reset(seed=np.int64(3))[1]["step"] == 0
+
+
+def test_k_above_the_candidates_returns_every_candidate():
+    env = make_env(k=50)
+    _, info = env.reset(options={"question_id": "q1"})
+    _, _, _, _, info = env.step(act(S, "Ada Vell"))
+    assert len(info["retrieved_ids"]) == len(PASSAGES) == len(set(info["retrieved_ids"]))
+    pool = (PASSAGES[0], PASSAGES[1], PASSAGES[0])  # a pool naming one passage twice
+    q = QAExample("qp", "Where was Ada Vell born?", ("Orrin",), ("p1", "p2"), pool, hops=2)
+    env = SearchEnv(
+        examples=[q], retriever=BM25Retriever(Corpus(PASSAGES)), corpus_mode="pool", k=5
+    )
+    env.reset()
+    _, _, _, _, info = env.step(act(S, "Ada Vell"))
+    assert sorted(info["retrieved_ids"]) == ["p1", "p2"]

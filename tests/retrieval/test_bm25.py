@@ -93,6 +93,17 @@ def test_exclude_and_within(world, bm25):
     ]
 
 
+def test_a_pool_naming_a_passage_twice_ranks_it_once(world, bm25):
+    q = world.questions["validation"][0]
+    pool = [p.id for p in q.passages]
+    doubled = [pid for pid in pool for _ in range(2)]
+    once = bm25.retrieve([q.question], k=len(pool), within=[pool]).ids[0]
+    twice = bm25.retrieve([q.question], k=len(pool), within=[doubled]).ids[0]
+    assert twice == once and len(set(twice)) == len(pool)
+    with pytest.raises(ValueError, match=rf"expected k <= {len(pool)} \(the size of the candidate"):
+        bm25.retrieve([q.question], k=len(pool) + 1, within=[doubled])
+
+
 def test_errors(bm25):
     with pytest.raises(
         ValueError, match=r"expected k <= 2000 \(the size of the corpus\), got k=2001"
