@@ -22,6 +22,7 @@ def _fail(message: str) -> None:
 
 @app.command()
 def evaluate(
+    ctx: typer.Context,
     env: Annotated[
         str, typer.Option(help="Registered env id (its dataset is used for every agent).")
     ] = "rag_gym/SynthHop-v0",
@@ -45,6 +46,12 @@ def evaluate(
         str | None, typer.Option(help="A saved BM25 index directory to search.")
     ] = None,
     k: Annotated[int | None, typer.Option(help="Passages per search (env default 3).")] = None,
+    env_kwargs: Annotated[
+        str | None,
+        typer.Option(
+            help='More gym.make kwargs as a JSON object, e.g. \'{"dataset_kwargs": {"n_passages": 2000}}\'.'
+        ),
+    ] = None,
     batch_size: Annotated[int, typer.Option(help="Episodes stepped together per agent call.")] = 8,
     judge: Annotated[
         str | None, typer.Option(help="LLM judge backend spec (e.g. openai:model@url).")
@@ -55,32 +62,88 @@ def evaluate(
     from_run: Annotated[
         Path | None, typer.Option(help="Re-run the protocol saved in this run folder.")
     ] = None,
+    resume: Annotated[
+        Path | None,
+        typer.Option(
+            help="Go on with this stopped run folder: only its missing episodes are played "
+            "(options given must match its protocol; --agents may add agents)."
+        ),
+    ] = None,
+    overwrite: Annotated[
+        bool, typer.Option(help="Replace the run folder if it holds a run (--run-name).")
+    ] = False,
     out: Annotated[Path, typer.Option(help="Parent folder of the run folder.")] = Path("runs"),
-    run_name: Annotated[str | None, typer.Option(help="Run folder name.")] = None,
+    run_name: Annotated[
+        str | None, typer.Option(help="Run folder name (default: unique, by start time).")
+    ] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
-    """Run agents on an env's sampled questions; print and save a leaderboard, plots and the protocol."""
+    """Run agents on an env's sampled questions; print and save a leaderboard, plots and the protocol.
+
+    Episodes are saved as they end; a stopped run (Ctrl-C, SIGTERM, a crash) goes on with
+    --resume RUN."""
+    import json
+    import shlex
+    import warnings
+
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
     import rag_gym  # noqa: F401  (registers the envs)
     from rag_gym.baselines import make_agent, needs_lm
-    from rag_gym.evaluate import COLUMNS, EvalConfig, format_cell
+    from rag_gym.evaluate import (
+        COLUMNS,
+        EvalConfig,
+        RunInterrupted,
+        check_run_dir,
+        format_cell,
+        sigterm_as_interrupt,
+    )
     from rag_gym.evaluate import evaluate as run
 
-    env_kwargs = {
-        key: val
-        for key, val in {
-            "data_path": data_path,
-            "corpus": corpus,
-            "index": retriever,
-            "k": k,
-        }.items()
-        if val is not None
-    }
+    def given(name: str) -> bool:  # typer vendors click: compare the enum member by name
+        return getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"
+
+    extra: dict = {}
+    if env_kwargs is not None:
+        try:
+            extra = json.loads(env_kwargs)
+        except json.JSONDecodeError as exc:
+            _fail(f"expected --env-kwargs to be a JSON object, got {env_kwargs!r} ({exc})")
+        if not isinstance(extra, dict):
+            _fail(f"expected --env-kwargs to be a JSON object, got {env_kwargs!r}")
+    options = {"data_path": data_path, "corpus": corpus, "index": retriever, "k": k}
+    env_kwargs_ = {**extra, **{key: val for key, val in options.items() if val is not None}}
+    agent_names = tuple(a.strip() for a in agents.split(",") if a.strip())
     try:
-        if from_run is not None:
+        if resume is not None and from_run is not None:
+            raise ValueError("expected --resume or --from-run, got both: pick one")
+        if resume is not None:
+            named = out / (run_name or resume.name)
+            if (given("out") or given("run_name")) and named.resolve() != resume.resolve():
+                raise ValueError(
+                    f"expected --out and --run-name to name the --resume folder {resume}, "
+                    f"got {named}: drop them"
+                )
+            # the run's own settings, but for options given here (evaluate checks they match)
+            fields = {"env": "env_id", "split": "split", "n": "n", "seed": "seed"}
+            fields.update(agents="agents", batch_size="batch_size")
+            given_ = {fields[o]: v for o, v in ctx.params.items() if o in fields and given(o)}
+            if "agents" in given_:
+                given_["agents"] = agent_names
+            config = EvalConfig.from_run(
+                resume, out_dir=str(resume.parent), run_name=resume.name, **given_
+            )
+            names = {"data_path": "data_path", "corpus": "corpus", "retriever": "index", "k": "k"}
+            if given("env_kwargs") or any(given(o) for o in names):
+                base = extra if given("env_kwargs") else config.env_kwargs
+                config.env_kwargs = {
+                    **base,
+                    **{key: options[key] for o, key in names.items() if given(o)},
+                }
+            lm = lm if given("lm") else config.lm_spec or lm
+        elif from_run is not None:
             config = EvalConfig.from_run(from_run, out_dir=str(out), run_name=run_name)
             lm = config.lm_spec or lm
         else:
@@ -89,13 +152,14 @@ def evaluate(
                 split=split,
                 n=n,
                 seed=seed,
-                agents=tuple(a.strip() for a in agents.split(",") if a.strip()),
-                env_kwargs=env_kwargs,
+                agents=agent_names,
+                env_kwargs=env_kwargs_,
                 batch_size=batch_size,
                 out_dir=str(out),
                 run_name=run_name,
             )
-    except (TypeError, ValueError, FileNotFoundError) as exc:
+        check_run_dir(config, resume=resume is not None, overwrite=overwrite)
+    except (TypeError, ValueError, OSError) as exc:
         _fail(str(exc))
     console = Console(stderr=True)
     backend = judge_fn = None
@@ -112,14 +176,21 @@ def evaluate(
     except (ImportError, FileNotFoundError, TypeError, ValueError) as exc:
         _fail(str(exc))
 
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        disable=not progress,
-    ) as bar:
+    def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+        typer.secho(f"warning: {message}", fg=typer.colors.YELLOW, err=True)
+
+    with (
+        Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            disable=not progress,
+        ) as bar,
+        warnings.catch_warnings(),
+    ):
+        warnings.showwarning = show_warning
         tasks: dict[str, int] = {}
 
         def tick(agent: str, done: int, total: int) -> None:
@@ -128,17 +199,36 @@ def evaluate(
             bar.update(tasks[agent], completed=done)
 
         try:
-            result = run(
-                config,
-                lambda name, e: make_agent(name, lm=backend, seed=config.seed, env=e),
-                progress=tick,
-                lm_description=backend.describe() if backend else None,
-                command=" ".join(["rag-gym", *sys.argv[1:]]),
-                judge=judge_fn,
-                track=track,
+            with sigterm_as_interrupt():
+                result = run(
+                    config,
+                    lambda name, e: make_agent(name, lm=backend, seed=config.seed, env=e),
+                    progress=tick,
+                    lm_description=backend.describe() if backend else None,
+                    command=" ".join(["rag-gym", *sys.argv[1:]]),
+                    judge=judge_fn,
+                    track=track,
+                    resume=resume is not None,
+                    overwrite=overwrite,
+                )
+        except RunInterrupted as exc:
+            bar.stop()
+            again = ["rag-gym", "evaluate", "--resume", str(exc.run_dir)]
+            again += ["--judge", judge] if judge is not None else []
+            again += ["--track"] if track else []
+            typer.secho(
+                f"interrupted ({exc.reason}): {exc.saved} finished episodes are saved in "
+                f"{exc.run_dir}; partial leaderboard: {exc.run_dir / 'leaderboard.md'}",
+                fg=typer.colors.YELLOW,
+                err=True,
             )
-        except (TypeError, ValueError, FileNotFoundError, ConnectionError, ImportError) as exc:
-            _fail(str(exc))
+            typer.echo(f"resume with: {shlex.join(again)}", err=True)
+            raise typer.Exit(143 if exc.reason == "SIGTERM" else 130) from None
+        except KeyboardInterrupt:
+            typer.secho("interrupted before the run folder was written", err=True)
+            raise typer.Exit(130) from None
+        except (TypeError, ValueError, OSError, ImportError) as exc:
+            _fail("\n".join([str(exc), *getattr(exc, "__notes__", [])]))
 
     table = Table(
         title=f"{config.env_id} · {config.split} · {result.protocol['n']} questions · seed {config.seed}"

@@ -14,16 +14,35 @@ ids, seed, env kwargs, retriever, k, corpus mode, model and backend spec, prompt
 command), ``episodes.jsonl``, ``leaderboard.csv``, ``leaderboard.md`` and two plots
 (``em_f1.png``: EM and F1 per agent; ``accuracy_vs_retrievals.png``: EM against the mean number
 of searches, as LWTS Figure 1).
+
+Nothing finished is lost: ``protocol.json`` is written before the first episode, and each episode
+is appended to ``episodes.jsonl`` (and flushed) as soon as it ends. A failing episode (an agent or
+backend error, an env error in ``reset`` or ``step``) is recorded with its ``error`` and the run
+goes on; an ``OSError`` from the env (an unreachable retrieval server, a missing file) stops the
+run, as Ctrl-C or SIGTERM do (:class:`RunInterrupted`). A stopped run has a partial leaderboard
+and goes on with ``evaluate(..., resume=True)`` (``rag-gym evaluate --resume RUN``): only the
+missing episodes are played, each with the seed it would have had, so the final leaderboard is
+the one an uninterrupted run writes. A run folder is never replaced silently: an existing one
+needs ``resume`` or ``overwrite``, and ``overwrite`` deletes only a folder holding a
+``protocol.json``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
+import os
+import secrets
+import shutil
+import signal
+import threading
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import gymnasium as gym
@@ -81,7 +100,8 @@ class EvalConfig:
     out_dir: str = "runs"
     """Parent folder of the run folder."""
     run_name: str | None = None
-    """Run folder name (default: ``<env>__<split>__<seed>__<unix time>``)."""
+    """Run folder name, a folder inside ``out_dir`` (default, unique and sortable:
+    ``<env>__<split>__<seed>__<unix time>.<microseconds>-<random hex>``)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.n, int) or self.n < 1:
@@ -100,6 +120,9 @@ class EvalConfig:
             raise ValueError(
                 f"expected a registered env id (rag-gym envs lists them), got {self.env_id!r}{hint}"
             )
+        check_out_dir(self.out_dir)
+        if self.run_name is not None:
+            run_dir_of(self.out_dir, self.run_name)
 
     @classmethod
     def from_run(cls, run_dir: str | Path, **overrides: Any) -> EvalConfig:
@@ -121,6 +144,217 @@ class EvalResult:
     rows: list[dict[str, Any]]
     episodes: list[dict[str, Any]]
     protocol: dict[str, Any]
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """A run stopped by Ctrl-C or SIGTERM. Every finished episode is in ``run_dir``
+    (``episodes.jsonl``), with a partial leaderboard; ``evaluate(..., resume=True)`` goes on.
+
+    A ``KeyboardInterrupt``, so that code which catches ``Exception`` still stops."""
+
+    def __init__(self, run_dir: Path, saved: int, new: int, reason: str) -> None:
+        super().__init__(
+            f"{reason}: {saved} finished episodes ({new} of them this session) are saved in "
+            f"{run_dir}; resume with evaluate(..., resume=True) (rag-gym evaluate --resume RUN)"
+        )
+        self.run_dir, self.saved, self.new, self.reason = run_dir, saved, new, reason
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """While the block runs, SIGTERM raises ``KeyboardInterrupt("SIGTERM")``, as Ctrl-C raises
+    ``KeyboardInterrupt``, so :func:`evaluate` saves a partial leaderboard before the process
+    ends. Does nothing outside the main thread (signal handlers live there)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def make_env(env_id: str, kwargs: dict[str, Any], agent: Agent | None = None) -> gym.Env:
+    """Every env the evaluator builds, ``agent``'s own included (the one place to wrap them)."""
+    return gym.make(env_id, **kwargs)
+
+
+def check_out_dir(out_dir: str | Path) -> Path:
+    """``out_dir`` as a path; ``ValueError`` when it, or a folder above it, is a file."""
+    out = Path(out_dir)
+    for path in (out, *out.parents):
+        if path.exists():
+            if not path.is_dir():
+                raise ValueError(
+                    f"expected out_dir (--out) to be a folder, got {out_dir!s}, "
+                    f"where {path} is a file: pass another folder"
+                )
+            break
+    return out
+
+
+def run_dir_of(out_dir: str | Path, run_name: str) -> Path:
+    """The run folder ``out_dir/run_name``; ``ValueError`` unless it lies inside ``out_dir``
+    (``../x`` and absolute paths elsewhere are refused)."""
+    if not isinstance(run_name, str):
+        raise TypeError(f"expected run_name to be a str, got {type(run_name).__name__}")
+    base = Path(out_dir).resolve()
+    run_dir = (base / run_name).resolve()
+    if base not in run_dir.parents:
+        raise ValueError(
+            f"expected run_name (--run-name) to name a folder inside out_dir {str(out_dir)!r}, "
+            f"got {run_name!r} ({run_dir}): pass a plain name such as 'exp1'"
+        )
+    return Path(out_dir) / run_dir.relative_to(base)
+
+
+def default_run_name(config: EvalConfig) -> str:
+    """``<env>__<split>__<seed>__<unix time>.<microseconds>-<random hex>``: sorts by start time,
+    and two runs started in the same microsecond still differ."""
+    t = time.time_ns()
+    stamp = f"{t // 10**9}.{t // 1000 % 10**6:06d}-{secrets.token_hex(2)}"
+    return f"{config.env_id.split('/')[-1]}__{config.split}__{config.seed}__{stamp}"
+
+
+def is_run_folder(path: Path) -> bool:
+    """Whether ``path`` is a folder written by :func:`evaluate` (it holds ``protocol.json``)."""
+    return (path / "protocol.json").is_file()
+
+
+def check_run_dir(config: EvalConfig, resume: bool = False, overwrite: bool = False) -> Path | None:
+    """Check, before anything slow, that ``config``'s run folder may be used; return it (``None``
+    for a default name, made unique when the run starts).
+
+    A new or empty folder is used as it is; an existing run folder needs ``resume`` (go on) or
+    ``overwrite`` (start over); any other existing folder is refused."""
+    if resume and overwrite:
+        raise ValueError("expected resume or overwrite, got both: pick one")
+    if config.run_name is None:
+        if resume:
+            raise ValueError(
+                "expected the name of the run to resume, got none: pass run_name (--resume RUN)"
+            )
+        return None
+    run_dir = run_dir_of(config.out_dir, config.run_name)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"expected {run_dir} to be a run folder, got a file: pick another name")
+    used = run_dir.is_dir() and any(run_dir.iterdir())
+    if resume:
+        if not is_run_folder(run_dir):
+            raise FileNotFoundError(
+                f"expected a run folder to resume at {run_dir}, but it has no protocol.json: "
+                "check the path, or drop --resume to start a new run"
+            )
+    elif used and not is_run_folder(run_dir):
+        raise FileExistsError(
+            f"{run_dir} exists and is not a rag-gym run folder (no protocol.json): "
+            "pick another --run-name or --out; it is never deleted"
+        )
+    elif used and not overwrite:
+        raise FileExistsError(
+            f"{run_dir} already holds a run: pass --resume {run_dir} to go on with it, "
+            "--overwrite to replace it, or another --run-name"
+        )
+    return run_dir
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8", newline="") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_episodes(path: Path) -> list[dict[str, Any]]:
+    """The records of an ``episodes.jsonl`` (none when it is missing).
+
+    A last line cut by a kill (no newline and not valid JSON) is trimmed from the file, with a
+    warning: its episode is played again. Any other bad line is a ``ValueError`` naming it."""
+    if not path.is_file():
+        return []
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    tail = lines.pop()  # b"" when the file ends with a newline
+    records = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(
+                f"{path}:{i}: expected an episode record (a JSON object), got {line[:80]!r} "
+                f"({exc}); the file is damaged: delete that line, or start over with --overwrite"
+            ) from None
+        if not isinstance(rec, dict) or not {"agent", "question_id"} <= rec.keys():
+            raise ValueError(
+                f"{path}:{i}: expected an episode record with 'agent' and 'question_id', "
+                f"got {line[:80]!r}: delete that line, or start over with --overwrite"
+            )
+        records.append(rec)
+    if tail.strip():
+        try:
+            rec = json.loads(tail)
+            ok = isinstance(rec, dict) and {"agent", "question_id"} <= rec.keys()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            ok = False
+        with open(path, "r+b") as f:
+            if ok:  # complete but for its newline
+                records.append(rec)
+                f.seek(0, os.SEEK_END)
+                f.write(b"\n")
+            else:
+                f.truncate(len(data) - len(tail))
+        if not ok:
+            warnings.warn(
+                f"{path}: its last line was cut off (the run was killed while writing it); "
+                f"dropped it ({len(tail)} bytes), that episode is played again",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+    return records
+
+
+def _normal(value: Any) -> Any:
+    """``value`` as it reads back from JSON (tuples become lists)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def check_resumable(saved: dict[str, Any], protocol: dict[str, Any], run_dir: Path) -> None:
+    """``ValueError`` unless ``protocol`` is ``saved``'s with, at most, agents added."""
+    problems = []
+    for key in ("env_id", "split", "seed", "n", "env_kwargs"):
+        was, now = saved["config"].get(key), protocol["config"].get(key)
+        if _normal(was) != _normal(now):
+            problems.append(f"{key} {now!r} (the run has {was!r})")
+    if saved.get("question_ids") != protocol["question_ids"] and not problems:
+        problems.append("other questions (the dataset changed since the run started)")
+    was, now = saved.get("lm_spec"), protocol["lm_spec"]
+    if was is not None and was != now:  # a run without LM agents may get some
+        problems.append(f"lm {now!r} (the run has {was!r})")
+    if bool(saved.get("judge")) != bool(protocol.get("judge")):
+        problems.append("a judge" if protocol.get("judge") else "no judge (the run has one)")
+    missing = [a for a in saved["agents"] if a not in protocol["agents"]]
+    if missing:
+        problems.append(f"no {', '.join(missing)} (the run has them; agents can only be added)")
+    for name, desc in saved["agents"].items():
+        now = protocol["agents"].get(name)
+        if now is not None and _normal(now) != _normal(desc):
+            problems.append(f"agent {name} as {now} (the run has {desc})")
+    if problems:
+        raise ValueError(
+            f"cannot resume {run_dir}: its protocol differs; this run asks for "
+            + "; ".join(problems)
+            + ". Resume with the run's own settings (rag-gym evaluate --resume RUN alone), "
+            "or start a new run"
+        )
 
 
 def sample_indices(n_questions: int, n: int, seed: int) -> list[int]:
@@ -204,6 +438,29 @@ def _episode_record(
     }
 
 
+def _failed_record(kind: str, qid: str, example: Any, error: str) -> dict[str, Any]:
+    """The record of an episode that failed before it started (``reset`` raised)."""
+
+    try:
+        list(example.answers), bool(example.answerable)
+    except Exception:  # a record broken in any way: no answers known
+        example = SimpleNamespace(answers=[], answerable=True)
+    question = getattr(example, "question", None)
+    rec = _episode_record(
+        kind,
+        {"question_id": qid, "question": question if isinstance(question, str) else None},
+        {},
+        [],
+        0.0,
+        False,
+        False,
+        example,
+        error,
+    )
+    rec.update(prompt_tokens=0, completion_tokens=0, bad_replies=0)
+    return rec
+
+
 def run_agent(
     env_id: str,
     env_kwargs: dict[str, Any],
@@ -212,6 +469,8 @@ def run_agent(
     seed: int,
     batch_size: int,
     progress: Callable[[int], None] | None = None,
+    orders: list[int] | None = None,
+    on_episode: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[list[dict[str, Any]], float]:
     """Play ``agent`` on every question, ``batch_size`` episodes at a time.
 
@@ -222,37 +481,75 @@ def run_agent(
     are still generating. Otherwise every agent step is one batched call for all running
     episodes, and a step waits for its slowest reply.
 
+    Question ``question_ids[i]`` is episode ``orders[i]`` of the protocol (default ``i``), which
+    fixes its seed: a resumed run plays the missing episodes as the first run would have.
+    ``on_episode(record)`` is called as each episode ends (the evaluator appends it to the run
+    folder there).
+
     Returns the episode records (in question order) and the wall time. An agent or backend
-    exception ends the episodes of that call as failed episodes (``error`` set); the run goes on.
+    exception ends the episodes of that call as failed episodes (``error`` set), and so does an
+    env exception in ``reset`` or ``step`` (a bad record, an action outside the space); the run
+    goes on. An ``OSError`` from the env (retrieval server unreachable) is raised.
     """
     kind = agent.env_kind
+    if orders is None:
+        orders = list(range(len(question_ids)))
+    if len(orders) != len(question_ids):
+        raise ValueError(
+            f"expected one order per question, got {len(orders)} for {len(question_ids)}"
+        )
     n_slots = max(1, min(batch_size, len(question_ids)))
-    envs = [gym.make(env_id, **env_kwargs) for _ in range(n_slots)]
-    queue = list(enumerate(question_ids))
+    envs = [make_env(env_id, env_kwargs, agent) for _ in range(n_slots)]
+    by_id = {ex.id: ex for ex in envs[0].unwrapped.examples}
+    queue = list(zip(orders, question_ids, strict=True))
     records: dict[int, dict[str, Any]] = {}
     active: dict[int, dict[str, Any]] = {}
     done_count = 0
     t0 = time.perf_counter()
 
+    def record(order: int, rec: dict[str, Any]) -> None:
+        nonlocal done_count
+        records[order] = rec
+        done_count += 1
+        if on_episode is not None:
+            on_episode(rec)
+        if progress is not None:
+            progress(done_count)
+
     def start(slot: int) -> None:
-        order, qid = queue.pop(0)
-        episode_seed = seed * 1_000_003 + order
-        obs, info = envs[slot].reset(seed=episode_seed, options={"question_id": qid})
-        agent.reset(episode_seed, slot)
-        active[slot] = {
-            "order": order,
-            "obs": obs,
-            "info": info,
-            "start_info": info,
-            "actions": [],
-            "reward": 0.0,
-            "terminated": False,
-            "truncated": False,
-            "t0": time.perf_counter(),
-        }
+        """Start the next queued episode in ``slot``; one whose reset fails is recorded."""
+        while queue:
+            order, qid = queue.pop(0)
+            episode_seed = seed * 1_000_003 + order
+            t_start = time.perf_counter()
+            try:
+                obs, info = envs[slot].reset(seed=episode_seed, options={"question_id": qid})
+            except OSError:
+                raise
+            except Exception as exc:  # a bad record must not end the run
+                # an env whose reset raised is in no known state (Gymnasium's env checker
+                # keeps a half-done first reset): this slot gets a new one
+                envs[slot].close()
+                envs[slot] = make_env(env_id, env_kwargs, agent)
+                rec = _failed_record(kind, qid, by_id.get(qid), f"{type(exc).__name__}: {exc}")
+                rec["seconds"] = time.perf_counter() - t_start
+                record(order, rec)
+                continue
+            agent.reset(episode_seed, slot)
+            active[slot] = {
+                "order": order,
+                "obs": obs,
+                "info": info,
+                "start_info": info,
+                "actions": [],
+                "reward": 0.0,
+                "terminated": False,
+                "truncated": False,
+                "t0": t_start,
+            }
+            return
 
     def finish(slot: int, error: str | None = None) -> None:
-        nonlocal done_count
         st = active.pop(slot)
         example = envs[slot].unwrapped.current_example
         rec = _episode_record(
@@ -270,16 +567,15 @@ def run_agent(
         rec["completion_tokens"] = agent.usage_of(slot)["completion_tokens"]
         rec["bad_replies"] = agent.usage_of(slot).get("bad_replies", 0)
         rec["seconds"] = time.perf_counter() - st["t0"]
-        records[st["order"]] = rec
-        done_count += 1
-        if progress is not None:
-            progress(done_count)
+        record(st["order"], rec)
 
     def step(slot: int, action: Any) -> None:
         st = active[slot]
         try:
             obs, reward, terminated, truncated, info = envs[slot].step(action)
-        except (TypeError, ValueError) as exc:  # an action outside the env's space
+        except OSError:
+            raise
+        except Exception as exc:  # an action outside the env's space, or an env fault
             finish(slot, f"{type(exc).__name__}: {exc}")
             return
         st.update(obs=obs, info=info, terminated=terminated, truncated=truncated)
@@ -289,42 +585,46 @@ def run_agent(
             finish(slot)
 
     lm = getattr(agent, "lm", None)
-    if getattr(lm, "concurrent_clients", False):
+    try:
+        if getattr(lm, "concurrent_clients", False):
 
-        def client(slot: int) -> Callable[[], None]:
-            def play() -> None:
-                while queue:
-                    start(slot)
-                    while slot in active:
-                        st = active[slot]
-                        try:
-                            (action,) = agent.act_batch([st["obs"]], [st["info"]], [slot])
-                        except Exception as exc:  # a failing agent or backend ends this episode
-                            finish(slot, f"{type(exc).__name__}: {exc}")
-                            break
-                        step(slot, action)
+            def client(slot: int) -> Callable[[], None]:
+                def play() -> None:
+                    while queue:
+                        start(slot)
+                        while slot in active:
+                            st = active[slot]
+                            try:
+                                (action,) = agent.act_batch([st["obs"]], [st["info"]], [slot])
+                            except Exception as exc:  # a failing agent or backend ends this episode
+                                finish(slot, f"{type(exc).__name__}: {exc}")
+                                break
+                            step(slot, action)
 
-            return play
+                return play
 
-        lm.run_clients([client(slot) for slot in range(n_slots)])
-    else:
-        while queue or active:
-            for slot in range(n_slots):
-                if slot not in active and queue:
-                    start(slot)
-            slots = sorted(active)
-            try:
-                actions = agent.act_batch(
-                    [active[s]["obs"] for s in slots], [active[s]["info"] for s in slots], slots
-                )
-            except Exception as exc:  # a failing agent or LLM backend must not end the run
-                for slot in slots:
-                    finish(slot, f"{type(exc).__name__}: {exc}")
-                continue
-            for slot, action in zip(slots, actions, strict=True):
-                step(slot, action)
-    for env in envs:
-        env.close()
+            lm.run_clients([client(slot) for slot in range(n_slots)])
+        else:
+            while queue or active:
+                for slot in range(n_slots):
+                    if slot not in active and queue:
+                        start(slot)
+                slots = sorted(active)
+                if not slots:  # every queued reset failed
+                    continue
+                try:
+                    actions = agent.act_batch(
+                        [active[s]["obs"] for s in slots], [active[s]["info"] for s in slots], slots
+                    )
+                except Exception as exc:  # a failing agent or LLM backend must not end the run
+                    for slot in slots:
+                        finish(slot, f"{type(exc).__name__}: {exc}")
+                    continue
+                for slot, action in zip(slots, actions, strict=True):
+                    step(slot, action)
+    finally:
+        for env in envs:
+            env.close()
     return [records[i] for i in sorted(records)], time.perf_counter() - t0
 
 
@@ -385,23 +685,33 @@ def evaluate(
     command: str | None = None,
     judge: Callable[[str, str, list[str]], bool] | None = None,
     track: bool = False,
+    resume: bool = False,
+    overwrite: bool = False,
 ) -> EvalResult:
     """Run every agent on the sampled questions, write the run folder and return the rows.
 
     ``agent_factory(name, env)`` builds an agent; ``progress(agent, done, total)`` is called per
     finished episode; ``judge(question, prediction, golds)`` (an LLM judge) adds a ``judge``
     accuracy; ``track`` logs to Weights & Biases (offline unless configured online).
+
+    Episodes are appended to ``episodes.jsonl`` as they end. ``resume`` goes on with the run in
+    ``out_dir/run_name``: its protocol must be this one (agents may be added), and only the
+    episodes it lacks are played. ``overwrite`` replaces an existing run folder (one holding
+    ``protocol.json``; nothing else is ever deleted). Ctrl-C or SIGTERM (see
+    :func:`sigterm_as_interrupt`) raise :class:`RunInterrupted` once the partial leaderboard is
+    written.
     """
-    base_env = gym.make(config.env_id, split=config.split, **config.env_kwargs)
+    run_dir = check_run_dir(config, resume=resume, overwrite=overwrite)
+    base_env = make_env(config.env_id, {**config.env_kwargs, "split": config.split})
     examples = base_env.unwrapped.examples
     indices = sample_indices(len(examples), config.n, config.seed)
     question_ids = [examples[i].id for i in indices]
-    run_name = (
-        config.run_name
-        or f"{config.env_id.split('/')[-1]}__{config.split}__{config.seed}__{int(time.time())}"
-    )
-    run_dir = Path(config.out_dir) / run_name
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if len(set(question_ids)) != len(question_ids):
+        dup = next(q for q in question_ids if question_ids.count(q) > 1)
+        raise ValueError(
+            f"expected unique question ids, got {dup!r} more than once in {config.env_id} "
+            f"{config.split}: fix the dataset file (a run could not tell its episodes apart)"
+        )
     unwrapped = base_env.unwrapped
 
     agents = {name: agent_factory(name, base_env) for name in config.agents}
@@ -423,44 +733,121 @@ def evaluate(
         "agents": {name: a.describe() for name, a in agents.items()},
         "lm": lm_description,
         "lm_spec": config.lm_spec,
+        "judge": judge is not None,
         "batch_size": config.batch_size,
         "command": command,
         "config": {**asdict(config), "agents": list(config.agents)},
     }
     base_env.close()
-    episodes: list[dict[str, Any]] = []
+
+    done: dict[tuple[str, str], dict[str, Any]] = {}  # (agent, question id) -> record
+    timing: dict[str, float] = {}  # agent -> wall seconds over every session of the run
+    if resume:
+        assert run_dir is not None
+        saved = json.loads((run_dir / "protocol.json").read_text())
+        check_resumable(saved, protocol, run_dir)
+        protocol["command"] = saved.get("command")
+        protocol["resumed_by"] = [*saved.get("resumed_by", []), command]
+        wanted = set(question_ids)
+        for rec in load_episodes(run_dir / "episodes.jsonl"):
+            key = (rec["agent"], rec["question_id"])
+            if rec["agent"] not in agents or rec["question_id"] not in wanted or key in done:
+                raise ValueError(
+                    f"{run_dir / 'episodes.jsonl'}: expected one episode per agent and question "
+                    f"of the run's protocol, got {'another' if key in done else 'an'} episode of "
+                    f"{key}: the file is damaged; start over with --overwrite"
+                )
+            done[key] = rec
+        timing = _read_timing(run_dir)
+        _atomic_write(run_dir / "protocol.json", _protocol_text(protocol))
+    else:
+        run_dir = _claim_run_dir(config, run_dir, protocol, overwrite)
+
+    path = run_dir / "episodes.jsonl"
+    qids_of: dict[str, list[str]] = {}
     rows = []
-    for name, agent in agents.items():
-        kind = agent_class(name).env_kind
-        env_id = env_id_for(config.env_id, kind)
-        kwargs = dict(config.env_kwargs)
-        if kind != "search":
-            kwargs.pop("k", None)
-            kwargs.pop("exclude_seen", None)
-        if kind == "tree":
-            kwargs["prune"] = "none"
-        kwargs["split"] = config.split
-        # kept until the agent has played: its questions and index stay in the shared data cache,
-        # so run_agent's copies reuse them instead of loading and indexing again
-        probe = gym.make(env_id, **kwargs)
-        available = {ex.id for ex in probe.unwrapped.examples}  # the reader skips unanswerable ones
-        qids = [q for q in question_ids if q in available]
-        tick = None
-        if progress is not None:
-            total = len(qids)
+    new_episodes = 0
+    current: dict[str, Any] = {}  # the agent playing: its name, start, prior seconds
+    f = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed below, also on interrupts)
+    try:
+        for name, agent in agents.items():
+            kind = agent_class(name).env_kind
+            env_id = env_id_for(config.env_id, kind)
+            kwargs = dict(config.env_kwargs)
+            if kind != "search":
+                kwargs.pop("k", None)
+                kwargs.pop("exclude_seen", None)
+            if kind == "tree":
+                kwargs["prune"] = "none"
+            kwargs["split"] = config.split
+            # kept until the agent has played: its questions and index stay in the shared data
+            # cache, so run_agent's copies reuse them instead of loading and indexing again
+            probe = make_env(env_id, kwargs, agent)
+            try:
+                available = {ex.id for ex in probe.unwrapped.examples}  # the reader skips some
+                qids = qids_of[name] = [q for q in question_ids if q in available]
+                todo = [(i, q) for i, q in enumerate(qids) if (name, q) not in done]
+                prior = len(qids) - len(todo)
+                tick = None
+                if progress is not None:
+                    total = len(qids)
+                    progress(name, prior, total)
 
-            def tick(done: int, name: str = name, total: int = total) -> None:
-                progress(name, done, total)
+                    def tick(n_done: int, name=name, prior=prior, total=total) -> None:
+                        progress(name, prior + n_done, total)
 
-        mine, seconds = run_agent(env_id, kwargs, agent, qids, config.seed, config.batch_size, tick)
-        probe.close()
-        for rec in mine:
-            rec["agent"] = name
-            rec["env_id"] = env_id
-            if judge is not None and rec["prediction"] and rec["answerable"]:
-                rec["judge"] = float(judge(rec["question"], rec["prediction"], rec["answers"]))
-        episodes.extend(mine)
-        rows.append(summarise(name, mine, seconds))
+                current.update(name=name, t0=time.perf_counter(), prior=timing.get(name, 0.0))
+                last_save = [time.perf_counter()]
+
+                def on_episode(rec: dict[str, Any], name=name, env_id=env_id, last=last_save):
+                    nonlocal new_episodes
+                    rec["agent"] = name
+                    rec["env_id"] = env_id
+                    if judge is not None and rec["prediction"] and rec["answerable"]:
+                        rec["judge"] = float(
+                            judge(rec["question"], rec["prediction"], rec["answers"])
+                        )
+                    line = json.dumps(rec, ensure_ascii=False, default=str)
+                    f.write(line + "\n")
+                    f.flush()
+                    new_episodes += 1
+                    done[(name, rec["question_id"])] = json.loads(line)  # as a resume reads it
+                    if time.perf_counter() - last[0] > 2.0:
+                        _save_timing(run_dir, timing, current)
+                        last[0] = time.perf_counter()
+
+                if todo:
+                    run_agent(
+                        env_id,
+                        kwargs,
+                        agent,
+                        [q for _, q in todo],
+                        config.seed,
+                        config.batch_size,
+                        tick,
+                        orders=[i for i, _ in todo],
+                        on_episode=on_episode,
+                    )
+                    _save_timing(run_dir, timing, current)
+                current.clear()
+            finally:
+                probe.close()
+            rows.append(summarise(name, [done[(name, q)] for q in qids], timing.get(name, 0.0)))
+    except BaseException as exc:
+        f.close()
+        if current:
+            _save_timing(run_dir, timing, current)
+        _write_partial(run_dir, config.agents, timing)
+        if isinstance(exc, KeyboardInterrupt):
+            reason = exc.args[0] if exc.args and isinstance(exc.args[0], str) else "SIGINT"
+            raise RunInterrupted(run_dir, len(done), new_episodes, reason) from exc
+        exc.add_note(
+            f"rag-gym: {len(done)} finished episodes are saved in {run_dir} (partial leaderboard "
+            "there); resume with evaluate(..., resume=True) (rag-gym evaluate --resume RUN)"
+        )
+        raise
+    f.close()
+    episodes = [done[(name, q)] for name in agents for q in qids_of[name]]
     result = EvalResult(config, run_dir, rows, episodes, protocol)
     write_run(result)
     if track:
@@ -468,19 +855,96 @@ def evaluate(
     return result
 
 
-def write_run(result: EvalResult) -> None:
-    d = result.run_dir
-    (d / "protocol.json").write_text(json.dumps(result.protocol, indent=2, default=str) + "\n")
-    with open(d / "episodes.jsonl", "w", encoding="utf-8") as f:
-        for e in result.episodes:
-            f.write(json.dumps(e, ensure_ascii=False, default=str) + "\n")
+def _protocol_text(protocol: dict[str, Any]) -> str:
+    return json.dumps(protocol, indent=2, default=str) + "\n"
+
+
+def _claim_run_dir(
+    config: EvalConfig, run_dir: Path | None, protocol: dict[str, Any], overwrite: bool
+) -> Path:
+    """Create the run folder of a new run and write its protocol; the folder is this run's alone
+    (a unique default name, or ``protocol.json`` created exclusively)."""
+    if run_dir is None:
+        out = check_out_dir(config.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        for _ in range(100):
+            run_dir = out / default_run_name(config)
+            try:
+                run_dir.mkdir()
+                break
+            except FileExistsError:
+                continue
+        else:  # pragma: no cover (100 collisions of a random suffix)
+            raise FileExistsError(f"could not create a new run folder in {out}")
+    else:
+        run_dir = check_run_dir(config, overwrite=overwrite)  # again: another run may have begun
+        assert run_dir is not None
+        if overwrite and is_run_folder(run_dir):
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(run_dir / "protocol.json", "x", encoding="utf-8"):
+            pass
+    except FileExistsError:
+        raise FileExistsError(
+            f"{run_dir} already holds a run (another run started there meanwhile): "
+            "pick another --run-name"
+        ) from None
+    _atomic_write(run_dir / "protocol.json", _protocol_text(protocol))
+    return run_dir
+
+
+def _read_timing(run_dir: Path) -> dict[str, float]:
+    try:
+        saved = json.loads((run_dir / "timing.json").read_text())
+        return {str(k): float(v) for k, v in saved.items()}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}  # only the s/ep column depends on it
+
+
+def _save_timing(run_dir: Path, timing: dict[str, float], current: dict[str, Any]) -> None:
+    """Add the playing agent's time so far to ``timing`` and save it (``timing.json``)."""
+    if current:
+        timing[current["name"]] = current["prior"] + time.perf_counter() - current["t0"]
+    _atomic_write(run_dir / "timing.json", json.dumps(timing) + "\n")
+
+
+def _write_partial(run_dir: Path, agents: tuple[str, ...], timing: dict[str, float]) -> None:
+    """The leaderboard of the episodes in ``run_dir`` so far (after an interrupt or a fault)."""
+    try:
+        records = load_episodes(run_dir / "episodes.jsonl")
+    except ValueError:
+        return
+    rows = [
+        summarise(name, [r for r in records if r["agent"] == name], timing.get(name, 0.0))
+        for name in agents
+    ]
+    write_leaderboard(run_dir, rows)
+
+
+def write_leaderboard(run_dir: Path, rows: list[dict[str, Any]]) -> None:
+    """``leaderboard.csv`` and ``leaderboard.md`` (each replaced atomically)."""
+    import io
+
     keys = [c[0] for c in COLUMNS]
-    with open(d / "leaderboard.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
-        writer.writeheader()
-        for row in result.rows:
-            writer.writerow(row)
-    (d / "leaderboard.md").write_text(leaderboard_markdown(result.rows) + "\n")
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=keys, extrasaction="ignore")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow(row)
+    _atomic_write(run_dir / "leaderboard.csv", buf.getvalue())
+    _atomic_write(run_dir / "leaderboard.md", leaderboard_markdown(rows) + "\n")
+
+
+def write_run(result: EvalResult) -> None:
+    """The whole run folder: protocol, episodes in protocol order, leaderboard and plots."""
+    d = result.run_dir
+    _atomic_write(d / "protocol.json", _protocol_text(result.protocol))
+    _atomic_write(
+        d / "episodes.jsonl",
+        "".join(json.dumps(e, ensure_ascii=False, default=str) + "\n" for e in result.episodes),
+    )
+    write_leaderboard(d, result.rows)
     write_plots(result.rows, d)
 
 

@@ -10,7 +10,16 @@ import threading
 import pytest
 
 from rag_gym.baselines import make_agent
-from rag_gym.evaluate import EvalConfig, evaluate, sample_indices
+from rag_gym.evaluate import (
+    EvalConfig,
+    RunInterrupted,
+    check_run_dir,
+    default_run_name,
+    evaluate,
+    load_episodes,
+    run_dir_of,
+    sample_indices,
+)
 from tests.conftest import SMALL_WORLD, EchoLM
 
 
@@ -197,3 +206,225 @@ def test_plots_are_written(tmp_path):
     evaluate(config(tmp_path, agents=("random",), n=3), lambda n, env: make_agent(n, seed=1))
     for name in ("em_f1.png", "accuracy_vs_retrievals.png"):
         assert (tmp_path / "run" / name).read_bytes()[:4] == b"\x89PNG"
+
+
+# -- nothing lost: episodes are saved as they end, a stopped run resumes, folders are kept --
+
+
+class StopAfter:
+    """Builds agents; the first one built raises KeyboardInterrupt (Ctrl-C) at its
+    ``calls``-th step, as a user's Ctrl-C would land mid-run."""
+
+    def __init__(self, calls: int, **agent_kwargs) -> None:
+        self.calls, self.agent_kwargs, self.armed = calls, agent_kwargs, True
+
+    def __call__(self, name, env):
+        agent = make_agent(name, seed=1, **self.agent_kwargs)
+        if self.armed and name == "random":
+            self.armed = False
+            act, count = agent.act_batch, [0]
+
+            def act_batch(*args):
+                count[0] += 1
+                if count[0] == self.calls:
+                    raise KeyboardInterrupt
+                return act(*args)
+
+            agent.act_batch = act_batch
+        return agent
+
+
+def strip_times(episodes):
+    return [{k: v for k, v in e.items() if k != "seconds"} for e in episodes]
+
+
+def strip_row_times(rows):
+    """Leaderboard rows without the timing column, as JSON text (so NaN equals NaN)."""
+    return json.dumps([{k: v for k, v in r.items() if k != "seconds"} for r in rows])
+
+
+def read_episodes(run):
+    return [json.loads(line) for line in (run / "episodes.jsonl").read_text().splitlines()]
+
+
+def test_interrupted_run_keeps_its_episodes_and_resumes_to_the_same_leaderboard(tmp_path):
+    agents = ("random", "direct")  # direct fails on its backend: errors are kept as they are
+    lm = EchoLM(fail=True)
+    full = evaluate(
+        config(tmp_path, run_name="full", agents=agents, batch_size=3),
+        lambda n, env: make_agent(n, lm=lm, seed=1),
+    )
+    with pytest.raises(RunInterrupted, match=r"SIGINT: \d+ finished episodes") as info:
+        evaluate(
+            config(tmp_path, run_name="cut", agents=agents, batch_size=3),
+            StopAfter(5, lm=lm),
+        )
+    run = tmp_path / "cut"
+    assert info.value.run_dir == run
+    saved = read_episodes(run)
+    assert 0 < len(saved) == info.value.saved < 12  # the finished ones, flushed as they ended
+    with open(run / "leaderboard.csv") as f:
+        partial = list(csv.DictReader(f))
+    assert [r["agent"] for r in partial] == ["random", "direct"]
+    assert [int(r["episodes"]) for r in partial] == [len(saved), 0]
+    resumed = evaluate(
+        config(tmp_path, run_name="cut", agents=agents, batch_size=2),  # batch size may differ
+        lambda n, env: make_agent(n, lm=lm, seed=1),
+        resume=True,
+    )
+    assert strip_times(resumed.episodes) == strip_times(full.episodes)
+    assert strip_times(read_episodes(run)) == strip_times(read_episodes(tmp_path / "full"))
+    assert strip_row_times(resumed.rows) == strip_row_times(full.rows)
+    assert resumed.rows[1]["errors"] == 12
+    # the episodes saved before the interrupt were not played again
+    assert strip_times(read_episodes(run)[: len(saved)]) != [] and all(
+        e in strip_times(read_episodes(run)) for e in strip_times(saved)
+    )
+
+
+def test_resume_trims_a_line_cut_by_a_kill(tmp_path):
+    full = evaluate(config(tmp_path, run_name="full", agents=("random",)), StopAfter(10**9))
+    with pytest.raises(RunInterrupted):
+        evaluate(config(tmp_path, agents=("random",), batch_size=2), StopAfter(4))
+    path = tmp_path / "run" / "episodes.jsonl"
+    n_saved = len(path.read_text().splitlines())
+    with open(path, "a") as f:
+        f.write('{"question_id": "q-cut", "agent": "ran')  # a kill -9 mid-write
+    with pytest.warns(RuntimeWarning, match="last line was cut off"):
+        resumed = evaluate(config(tmp_path, agents=("random",)), StopAfter(10**9), resume=True)
+    assert n_saved < 12 and strip_times(resumed.episodes) == strip_times(full.episodes)
+    assert strip_times(read_episodes(tmp_path / "run")) == strip_times(full.episodes)
+
+
+def test_a_damaged_episode_line_is_named(tmp_path):
+    evaluate(config(tmp_path, agents=("random",), n=3), StopAfter(10**9))
+    path = tmp_path / "run" / "episodes.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0], "{oops", lines[2]]) + "\n")
+    with pytest.raises(ValueError, match=r"episodes.jsonl:2: expected an episode record"):
+        load_episodes(path)
+
+
+def test_resume_refuses_another_protocol_but_may_add_agents(tmp_path):
+    with pytest.raises(RunInterrupted):
+        evaluate(config(tmp_path, agents=("random",)), StopAfter(3))
+    factory = lambda n, env: make_agent(n, lm=EchoLM(), seed=1)  # noqa: E731
+    for change, message in (
+        ({"n": 6}, r"n 6 \(the run has 12\)"),
+        ({"seed": 2}, r"seed 2 \(the run has 1\)"),
+        ({"split": "test"}, r"split 'test'"),
+        ({"env_kwargs": {"dataset_kwargs": {**SMALL_WORLD, "seed": 5}}}, "env_kwargs"),
+        ({"agents": ("naive_rag",)}, r"no random \(the run has them; agents can only be added\)"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            evaluate(config(tmp_path, **change), factory, resume=True)
+    # an LM agent joins a run that had none
+    both = evaluate(
+        config(tmp_path, agents=("random", "naive_rag"), lm_spec="echo"), factory, resume=True
+    )
+    reference = evaluate(config(tmp_path, run_name="ref", agents=("random", "naive_rag")), factory)
+    assert strip_row_times(both.rows) == strip_row_times(reference.rows)
+    assert strip_times(both.episodes) == strip_times(reference.episodes)
+    protocol = json.loads((tmp_path / "run" / "protocol.json").read_text())
+    assert list(protocol["agents"]) == ["random", "naive_rag"] and protocol["lm_spec"] == "echo"
+    with pytest.raises(ValueError, match=r"lm 'other' \(the run has 'echo'\)"):
+        evaluate(
+            config(tmp_path, agents=("random", "naive_rag"), lm_spec="other"),
+            factory,
+            resume=True,
+        )
+
+
+def test_reset_and_step_faults_are_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
+    from rag_gym.envs.search import SearchEnv
+
+    run = evaluate(config(tmp_path, run_name="a", agents=("random",)), StopAfter(10**9))
+    bad_reset, bad_step = run.episodes[3]["question_id"], run.episodes[7]["question_id"]
+    reset, step = SearchEnv.reset, SearchEnv.step
+
+    def broken_reset(self, *, seed=None, options=None):
+        if options["question_id"] == bad_reset:
+            raise KeyError("record 288 has no 'question'")
+        return reset(self, seed=seed, options=options)
+
+    def broken_step(self, action):
+        if self._example.id == bad_step:
+            raise IndexError("index 7 is out of bounds")
+        return step(self, action)
+
+    monkeypatch.setattr(SearchEnv, "reset", broken_reset)
+    monkeypatch.setattr(SearchEnv, "step", broken_step)
+    result = evaluate(config(tmp_path, run_name="b", agents=("random",)), StopAfter(10**9))
+    (row,) = result.rows
+    assert row["episodes"] == 12 and row["errors"] == 2
+    errors = {e["question_id"]: e["error"] for e in result.episodes if e["error"]}
+    assert errors == {
+        bad_reset: "KeyError: \"record 288 has no 'question'\"",
+        bad_step: "IndexError: index 7 is out of bounds",
+    }
+    same = [a for a, b in zip(run.episodes, result.episodes, strict=True) if not b["error"]]
+    assert strip_times(same) == strip_times([e for e in result.episodes if not e["error"]])
+
+
+def test_a_run_folder_is_never_overwritten_silently(tmp_path):
+    evaluate(config(tmp_path, agents=("random",), n=3), StopAfter(10**9))
+    with pytest.raises(FileExistsError, match="already holds a run: pass --resume"):
+        evaluate(config(tmp_path, agents=("random",), n=3), StopAfter(10**9))
+    (tmp_path / "run" / "mine.txt").write_text("kept until --overwrite")
+    evaluate(config(tmp_path, agents=("random",), n=4), StopAfter(10**9), overwrite=True)
+    assert not (tmp_path / "run" / "mine.txt").exists()
+    assert len(read_episodes(tmp_path / "run")) == 4
+    # a folder that is not a run folder is never deleted, not even with overwrite
+    notes = tmp_path / "notes"
+    (notes / "sub").mkdir(parents=True)
+    (notes / "notes.txt").write_text("x")
+    for overwrite in (False, True):
+        with pytest.raises(FileExistsError, match="is not a rag-gym run folder"):
+            evaluate(
+                config(tmp_path, agents=("random",), n=3, run_name="notes"),
+                StopAfter(10**9),
+                overwrite=overwrite,
+            )
+    assert (notes / "notes.txt").read_text() == "x" and (notes / "sub").is_dir()
+    # an empty folder is fine
+    (tmp_path / "empty").mkdir()
+    evaluate(config(tmp_path, agents=("random",), n=2, run_name="empty"), StopAfter(10**9))
+    with pytest.raises(ValueError, match="expected resume or overwrite, got both"):
+        check_run_dir(config(tmp_path), resume=True, overwrite=True)
+    with pytest.raises(FileNotFoundError, match=r"has no protocol\.json"):
+        evaluate(config(tmp_path, run_name="nothing"), StopAfter(10**9), resume=True)
+    with pytest.raises(ValueError, match="expected the name of the run to resume"):
+        check_run_dir(config(tmp_path, run_name=None), resume=True)
+
+
+def test_default_run_names_are_unique_and_sortable(tmp_path):
+    cfg = config(tmp_path, run_name=None, agents=("random",), n=2)
+    names = [default_run_name(cfg) for _ in range(1000)]
+    assert len(set(names)) == 1000 and names[0].startswith("SynthHop-v0__validation__1__")
+    assert sorted(names, key=lambda s: s.rsplit("-", 1)[0]) == names  # by start time
+    first = evaluate(cfg, StopAfter(10**9)).run_dir
+    second = evaluate(cfg, StopAfter(10**9)).run_dir  # within the same second: a second folder
+    assert first != second and first.parent == second.parent == tmp_path
+    assert len(read_episodes(first)) == len(read_episodes(second)) == 2
+
+
+@pytest.mark.parametrize("name", ["../x", "../../x", "/tmp/elsewhere", "a/../..", "", "."])
+def test_run_name_must_stay_inside_out(tmp_path, name):
+    with pytest.raises(
+        ValueError, match=r"expected run_name \(--run-name\) to name a folder inside"
+    ):
+        config(tmp_path / "runs", run_name=name)
+    assert not (tmp_path / "x").exists()
+
+
+def test_run_name_inside_out_is_accepted(tmp_path):
+    assert run_dir_of(tmp_path, "sweep/a") == tmp_path / "sweep" / "a"
+    assert run_dir_of(tmp_path, str(tmp_path / "b")) == tmp_path / "b"
+
+
+def test_out_dir_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "f").write_text("x")
+    for out in (tmp_path / "f", tmp_path / "f" / "below"):
+        with pytest.raises(ValueError, match=r"expected out_dir \(--out\) to be a folder"):
+            config(out)
+    assert (tmp_path / "f").read_text() == "x"
