@@ -147,7 +147,7 @@ class QAEnv(gym.Env):
         if index is not None:
             if retriever is not None or corpus_path is not None:
                 raise ValueError("pass one of index=, corpus= and retriever=, not several")
-            from rag_gym.retrieval.server import load_index
+            from rag_gym.retrieval.persist import load_index
 
             retriever, _ = load_index(index)
         if retriever is not None:

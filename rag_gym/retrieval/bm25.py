@@ -380,9 +380,11 @@ class BM25Retriever:
         return self._kernels.new_scratch(n, self._data.dtype)
 
     # ---- persistence --------------------------------------------------------------------------
-    def save(self, out_dir: str | Path) -> Path:
-        """Write the index to ``out_dir``: ``params.json``, ``corpus.jsonl`` and bm25s's arrays
-        (numpy and JSON, no pickle), atomically (:mod:`rag_gym.retrieval.persist`)."""
+    def save(self, out_dir: str | Path, force: bool = False) -> Path:
+        """Write the index to ``out_dir``: ``params.json`` (with every file's checksum),
+        ``corpus.jsonl`` and bm25s's arrays (numpy and JSON, no pickle), atomically
+        (:mod:`rag_gym.retrieval.persist`). An existing ``out_dir`` that is not a rag-gym index
+        (nor empty) is a ``FileExistsError`` unless ``force``."""
         if self.model is None:
             raise RuntimeError("the retriever has no index yet; call index(corpus) first")
         model = self.model
@@ -392,6 +394,7 @@ class BM25Retriever:
             self.corpus,
             {"config": asdict(self.config)},
             lambda tmp: model.save(str(tmp / "bm25s"), show_progress=False),
+            force=force,
         )
 
     @classmethod
@@ -401,20 +404,27 @@ class BM25Retriever:
         mmap: bool = True,
         backend: str = "auto",
         n_threads: int | None = None,
+        verify: bool = False,
     ) -> BM25Retriever:
         """Load an index written by :meth:`save`; ``mmap=True`` maps the arrays read-only, so
         processes that load the same directory share its memory through the page cache.
         ``backend`` and ``n_threads`` are as for the constructor.
 
-        A directory that is not a rag-gym BM25 index, whose corpus does not match its params, or
-        whose arrays are damaged or inconsistent raises ``ValueError`` naming the file.
+        Every file is checked against ``params.json``: its size and a checksum of sampled
+        blocks (small files whole), or its full SHA-256 with ``verify=True``. A directory that
+        is not a rag-gym BM25 index, a file missing, replaced or damaged, a corpus that does not
+        match, or arrays that are inconsistent raise ``ValueError`` naming the file.
         """
         d = Path(in_dir)
-        params, corpus = read_index(d, "bm25")
-        retriever = cls(config=BM25Config(**params["config"]), backend=backend, n_threads=n_threads)
+        params, corpus = read_index(d, "bm25", verify=verify)
+        try:
+            config = BM25Config(**params["config"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{d / 'params.json'}: bad BM25 config ({exc}); rebuild") from None
+        retriever = cls(config=config, backend=backend, n_threads=n_threads)
         try:
             model = retriever._bm25s.BM25.load(str(d / "bm25s"), mmap=mmap)
-        except (OSError, ValueError, KeyError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError) as exc:
             raise ValueError(
                 f"{d / 'bm25s'}: cannot load the BM25 arrays ({exc}); rebuild the index"
             ) from None

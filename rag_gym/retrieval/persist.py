@@ -1,14 +1,25 @@
 """Index folders: atomic writes and checked reads, shared by every retriever kind.
 
-A folder holds ``params.json`` (package version, kind, options, corpus name, size and SHA-256
-checksum), ``corpus.jsonl`` and the kind's own files. :func:`write_index` builds it under a
-temporary name and renames it into place (a crash never leaves half an index behind; an
-existing index is replaced). :func:`read_index` checks the params and the corpus and raises
-``ValueError`` naming the file when anything does not match. No pickle anywhere.
+A folder holds ``params.json``, ``corpus.jsonl`` and the kind's own files. ``params.json``
+records the package version, the kind, its options (the tokenizer settings of BM25, the encoder
+of a dense index), the corpus name, size and content checksum, and a manifest of **every other
+file** of the folder (``files``: size, SHA-256, and a SHA-256 of sampled blocks), and it carries
+a checksum of itself (``params_sha256``). So an index is bound to its corpus: another index's
+arrays, a flipped byte, an edited tokenizer setting or a missing file is an error naming the
+file, never a silently different ranking.
+
+:func:`write_index` builds the folder under a temporary name and renames it into place (a crash
+never leaves half an index behind). It replaces only what is an index already (an empty folder,
+or one whose ``params.json`` says it is a rag-gym index and that holds nothing but its files),
+and refuses anything else unless ``force=True``: an index build never deletes what it did not
+create. :func:`read_index` checks ``params.json``, every file's size and sampled checksum (the
+full SHA-256 with ``verify=True``) and the corpus, and raises ``ValueError`` naming the file.
+No pickle anywhere.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -18,6 +29,17 @@ from typing import Any
 
 from rag_gym.data.types import Corpus
 
+PARAMS = "params.json"
+#: Index folder format: 2 added the file manifest and the params checksum.
+FORMAT = 2
+KINDS = ("bm25", "dense")
+
+# the sampled checksum: a file up to _SAMPLE_WHOLE bytes is hashed whole, a larger one in
+# _SAMPLE_BLOCKS blocks of _BLOCK bytes spread evenly over it (first and last included)
+_BLOCK = 1 << 12
+_SAMPLE_BLOCKS = 64
+_SAMPLE_WHOLE = _BLOCK * _SAMPLE_BLOCKS
+
 
 def write_index(
     out_dir: str | Path,
@@ -25,12 +47,19 @@ def write_index(
     corpus: Corpus,
     params: dict[str, Any],
     write_files: Callable[[Path], None],
+    force: bool = False,
 ) -> Path:
     """Write ``params.json``, ``corpus.jsonl`` and (through ``write_files(tmp_dir)``) the kind's
-    files into ``out_dir``, atomically."""
+    files into ``out_dir``, atomically.
+
+    ``out_dir`` may be absent, an empty folder or a rag-gym index (replaced); anything else
+    raises ``FileExistsError`` before any work, unless ``force=True`` (then it is replaced too).
+    """
     from rag_gym import __version__
 
     out = Path(out_dir)
+    check_target(out, force)
+    _remove_stale_siblings(out)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -39,43 +68,274 @@ def write_index(
         corpus.to_jsonl(tmp / "corpus.jsonl", fmt="title_text")
         full = {
             "rag_gym_version": __version__,
+            "format": FORMAT,
             "kind": kind,
             **params,
             "corpus_name": corpus.name,
             "corpus_size": len(corpus),
             "corpus_checksum": corpus.checksum(),
+            "files": {name: _file_entry(tmp / name) for name in _files(tmp)},
         }
-        (tmp / "params.json").write_text(json.dumps(full, indent=2) + "\n")
+        full["params_sha256"] = _params_digest(full)
+        (tmp / PARAMS).write_text(json.dumps(full, indent=2) + "\n")
+        check_target(out, force)  # again: the folder may have changed while the index was built
+        _swap_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    old = out.with_name(f".{out.name}.old-{os.getpid()}")
-    if out.exists():
-        out.rename(old)
-    tmp.rename(out)
-    shutil.rmtree(old, ignore_errors=True)
     return out
 
 
-def read_index(in_dir: str | Path, kind: str) -> tuple[dict[str, Any], Corpus]:
-    """The params and the checked corpus of an index folder of ``kind``."""
+def check_target(out: Path, force: bool = False) -> None:
+    """Raise ``FileExistsError`` unless ``out`` may be replaced by an index build: absent, an
+    empty folder, or a rag-gym index holding nothing but its own files (or ``force``)."""
+    if not out.exists() and not out.is_symlink():
+        return
+    if force:
+        return
+    fix = "; pick another --out, or pass --force (force=True) to replace it"
+    if out.is_symlink():
+        raise FileExistsError(f"{out} is a symbolic link, not an index folder{fix}")
+    if not out.is_dir():
+        raise FileExistsError(f"{out} is a file, not an index folder{fix}")
+    entries = sorted(p.name for p in out.iterdir())
+    if not entries:
+        return
+    params = _read_params_quietly(out / PARAMS)
+    if params is None or params.get("kind") not in KINDS or "rag_gym_version" not in params:
+        raise FileExistsError(
+            f"{out} exists and is not a rag-gym index (no {PARAMS} saying so), so building "
+            f"there would delete {_shown(entries)}{fix}"
+        )
+    listed = set(params.get("files") or _LEGACY_FILES.get(params["kind"], ()))
+    extra = [
+        p.relative_to(out).as_posix()
+        for p in sorted(out.rglob("*"))
+        if not p.is_dir()
+        and p.relative_to(out).as_posix() != PARAMS
+        and p.relative_to(out).as_posix() not in listed
+    ]
+    if extra:
+        raise FileExistsError(
+            f"{out} is a rag-gym index but also holds files that are not its own "
+            f"({_shown(extra)}), which replacing it would delete{fix}"
+        )
+
+
+# the files of an index written before the manifest (format 1)
+_LEGACY_FILES = {
+    "bm25": (
+        "corpus.jsonl",
+        "bm25s/data.csc.index.npy",
+        "bm25s/indices.csc.index.npy",
+        "bm25s/indptr.csc.index.npy",
+        "bm25s/vocab.index.json",
+        "bm25s/params.index.json",
+        "bm25s/nonoccurrence_array.index.npy",
+        "bm25s/corpus.jsonl",
+        "bm25s/corpus.mmindex.json",
+    ),
+    "dense": ("corpus.jsonl", "embeddings.npy", "faiss.index"),
+}
+
+
+def _shown(names: list[str], limit: int = 5) -> str:
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def _read_params_quietly(path: Path) -> dict[str, Any] | None:
+    try:
+        params = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return params if isinstance(params, dict) else None
+
+
+def _swap_into_place(tmp: Path, out: Path) -> None:
+    """Rename ``tmp`` to ``out``; an existing ``out`` (already checked) is moved aside first and
+    deleted after, and moved back if the second rename fails."""
+    if not out.exists() and not out.is_symlink():
+        tmp.rename(out)
+        return
+    if out.is_symlink() or not out.is_dir():  # only with force
+        out.unlink()
+        tmp.rename(out)
+        return
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    shutil.rmtree(old, ignore_errors=True)
+    out.rename(old)
+    try:
+        tmp.rename(out)
+    except BaseException:
+        old.rename(out)
+        raise
+    shutil.rmtree(old)  # an error here names the leftover folder rather than leaving it silently
+
+
+def _remove_stale_siblings(out: Path) -> None:
+    """Delete ``.name.tmp-PID`` / ``.name.old-PID`` folders that a killed build of ``out`` left
+    (their process is gone); nothing else."""
+    parent = out.parent
+    if not parent.is_dir():
+        return
+    for prefix in (f".{out.name}.tmp-", f".{out.name}.old-"):
+        for path in parent.glob(f"{prefix}*"):
+            pid = path.name[len(prefix) :]
+            if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by someone else
+        return True
+    return True
+
+
+# ---- checksums ----------------------------------------------------------------------------------
+def _files(root: Path) -> list[str]:
+    """Every file under ``root`` except ``params.json``, as sorted POSIX relative paths."""
+    return sorted(
+        p.relative_to(root).as_posix()
+        for p in root.rglob("*")
+        if p.is_file() and p.relative_to(root).as_posix() != PARAMS
+    )
+
+
+def _file_entry(path: Path) -> dict[str, Any]:
+    return {"size": path.stat().st_size, "sha256": _sha256(path), "sample": _sample_sha256(path)}
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _sample_sha256(path: Path) -> str:
+    """SHA-256 of the size and of _SAMPLE_BLOCKS evenly spread blocks (the whole of a small file)."""
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode() + b"\x00")
+    with open(path, "rb") as f:
+        if size <= _SAMPLE_WHOLE:
+            h.update(f.read())
+        else:
+            fd = f.fileno()
+            last = size - _BLOCK
+            for i in range(_SAMPLE_BLOCKS):
+                h.update(os.pread(fd, _BLOCK, i * last // (_SAMPLE_BLOCKS - 1)))
+    return h.hexdigest()
+
+
+def _params_digest(params: dict[str, Any]) -> str:
+    body = {key: val for key, val in params.items() if key != "params_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+# ---- reading ------------------------------------------------------------------------------------
+def read_params(in_dir: str | Path) -> dict[str, Any]:
+    """The checked ``params.json`` of an index folder (any kind): present, UTF-8 JSON, an
+    object, of a known format and kind, and unedited (its own checksum matches)."""
     d = Path(in_dir)
-    params_path = d / "params.json"
-    if not params_path.is_file():
+    path = d / PARAMS
+    if not d.is_dir():
         raise ValueError(
-            f"{d} is not a rag-gym index: params.json is missing; build one with rag-gym index build"
+            f"{d} is not a rag-gym index: {PARAMS} is missing (there is no such folder); "
+            "build one with rag-gym index build"
+        )
+    if not path.is_file():
+        raise ValueError(
+            f"{d} is not a rag-gym index: {PARAMS} is missing; build one with rag-gym index build"
         )
     try:
-        params = json.loads(params_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{params_path} is not valid JSON ({exc}); rebuild the index") from None
-    if params.get("kind") != kind:
-        raise ValueError(f"{params_path}: expected kind {kind!r}, got {params.get('kind')!r}")
-    corpus = Corpus.from_jsonl(d / "corpus.jsonl", name=params.get("corpus_name"))
+        params = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc}); rebuild the index") from None
+    if not isinstance(params, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(params).__name__}; rebuild")
+    if params.get("kind") not in KINDS:
+        raise ValueError(f"{path}: expected kind 'bm25' or 'dense', got {params.get('kind')!r}")
+    if params.get("format") != FORMAT or not isinstance(params.get("files"), dict):
+        raise ValueError(
+            f"{path}: expected an index of format {FORMAT} (every file checksummed), got format "
+            f"{params.get('format', 1)!r} (rag-gym {params.get('rag_gym_version', '?')}); "
+            "rebuild it with rag-gym index build"
+        )
+    if params.get("params_sha256") != _params_digest(params):
+        raise ValueError(
+            f"{path} was edited or damaged: its checksum (params_sha256) does not match its "
+            "content; rebuild the index"
+        )
+    return params
+
+
+def read_index(
+    in_dir: str | Path, kind: str, verify: bool = False
+) -> tuple[dict[str, Any], Corpus]:
+    """The params and the checked corpus of an index folder of ``kind``.
+
+    Every file of the manifest must be there with its size and sampled checksum (its full
+    SHA-256 when ``verify``), and the corpus must match its size and content checksum.
+    """
+    d = Path(in_dir)
+    params = read_params(d)
+    if params["kind"] != kind:
+        raise ValueError(f"{d / PARAMS}: expected kind {kind!r}, got {params['kind']!r}")
+    verify_files(d, params, full=verify)
+    try:
+        corpus = Corpus.from_jsonl(d / "corpus.jsonl", name=params.get("corpus_name"))
+    except ValueError as exc:  # DataFormatError names the file and line
+        raise ValueError(f"{exc}; rebuild the index") from None
     if len(corpus) != params.get("corpus_size") or corpus.checksum() != params.get(
         "corpus_checksum"
     ):
         raise ValueError(
-            f"{d / 'corpus.jsonl'} does not match {params_path} (size or checksum); rebuild the index"
+            f"{d / 'corpus.jsonl'} does not match {d / PARAMS} (size or checksum); rebuild the index"
         )
     return params, corpus
+
+
+def verify_files(d: Path, params: dict[str, Any], full: bool = False) -> None:
+    """Check every file of the manifest: present, its size, its sampled (or ``full``) SHA-256."""
+    files = params["files"]
+    for name in sorted(files):
+        entry = files[name]
+        path = d / name
+        if not isinstance(entry, dict) or ".." in Path(name).parts or Path(name).is_absolute():
+            raise ValueError(f"{d / PARAMS}: a bad entry {name!r} in 'files'; rebuild the index")
+        if not path.is_file():
+            raise ValueError(f"{path} is missing from the index; rebuild the index")
+        try:
+            size = path.stat().st_size
+            if size != entry.get("size"):
+                raise ValueError(
+                    f"{path} has {size} bytes, the index was built with {entry.get('size')}; "
+                    "it was truncated, replaced or damaged: rebuild the index"
+                )
+            digest = _sha256(path) if full else _sample_sha256(path)
+        except OSError as exc:
+            raise ValueError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+        if digest != entry.get("sha256" if full else "sample"):
+            raise ValueError(
+                f"{path} does not match its checksum in {d / PARAMS}: it was replaced or "
+                "damaged; rebuild the index"
+            )
+
+
+def load_index(path: str | Path, verify: bool = False):
+    """``(retriever, kind)`` for a saved index folder of any kind (``params.json`` says which),
+    every corruption a ``ValueError`` naming the file."""
+    kind = read_params(path)["kind"]
+    if kind == "bm25":
+        from rag_gym.retrieval.bm25 import BM25Retriever
+
+        return BM25Retriever.load(path, verify=verify), kind
+    from rag_gym.retrieval.dense import DenseRetriever
+
+    return DenseRetriever.load(path, verify=verify), kind

@@ -15,6 +15,7 @@ from rag_gym.data import Corpus, Passage
 from rag_gym.data.synthhop import SynthHopConfig, generate
 from rag_gym.retrieval import BM25Retriever
 from rag_gym.retrieval.bm25 import BM25Config
+from tests.retrieval.index_tools import edit_params, reseal
 
 
 @pytest.fixture(scope="module")
@@ -145,9 +146,12 @@ def test_load_errors(bm25, tmp_path):
     out = bm25.save(tmp_path / "idx")
     params = json.loads((out / "params.json").read_text())
     (out / "params.json").write_text(json.dumps({**params, "corpus_checksum": "0"}))
+    with pytest.raises(ValueError, match=r"params\.json was edited or damaged"):
+        BM25Retriever.load(out)
+    edit_params(out, corpus_checksum="0")  # behind the params checksum: the corpus's own
     with pytest.raises(ValueError, match=r"corpus\.jsonl does not match .*params\.json"):
         BM25Retriever.load(out)
-    (out / "params.json").write_text(json.dumps({**params, "kind": "dense"}))
+    edit_params(out, kind="dense")
     with pytest.raises(ValueError, match="expected kind 'bm25', got 'dense'"):
         BM25Retriever.load(out)
     (out / "params.json").write_text("{")
@@ -164,6 +168,9 @@ def test_truncated_or_tampered_arrays_name_the_file(bm25, tmp_path, victim):
     out = bm25.save(tmp_path / "idx")
     path = out / "bm25s" / victim
     path.write_bytes(path.read_bytes()[: max(1, path.stat().st_size // 3)])
+    with pytest.raises(ValueError, match=rf"bm25s/{victim} has \d+ bytes, the index was built"):
+        BM25Retriever.load(out)
+    reseal(out)  # behind the checksums, bm25s's own reading still names the folder
     with pytest.raises(ValueError, match=r"bm25s: cannot load the BM25 arrays .*rebuild the index"):
         loaded = BM25Retriever.load(out)
         loaded.retrieve(["x"], k=1)
@@ -279,6 +286,9 @@ def test_inconsistent_arrays_name_the_file(bm25, tmp_path, victim, message):
     array = np.load(path)
     array[-1] = array[-1] + 10**6
     np.save(path, array)
+    with pytest.raises(ValueError, match=rf"{victim} does not match its checksum"):
+        BM25Retriever.load(out)
+    reseal(out)  # behind the checksums, the arrays' consistency check
     with pytest.raises(ValueError, match=message):
         BM25Retriever.load(out)
 

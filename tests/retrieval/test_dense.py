@@ -10,6 +10,7 @@ import pytest
 from rag_gym.data import Corpus, Passage
 from rag_gym.retrieval.dense import DenseConfig, DenseRetriever
 from tests.conftest import requires_dense
+from tests.retrieval.index_tools import reseal
 
 faiss = pytest.importorskip("faiss", reason="needs faiss: pip install 'rag-gym[dense]'")
 
@@ -79,10 +80,16 @@ def test_save_load_roundtrip_and_fp16(tmp_path):
 def test_damaged_index_folders(tmp_path):
     out = DenseRetriever(CORPUS, encoder=encoder).save(tmp_path / "dense")
     (out / "faiss.index").write_bytes(b"not an index")
+    with pytest.raises(ValueError, match=r"faiss\.index has 12 bytes, the index was built with"):
+        DenseRetriever.load(out, encoder=encoder)
+    reseal(out)  # behind the checksums, FAISS's own reading names the file
     with pytest.raises(ValueError, match=r"faiss\.index: cannot read the FAISS index"):
         DenseRetriever.load(out, encoder=encoder)
     out = DenseRetriever(CORPUS, encoder=encoder).save(tmp_path / "dense")
     np.save(out / "embeddings.npy", np.zeros((2, 5), np.float32))
+    with pytest.raises(ValueError, match=r"embeddings\.npy has \d+ bytes, the index was built"):
+        DenseRetriever.load(out, encoder=encoder)
+    reseal(out)
     with pytest.raises(ValueError, match=r"embeddings\.npy has shape \(2, 5\), expected \(5, 5\)"):
         DenseRetriever.load(out, encoder=encoder)
     with pytest.raises(ValueError, match=r"is not a rag-gym index: params\.json is missing"):
