@@ -330,13 +330,7 @@ app.add_typer(index_app, name="index")
 
 @index_app.command("build")
 def index_build(
-    out: Annotated[
-        Path,
-        typer.Option(
-            help="Index directory to write, atomically; an existing one must be a rag-gym index "
-            "(or empty) unless --force."
-        ),
-    ],
+    out: Annotated[Path, typer.Option(help="Index directory to write (replaced atomically).")],
     corpus: Annotated[
         str | None, typer.Option(help="Corpus JSONL ({id, contents} or {id, title, text}).")
     ] = None,
@@ -352,21 +346,8 @@ def index_build(
     model: Annotated[
         str | None, typer.Option(help="Dense encoder id or path (default: embedded MiniLM).")
     ] = None,
-    force: Annotated[
-        bool, typer.Option(help="Replace --out even if it is not a rag-gym index (deletes it).")
-    ] = False,
-    verify: Annotated[
-        bool,
-        typer.Option(help="Load the written index back, checking every file's full SHA-256."),
-    ] = False,
 ) -> None:
     """Build a BM25 or dense index over a corpus file, a dataset's passages or a SynthHop world."""
-    from rag_gym.retrieval.persist import check_target
-
-    try:  # before any work: never build for minutes, then refuse
-        check_target(out, force)
-    except FileExistsError as exc:
-        _fail(str(exc))
     import time
 
     from rag_gym.data import Corpus, load, pooled_corpus
@@ -396,12 +377,8 @@ def index_build(
             from rag_gym.retrieval.dense import DenseConfig, DenseRetriever
 
             retriever = DenseRetriever(passages, DenseConfig(model=model), show_progress=True)
-        path = retriever.save(out, force=force)
-        if verify:
-            from rag_gym.retrieval.persist import load_index
-
-            load_index(path, verify=True)
-    except (TypeError, ValueError, OSError, ImportError) as exc:
+        path = retriever.save(out)
+    except (TypeError, ValueError, FileNotFoundError, ImportError) as exc:
         _fail(str(exc))
     typer.echo(
         f"wrote a {kind} index of {len(passages)} passages to {path} in {time.perf_counter() - t0:.1f}s"
@@ -410,16 +387,49 @@ def index_build(
 
 @app.command()
 def serve(
-    index: Annotated[Path, typer.Option(help="An index directory (rag-gym index build).")],
+    index: Annotated[
+        Path | None, typer.Option(help="An index directory (rag-gym index build).")
+    ] = None,
+    faiss_index: Annotated[
+        Path | None,
+        typer.Option(
+            help="Or a FAISS index file written by faiss.write_index (FlashRAG, Search-R1's "
+            "e5_Flat.index); needs --corpus and --encoder."
+        ),
+    ] = None,
+    corpus: Annotated[
+        Path | None,
+        typer.Option(
+            help="The {id, contents} corpus JSONL: with --faiss-index, one row per vector; with "
+            "--index, the file it was built from, to serve its contents verbatim."
+        ),
+    ] = None,
+    encoder: Annotated[
+        str | None,
+        typer.Option(
+            help="Query encoder for --faiss-index: a sentence-transformers id or path "
+            "(e5/bge get their query prefixes); 'minilm' is the embedded all-MiniLM-L6-v2."
+        ),
+    ] = None,
     host: Annotated[
         str, typer.Option(help="Address to bind; 127.0.0.1 keeps it local.")
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port.")] = 8000,
     token: Annotated[
-        str | None, typer.Option(help="Bearer token (default: $RAG_GYM_TOKEN, none if unset).")
+        str | None,
+        typer.Option(help="Bearer token (default: $RAG_GYM_TOKEN; none if unset or empty)."),
     ] = None,
-    max_queries: Annotated[int, typer.Option(help="Most queries per request.")] = 512,
+    max_queries: Annotated[int, typer.Option(help="Most queries per request.")] = 4096,
     max_topk: Annotated[int, typer.Option(help="Largest topk.")] = 100,
+    head_timeout: Annotated[
+        float, typer.Option(help="Seconds a request head may take (then the connection closes).")
+    ] = 10.0,
+    body_timeout: Annotated[
+        float, typer.Option(help="Seconds a request body may take (then 408).")
+    ] = 30.0,
+    max_connections: Annotated[
+        int, typer.Option(help="Open connections and requests in progress (then 503).")
+    ] = 1024,
     batch_window_ms: Annotated[
         float,
         typer.Option(
@@ -434,28 +444,214 @@ def serve(
     """Serve an index over HTTP (Search-R1's /retrieve API, micro-batched)."""
     import os
 
-    from rag_gym.retrieval.server import ServerLimits, create_app, load_index
+    from rag_gym.retrieval.server import (
+        ServerLimits,
+        VerbatimContents,
+        create_app,
+        load_index,
+        run_server,
+    )
 
+    if (index is None) == (faiss_index is None):
+        _fail("give --index DIR (rag-gym index build) or --faiss-index FILE, one of them")
+    if faiss_index is not None and (corpus is None or encoder is None):
+        _fail("--faiss-index needs --corpus (its {id, contents} JSONL) and --encoder (its model)")
+    if faiss_index is None and encoder is not None:
+        _fail("--encoder goes with --faiss-index (an index directory names its own encoder)")
     try:
-        import uvicorn
-    except ImportError:
-        _fail("rag-gym serve needs uvicorn and fastapi: pip install 'rag-gym[server]'")
-    try:
-        retriever, kind = load_index(str(index))
+        limits = ServerLimits(
+            max_queries=max_queries,
+            max_topk=max_topk,
+            head_timeout=head_timeout,
+            body_timeout=body_timeout,
+            max_connections=max_connections,
+        )
+        if faiss_index is not None:
+            from rag_gym.retrieval.dense import DenseRetriever
+
+            retriever = DenseRetriever.from_faiss(
+                faiss_index, corpus, None if encoder == "minilm" else encoder
+            )
+            kind, source = "dense", faiss_index
+        else:
+            retriever, kind = load_index(str(index))
+            source = index
+        contents = VerbatimContents.from_jsonl(corpus, retriever.corpus) if corpus else None
         app_ = create_app(
             retriever,
-            token=token or os.environ.get("RAG_GYM_TOKEN"),
-            limits=ServerLimits(max_queries=max_queries, max_topk=max_topk),
+            token=token if token is not None else os.environ.get("RAG_GYM_TOKEN"),
+            limits=limits,
             batch_window_ms=batch_window_ms,
             kind=kind,
             micro_batching=micro_batching,
+            contents=contents,
         )
-    except (ValueError, ImportError) as exc:
+    except (ValueError, ImportError, OSError) as exc:
         _fail(str(exc))
     typer.echo(
-        f"serving {kind} index {index} ({len(retriever.corpus)} passages) on http://{host}:{port}"
+        f"serving {kind} index {source} ({len(retriever.corpus)} passages) on http://{host}:{port}"
     )
-    uvicorn.run(app_, host=host, port=port, log_level="warning")
+    run_server(app_, host=host, port=port, limits=limits)
+
+
+train_app = typer.Typer(
+    no_args_is_help=True,
+    help="Train a search policy: SFT cold start on expert transcripts, then GRPO/DAPO.",
+)
+app.add_typer(train_app, name="train")
+
+
+def _json_option(value: str | None, name: str) -> dict:
+    import json
+
+    if value is None:
+        return {}
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        _fail(f"expected {name} to be a JSON object, got {value!r} ({exc})")
+    if not isinstance(parsed, dict):
+        _fail(f"expected {name} to be a JSON object, got {value!r}")
+    return parsed
+
+
+def _run_dir(out: Path, run_name: str | None, env: str, stage: str, seed: int) -> Path:
+    import time
+
+    name = run_name or f"{env.replace('/', '-')}__{stage}__{seed}__{int(time.time())}"
+    path = out / name
+    if path.exists() and any(path.iterdir()):
+        _fail(f"expected a new run folder, got existing {path}: pick another --run-name")
+    return path
+
+
+@train_app.command("sft")
+def train_sft(
+    env: Annotated[str, typer.Option(help="A SynthHop search env id.")] = "rag_gym/SynthHop-v0",
+    env_kwargs: Annotated[
+        str | None, typer.Option(help="More gym.make kwargs as a JSON object.")
+    ] = None,
+    tags: Annotated[str, typer.Option(help="TextActions tag preset.")] = "search_r1",
+    demos: Annotated[int, typer.Option(help="Expert demonstrations (train split).")] = 320,
+    model: Annotated[
+        str, typer.Option(help="embedded, tiny, a hub id or a directory.")
+    ] = "embedded",
+    lora: Annotated[bool, typer.Option(help="LoRA adapters (else all weights).")] = True,
+    lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 1e-3,
+    epochs: Annotated[float, typer.Option(help="Passes over the demonstrations.")] = 1.0,
+    max_steps: Annotated[int, typer.Option(help="Optimiser steps (-1: from --epochs).")] = -1,
+    batch_size: Annotated[int, typer.Option(help="Transcripts per step.")] = 8,
+    eval_n: Annotated[int, typer.Option(help="Held-out (validation) questions for EM.")] = 100,
+    eval_before: Annotated[bool, typer.Option(help="Also evaluate the untrained model.")] = True,
+    seed: Annotated[int, typer.Option()] = 0,
+    out: Annotated[Path, typer.Option(help="Parent folder of the run folder.")] = Path("runs"),
+    run_name: Annotated[str | None, typer.Option(help="Run folder name.")] = None,
+    track: Annotated[bool, typer.Option(help="Log to W&B (offline).")] = False,
+) -> None:
+    """Supervised cold start on the scripted expert's transcripts (SynthHop)."""
+    from rag_gym.train.sft import SFTConfig, train
+
+    run_dir = _run_dir(out, run_name, env, "sft", seed)
+    try:
+        cfg = SFTConfig(
+            env_id=env,
+            env_kwargs=_json_option(env_kwargs, "--env-kwargs"),
+            tags=tags,
+            n_demos=demos,
+            model=model,
+            lora=lora,
+            learning_rate=lr,
+            epochs=epochs,
+            max_steps=max_steps,
+            batch_size=batch_size,
+            eval_n=eval_n,
+            eval_before=eval_before,
+            seed=seed,
+            run_dir=str(run_dir),
+            track=track,
+        )
+    except (TypeError, ValueError) as exc:
+        _fail(str(exc))
+    results = train(cfg)
+    typer.echo(f"held-out EM before: {_em(results['before'])}, after: {_em(results['after'])}")
+    typer.echo(f"checkpoint: {results['checkpoint']}")
+    typer.echo(f"results: {run_dir}")
+
+
+def _em(stats: dict | None) -> str:
+    return "-" if not stats else f"{stats['em']:.3f} ({int(stats['n'])} questions)"
+
+
+@train_app.command("grpo")
+def train_grpo(
+    init: Annotated[
+        Path | None,
+        typer.Option(help="Start from this SFT run folder (its final/ adapter) or adapter folder."),
+    ] = None,
+    env: Annotated[str, typer.Option(help="Registered env id.")] = "rag_gym/SynthHop-v0",
+    env_kwargs: Annotated[
+        str | None, typer.Option(help="More gym.make kwargs as a JSON object.")
+    ] = None,
+    tags: Annotated[str, typer.Option(help="TextActions tag preset.")] = "search_r1",
+    reward_preset: Annotated[str, typer.Option(help="Reward preset (none: EM).")] = "none",
+    algorithm: Annotated[str, typer.Option(help="grpo or dapo.")] = "grpo",
+    steps: Annotated[int, typer.Option(help="Optimiser steps.")] = 100,
+    num_generations: Annotated[int, typer.Option(help="Episodes per question (G).")] = 4,
+    prompts_per_step: Annotated[int, typer.Option(help="Questions per step.")] = 2,
+    lr: Annotated[float, typer.Option(help="Learning rate.")] = 2e-5,
+    beta: Annotated[float, typer.Option(help="KL coefficient.")] = 0.0,
+    step_cost: Annotated[float, typer.Option(help="EVO-RAG step cost weight.")] = 0.0,
+    model: Annotated[str, typer.Option(help="Base model (with --init: its base).")] = "embedded",
+    eval_n: Annotated[int, typer.Option(help="Held-out (validation) questions for EM.")] = 100,
+    seed: Annotated[int, typer.Option()] = 0,
+    out: Annotated[Path, typer.Option(help="Parent folder of the run folder.")] = Path("runs"),
+    run_name: Annotated[str | None, typer.Option(help="Run folder name.")] = None,
+    track: Annotated[bool, typer.Option(help="Log to W&B (offline).")] = False,
+) -> None:
+    """GRPO/DAPO in the env, optionally from an SFT checkpoint (--init)."""
+    from rag_gym.train.grpo import EnvGRPOConfig, train_from
+
+    run_dir = _run_dir(out, run_name, env, algorithm, seed)
+    try:
+        cfg = EnvGRPOConfig(
+            env_id=env,
+            env_kwargs=_json_option(env_kwargs, "--env-kwargs"),
+            tags=tags,
+            reward_preset=reward_preset,
+            algorithm=algorithm,
+            max_steps=steps,
+            num_generations=num_generations,
+            prompts_per_step=prompts_per_step,
+            learning_rate=lr,
+            beta=beta,
+            step_cost=step_cost,
+            model=model,
+            seed=seed,
+            run_dir=str(run_dir),
+            track=track,
+        )
+        results = train_from(cfg, init=init, eval_n=eval_n)
+    except (TypeError, ValueError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    typer.echo(f"held-out EM before: {_em(results['before'])}, after: {_em(results['after'])}")
+    typer.echo(f"checkpoint: {results['checkpoint']}")
+    typer.echo(f"results: {run_dir}")
+
+
+@train_app.command("export")
+def train_export(
+    adapter: Annotated[Path, typer.Argument(help="A PEFT LoRA adapter folder (or SFT/GRPO run).")],
+    out: Annotated[Path | None, typer.Option(help="GGUF file (default: ADAPTER/adapter.gguf).")] = None,
+) -> None:
+    """Convert a LoRA adapter to a llama.cpp GGUF adapter (for --lm llama_cpp)."""
+    from rag_gym.generation.adapters import AdapterError
+    from rag_gym.train.export import lora_to_gguf, resolve_adapter
+
+    try:
+        path = lora_to_gguf(resolve_adapter(adapter), out)
+    except (AdapterError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    typer.echo(f"wrote {path}")
 
 
 def main() -> None:

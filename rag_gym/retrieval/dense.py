@@ -32,6 +32,21 @@ from rag_gym.retrieval.base import (
 from rag_gym.retrieval.persist import read_index, write_index
 
 
+def default_query_prefix(model: str | None) -> str:
+    """The query prefix a model was trained with, by its name: ``"query: "`` for e5 (Search-R1's
+    and FlashRAG's ``e5_Flat.index``), BGE's English instruction for bge, else none.
+
+    >>> default_query_prefix("intfloat/e5-base-v2"), default_query_prefix(None)
+    ('query: ', '')
+    """
+    name = (model or "").lower().replace("\\", "/").rsplit("/", 1)[-1]
+    if name.startswith("e5") or "-e5" in name or "_e5" in name:
+        return "query: "
+    if name.startswith("bge") and "m3" not in name:
+        return "Represent this sentence for searching relevant passages: "
+    return ""
+
+
 @dataclass(frozen=True)
 class DenseConfig:
     """Dense retriever options."""
@@ -173,7 +188,7 @@ class DenseRetriever:
             if pools[i] is not None:
                 pos = positions(self.corpus, pools[i])
                 check_k(k, len(pos), "the candidate pool")
-                sub = self.embeddings[pos].astype(np.float32) @ q[i]
+                sub = self._pool_vectors(pos) @ q[i]
                 sub = sub.astype(np.float64)
                 if banned:
                     sub[np.isin(pos, list(banned))] = -np.inf
@@ -194,15 +209,127 @@ class DenseRetriever:
             out_scores.append(scores_i)
         return RetrievalResult(out_ids, out_scores)
 
+    def _pool_vectors(self, pos: np.ndarray) -> np.ndarray:
+        """The passage vectors at corpus positions ``pos`` (for ``within`` scoring)."""
+        if self.embeddings is not None:
+            return self.embeddings[pos].astype(np.float32)
+        try:  # an index loaded by from_faiss: its own vectors (flat and HNSW-flat give them)
+            return self._index.reconstruct_batch(pos.astype(np.int64))
+        except Exception as exc:
+            raise ValueError(
+                f"within= needs the passage vectors, which this {type(self._index).__name__} "
+                f"cannot give back ({str(exc)[:80]}); use a flat or HNSW index for pool mode"
+            ) from None
+
+    # ---- prebuilt FAISS indexes (FlashRAG, Search-R1) -------------------------------------------
+    @classmethod
+    def from_faiss(
+        cls,
+        index_path: str | Path,
+        corpus_jsonl: str | Path,
+        encoder: str | Callable[[list[str]], np.ndarray] | None = None,
+        *,
+        query_prefix: str | None = None,
+        mmap: bool = True,
+        corpus: Corpus | None = None,
+        nprobe: int | None = None,
+        batch_size: int = 64,
+    ) -> DenseRetriever:
+        """Serve a FAISS index written by ``faiss.write_index`` over its ``{id, contents}`` corpus.
+
+        This is how FlashRAG's index builder and Search-R1 (``e5_Flat.index`` over
+        ``wiki-18.jsonl``) store theirs: row ``i`` of the corpus file is vector ``i`` of the
+        index. The index is memory-mapped where FAISS can (``IO_FLAG_MMAP_IFC``: flat indexes,
+        whose vectors then stay on disk until read; others are read into memory).
+
+        >>> r = DenseRetriever.from_faiss("e5_Flat.index", "wiki-18.jsonl", "intfloat/e5-base-v2")  # doctest: +SKIP
+
+        Args:
+            index_path: the FAISS index file (inner product, as both projects build them).
+            corpus_jsonl: the corpus, one passage per vector, in index order.
+            encoder: the query encoder: a sentence-transformers model id or path, a callable
+                ``texts -> (n, d) array``, or ``None`` for the embedded all-MiniLM-L6-v2.
+            query_prefix: prepended to every query; default by model name: ``"query: "`` for
+                e5, BGE's ``"Represent this sentence for searching relevant passages: "`` for
+                bge, none otherwise.
+            mmap: memory-map the index where FAISS can.
+            corpus: the corpus already loaded (then ``corpus_jsonl`` only names it).
+            nprobe: lists probed per query, for an IVF index (default: the file's).
+
+        Raises:
+            ValueError: the corpus size is not the index's ``ntotal``, the encoder's dimension
+                is not the index's ``d``, the index is not inner product, or the file is not a
+                FAISS index.
+        """
+        import faiss
+
+        index_path = Path(index_path)
+        if not index_path.is_file():
+            raise FileNotFoundError(f"{index_path}: no such FAISS index file")
+        if corpus is None:
+            corpus = Corpus.from_jsonl(corpus_jsonl)
+        flags = 0
+        if mmap:
+            flags = getattr(faiss, "IO_FLAG_MMAP_IFC", faiss.IO_FLAG_MMAP) | faiss.IO_FLAG_READ_ONLY
+        try:
+            faiss_index = faiss.read_index(str(index_path), flags)
+        except RuntimeError as exc:
+            raise ValueError(
+                f"{index_path}: cannot read a FAISS index ({str(exc).strip()[:160]}); expected "
+                "a file written by faiss.write_index"
+            ) from None
+        if faiss_index.ntotal != len(corpus):
+            raise ValueError(
+                f"{index_path} holds {faiss_index.ntotal} vectors but {corpus_jsonl} has "
+                f"{len(corpus)} passages: expected one passage per vector, in index order; give "
+                "the corpus file the index was built from"
+            )
+        if faiss_index.metric_type != faiss.METRIC_INNER_PRODUCT:
+            raise ValueError(
+                f"{index_path}: expected an inner-product index (faiss.METRIC_INNER_PRODUCT, as "
+                f"FlashRAG and Search-R1 build them), got metric {faiss_index.metric_type}"
+            )
+        name = encoder if isinstance(encoder, str) else None
+        if query_prefix is None:
+            query_prefix = default_query_prefix(name)
+        kind = (
+            "ivf"
+            if isinstance(faiss_index, faiss.IndexIVF)
+            else "hnsw"
+            if isinstance(faiss_index, faiss.IndexHNSW)
+            else "flat"
+        )
+        config = DenseConfig(
+            model=name, index=kind, query_prefix=query_prefix, batch_size=batch_size
+        )
+        retriever = cls(config=config, encoder=None if name else encoder)
+        dim = retriever._encode(["dimension check"], query_prefix).shape[1]
+        if dim != faiss_index.d:
+            raise ValueError(
+                f"the encoder {name or 'given'} gives {dim}-dimensional vectors, the index "
+                f"{index_path} holds {faiss_index.d}-dimensional ones; give the encoder that "
+                "built the index"
+            )
+        if nprobe is not None and hasattr(faiss_index, "nprobe"):
+            faiss_index.nprobe = nprobe
+        retriever._index = faiss_index
+        retriever.embeddings = None  # within= reads the index's own vectors
+        retriever.corpus = corpus
+        retriever._id_rank = id_ranks(corpus)
+        retriever._ids = np.array(corpus.ids, dtype=object)
+        return retriever
+
     # ---- persistence ----------------------------------------------------------------------------
-    def save(self, out_dir: str | Path, force: bool = False) -> Path:
-        """Write ``params.json`` (with every file's checksum and the encoder's embeddings of
-        :data:`ENCODER_PROBE`), ``corpus.jsonl``, ``embeddings.npy`` and ``faiss.index`` (FAISS's
-        own binary format; no pickle), atomically (:mod:`rag_gym.retrieval.persist`). An
-        existing ``out_dir`` that is not a rag-gym index (nor empty) is a ``FileExistsError``
-        unless ``force``."""
+    def save(self, out_dir: str | Path) -> Path:
+        """Write ``params.json``, ``corpus.jsonl``, ``embeddings.npy`` and ``faiss.index``
+        (FAISS's own binary format; no pickle), atomically (:mod:`rag_gym.retrieval.persist`)."""
         if self._index is None:
             raise RuntimeError("the retriever has no index yet; call index(corpus) first")
+        if self.embeddings is None:
+            raise ValueError(
+                "a retriever made by from_faiss serves its index file as it is; save() writes "
+                "rag-gym's own folder: build one with rag-gym index build --kind dense"
+            )
 
         def files(tmp: Path) -> None:
             np.save(tmp / "embeddings.npy", self.embeddings, allow_pickle=False)
@@ -212,31 +339,15 @@ class DenseRetriever:
             "config": asdict(self.config),
             "dim": int(self.embeddings.shape[1]),
             "encoder": self.config.model or "sentence-transformers/all-MiniLM-L6-v2 (embedded)",
-            "encoder_probe": np.round(
-                self._encode(list(ENCODER_PROBE), self.config.passage_prefix), 6
-            ).tolist(),
         }
-        return write_index(out_dir, "dense", self.corpus, params, files, force=force)
+        return write_index(out_dir, "dense", self.corpus, params, files)
 
     @classmethod
-    def load(
-        cls,
-        in_dir: str | Path,
-        encoder: Callable | None = None,
-        verify: bool = False,
-        check_encoder: bool = True,
-    ) -> DenseRetriever:
+    def load(cls, in_dir: str | Path, encoder: Callable | None = None) -> DenseRetriever:
         """Load an index written by :meth:`save`; a mismatched or damaged folder raises
-        ``ValueError`` naming the file (every file's size and sampled checksum are checked,
-        the full SHA-256 with ``verify=True``).
-
-        The query encoder is the one that built the index (``params.json`` names it), or
-        ``encoder``. Either must give the embeddings of :data:`ENCODER_PROBE` that the index
-        recorded, else ``ValueError``: another encoder ranks silently wrong. To query with
-        another encoder on purpose, pass it and ``check_encoder=False``.
-        """
+        ``ValueError`` naming the file."""
         d = Path(in_dir)
-        params, corpus = read_index(d, "dense", verify=verify)
+        params, corpus = read_index(d, "dense")
         try:
             embeddings = np.load(d / "embeddings.npy", allow_pickle=False)
         except (OSError, ValueError) as exc:
@@ -248,13 +359,7 @@ class DenseRetriever:
                 f"{d / 'embeddings.npy'} has shape {embeddings.shape}, expected "
                 f"({len(corpus)}, {params.get('dim')}); rebuild the index"
             )
-        try:
-            config = DenseConfig(**params["config"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{d / 'params.json'}: bad dense config ({exc}); rebuild") from None
-        retriever = cls(config=config, encoder=encoder)
-        if check_encoder:
-            _check_encoder(retriever, params, d / "params.json", given=encoder is not None)
+        retriever = cls(config=DenseConfig(**params["config"]), encoder=encoder)
         try:
             faiss_index = retriever._faiss.read_index(str(d / "faiss.index"))
         except RuntimeError as exc:
@@ -272,33 +377,3 @@ class DenseRetriever:
 
     def __repr__(self) -> str:
         return f"DenseRetriever(corpus={self.corpus!r}, config={self.config})"
-
-
-#: Texts a saved dense index records its encoder's embeddings of, to recognise that encoder.
-ENCODER_PROBE = (
-    "Ada Lovelace wrote the first published algorithm for a computing machine.",
-    "Which river flows through the capital of the country where the author was born?",
-    "Orrin is a small town in Tamaria, founded in 900 by weavers.",
-)
-
-
-def _check_encoder(retriever: DenseRetriever, params: dict, params_path: Path, given: bool) -> None:
-    """``ValueError`` unless the retriever's encoder embeds :data:`ENCODER_PROBE` as the
-    encoder that built the index did (cosine >= 0.999 on each text)."""
-    recorded = np.asarray(params.get("encoder_probe") or [], dtype=np.float32)
-    which = "the encoder given" if given else f"the encoder {params.get('encoder')!r}"
-    got = retriever._encode(list(ENCODER_PROBE), retriever.config.passage_prefix)
-    if recorded.shape != got.shape:
-        raise ValueError(
-            f"{params_path}: the index was built by {params.get('encoder')!r} "
-            f"({recorded.shape[-1] if recorded.ndim == 2 else '?'}-dimensional), {which} gives "
-            f"{got.shape[1]}-dimensional vectors; pass the encoder that built it, or "
-            "check_encoder=False to query with another one on purpose"
-        )
-    cosine = float(np.min(np.sum(recorded * got, axis=1)))
-    if cosine < 0.999:
-        raise ValueError(
-            f"{params_path}: the index was built by {params.get('encoder')!r}, and {which} "
-            f"embeds its probe texts differently (cosine {cosine:.3f}); pass the encoder that "
-            "built it, or check_encoder=False to query with another one on purpose"
-        )

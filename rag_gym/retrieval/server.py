@@ -1,64 +1,178 @@
-"""A batched retrieval server (FastAPI + uvicorn) and its client, ``HttpRetriever``.
+"""A batched retrieval server (FastAPI + uvicorn) that clients written for Search-R1 use unchanged.
 
-``POST /retrieve`` takes and answers Search-R1's JSON shape, so agents written for Search-R1
-work unchanged::
+``POST /retrieve`` takes and answers Search-R1's JSON shape::
 
     {"queries": ["..."], "topk": 3, "return_scores": true}
     -> {"result": [[{"document": {"id": "...", "contents": "title\\ntext"}, "score": 1.2}, ...], ...]}
 
-(with ``return_scores`` false each query's list holds the documents alone). rag-gym clients may
-add ``exclude`` and ``within`` (per query id lists), which the in-process retrievers take.
+(with ``return_scores`` false each query's list holds the documents alone), and what the
+field's other clients send:
+
+* ``{"queries": []}`` (a turn in which no rollout searches) answers ``{"result": []}``;
+* one query, ``{"query": "...", "topk": k}`` (SkyRL-gym, rLLM; ``top_k`` is taken for
+  ``topk``), answers ``result`` as for a one-query batch and also ``results``, a flat list of
+  ``{"id", "content", "score"}`` (what rLLM's tool reads);
+* ``topk`` null or 0 means the default (3); numeric strings (``"3"``, ``"true"``) are read as
+  pydantic's lax mode reads them, which is what Search-R1's own server accepts; unknown fields
+  are ignored and logged once per set of names;
+* ``contents`` is the corpus row's own text when the server is given the corpus file
+  (``rag-gym serve --corpus``; wiki-18 quotes its titles), else ``title\\ntext``.
+
+rag-gym clients may add ``exclude`` and ``within`` (per query id lists), which the in-process
+retrievers take. ``GET /health`` (and its alias ``/healthz``) answers ``{"status": "ok",
+"corpus_size": N, "kind": ..., "server": "rag-gym", "version": ...}``.
 
 Concurrent requests are retrieved together (micro-batching): every request queued while earlier
 batches are being retrieved joins the next batch (up to ``max_batch`` queries), and up to
 ``max_in_flight`` batches run at once in worker threads, so batches grow with the load and a busy
-server never waits on a timer; an idle one waits up to ``batch_window_ms`` for company. The
-server binds 127.0.0.1 by default; with a token (``--token`` or ``RAG_GYM_TOKEN``) every request
-needs ``Authorization: Bearer <token>``. Limits: queries per request, characters per query,
-``topk`` (and the request body size); a bad request gets a 4xx with a message, never a 500.
-``GET /health`` answers ``{"status": "ok", "corpus_size": N, "kind": ...}``.
+server never waits on a timer; an idle one waits up to ``batch_window_ms`` for company.
+
+Limits (:class:`ServerLimits`): queries per request (4,096), characters per query, ``topk``, the
+body size, a deadline for a request head and one for its body (a client that stalls is answered
+408 and dropped), the keep-alive time and the open connections. A request the server cannot
+serve gets a 4xx with a message; a fault of the server itself (a damaged index that raises, or a
+score that is not a number) gets a 500 with a message, never a ``null`` score. The server binds
+127.0.0.1 by default; with a token (``--token`` or ``RAG_GYM_TOKEN``; empty means none) every
+request needs ``Authorization: Bearer <token>`` (the scheme in any case).
 
 Needs ``pip install 'rag-gym[server]'``.
 """
 
 import asyncio
+import hmac
 import json
-import os
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterable, Sequence
+import logging
+import math
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from rag_gym.data.types import Corpus, Passage
-from rag_gym.retrieval.base import RetrievalResult, Retriever, check_queries, per_query
+import numpy as np
 
-try:  # orjson (the server extra installs it) encodes and parses a reply of 768 passages
-    import orjson  # about 5 times as fast as json: most of a batched request's cost at 100k
+from rag_gym.data.types import Corpus
+from rag_gym.retrieval.base import Retriever
+from rag_gym.retrieval.http import HttpRetriever, dumps, loads
 
-    def dumps(obj: Any) -> bytes:
-        """JSON bytes of ``obj`` (UTF-8, compact)."""
-        return orjson.dumps(obj)
+__all__ = [
+    "HttpRetriever",
+    "ServerLimits",
+    "VerbatimContents",
+    "create_app",
+    "dumps",
+    "load_index",
+    "loads",
+    "run_server",
+]
 
-    loads = orjson.loads
-except ImportError:  # pragma: no cover - the server extra installs orjson
-
-    def dumps(obj: Any) -> bytes:
-        """JSON bytes of ``obj`` (UTF-8, compact)."""
-        return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
-
-    loads = json.loads
+logger = logging.getLogger("rag_gym.retrieval.server")
 
 
 @dataclass(frozen=True)
 class ServerLimits:
-    """What one request may ask."""
+    """What one request may ask, and how long and how many clients may take."""
 
-    max_queries: int = 512
+    max_queries: int = 4096
+    """Queries per request (Search-R1's GRPO script sends 512 prompts x 5 = 2,560)."""
     max_query_chars: int = 4096
+    """Characters per query."""
     max_topk: int = 100
+    """Largest ``topk``."""
+    default_topk: int = 3
+    """``topk`` when a request gives none (or null, or 0, as Search-R1's server reads it)."""
     max_body_bytes: int = 8 * 1024 * 1024
+    """Request body size (refused before it is read when ``Content-Length`` says so)."""
+    body_timeout: float = 30.0
+    """Seconds a request's body may take to arrive once its head has (then 408)."""
+    head_timeout: float = 10.0
+    """Seconds a request head may take to arrive, counted from the connection or the previous
+    response (then the connection is closed)."""
+    max_head_bytes: int = 64 * 1024
+    """Bytes of a request head (then 431)."""
+    keep_alive: int = 5
+    """Seconds an idle keep-alive connection is kept (uvicorn's ``timeout_keep_alive``)."""
+    max_connections: int = 1024
+    """Open connections and requests in progress; beyond it uvicorn answers 503
+    (``limit_concurrency``)."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_queries", "max_query_chars", "max_topk", "default_topk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"expected {name} >= 1, got {getattr(self, name)}")
+        if self.default_topk > self.max_topk:
+            raise ValueError(
+                f"expected default_topk <= max_topk ({self.max_topk}), got {self.default_topk}"
+            )
+        for name in ("max_body_bytes", "max_head_bytes", "keep_alive", "max_connections"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"expected {name} >= 1, got {getattr(self, name)}")
+        for name in ("body_timeout", "head_timeout"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"expected {name} > 0 seconds, got {value!r}")
+
+
+class VerbatimContents:
+    """Each corpus row's ``contents`` exactly as the corpus file holds it.
+
+    :meth:`rag_gym.data.Corpus.from_jsonl` drops the quotes around a title (wiki-18 writes
+    ``"\\"Title\\"\\ntext"``), so ``title\\ntext`` is not what Search-R1's server sends and what
+    its policies were trained on. This keeps, per row, the number of quotes dropped on each side
+    (two bytes) and, for any row that the rule does not rebuild exactly, the row itself.
+    """
+
+    def __init__(self, corpus: Corpus, quotes: np.ndarray, rows: dict[int, str]) -> None:
+        self.corpus = corpus
+        self.quotes = quotes
+        self.rows = rows
+
+    @classmethod
+    def from_jsonl(cls, path: str | Path, corpus: Corpus) -> "VerbatimContents":
+        """Read ``path`` (the ``{id, contents}`` file ``corpus`` was built from), checking that
+        its ids are the corpus's, row by row."""
+        from rag_gym.data._io import iter_jsonl
+
+        path = Path(path)
+        quotes = np.zeros((len(corpus), 2), dtype=np.uint8)
+        rows: dict[int, str] = {}
+        titles, texts, ids = corpus.titles, corpus.texts, corpus.ids
+        i = -1
+        for i, (lineno, record) in enumerate(iter_jsonl(path)):
+            if i >= len(ids) or str(record.get("id")) != ids[i]:
+                expected = repr(ids[i]) if i < len(ids) else "no row (the index is shorter)"
+                raise ValueError(
+                    f"{path} line {lineno}: id {record.get('id')!r}, where the index has "
+                    f"{expected}; give --corpus the file the index was built from"
+                )
+            contents = record.get("contents")
+            if not isinstance(contents, str):
+                continue  # {id, title, text} rows: title\ntext is all there is
+            title, sep, _ = contents.partition("\n")
+            lead = len(title) - len(title.lstrip('"'))
+            trail = len(title.lstrip('"')) - len(title.strip('"'))
+            if sep and (lead or trail) and lead < 256 and trail < 256:
+                quotes[i] = (lead, trail)
+            if cls._build(titles[i], texts[i], quotes[i]) != contents:
+                rows[i] = contents
+        if i + 1 != len(ids):
+            raise ValueError(
+                f"{path} has {i + 1} rows, the index {len(ids)}; give --corpus the file the "
+                "index was built from"
+            )
+        return cls(corpus, quotes, rows)
+
+    @staticmethod
+    def _build(title: str, text: str, quotes) -> str:
+        lead, trail = int(quotes[0]), int(quotes[1])
+        if lead or trail:
+            return '"' * lead + title + '"' * trail + "\n" + text
+        return f"{title}\n{text}" if title else text
+
+    def __getitem__(self, row: int) -> str:
+        found = self.rows.get(row)
+        if found is not None:
+            return found
+        return self._build(self.corpus.titles[row], self.corpus.texts[row], self.quotes[row])
 
 
 def create_app(
@@ -70,19 +184,23 @@ def create_app(
     kind: str = "bm25",
     micro_batching: bool = True,
     max_in_flight: int = 2,
+    contents: VerbatimContents | None = None,
 ):
     """The FastAPI app serving ``retriever`` (see the module doc).
 
     Args:
+        token: the bearer token every request needs; ``None`` or ``""``: none.
         batch_window_ms: how long an idle server waits for more requests to join a batch; a
             busy one (a batch in flight) dispatches at once what has queued meanwhile.
         max_batch: most queries per batch.
         micro_batching: ``False`` retrieves each request on its own (for comparison).
         max_in_flight: batches retrieved at the same time, each in its own worker thread.
+        contents: each row's verbatim ``contents`` (:class:`VerbatimContents`); default
+            ``title\\ntext``.
     """
     try:
         from fastapi import FastAPI
-        from pydantic import BaseModel, ConfigDict, Field
+        from pydantic import BaseModel, ConfigDict, StrictStr
     except ImportError as exc:
         raise ImportError(
             "the retrieval server needs fastapi and uvicorn: pip install 'rag-gym[server]'"
@@ -92,17 +210,24 @@ def create_app(
             f"expected max_in_flight >= 1, max_batch >= 1 and batch_window_ms >= 0, got "
             f"{max_in_flight}, {max_batch} and {batch_window_ms}"
         )
+    if contents is not None and contents.corpus is not retriever.corpus:
+        raise ValueError("expected contents= read for this retriever's corpus")
 
     limits = limits or ServerLimits()
     corpus = retriever.corpus
 
     class RetrieveRequest(BaseModel):
-        model_config = ConfigDict(extra="forbid", strict=True)
-        queries: list[str] = Field(min_length=1, max_length=limits.max_queries)
-        topk: int = Field(default=3, ge=1, le=min(limits.max_topk, len(corpus)))
+        # lax, as Search-R1's QueryRequest: "3" is a topk, "true" a return_scores
+        model_config = ConfigDict(extra="allow")
+        queries: list[StrictStr] | None = None
+        query: StrictStr | None = None
+        topk: int | None = None
+        top_k: int | None = None
         return_scores: bool = False
-        exclude: list[list[str]] | None = None
-        within: list[list[str] | None] | None = None
+        exclude: list[list[StrictStr]] | None = None
+        within: list[list[StrictStr] | None] | None = None
+
+    from rag_gym import __version__
 
     app = FastAPI(title="rag-gym retrieval server")
     batcher = (
@@ -110,15 +235,26 @@ def create_app(
         if micro_batching
         else None
     )
-    endpoint = _RetrieveEndpoint(retriever, RetrieveRequest, limits, batcher)
+    endpoint = _RetrieveEndpoint(retriever, RetrieveRequest, limits, batcher, contents)
     # POST /retrieve goes straight to its endpoint (middleware order: the last added is outermost)
     app.add_middleware(_Route, path="/retrieve", method="POST", endpoint=endpoint)
     app.add_middleware(_Guard, token=token, max_body_bytes=limits.max_body_bytes)
     app.state.batcher = batcher
+    status = {
+        "status": "ok",
+        "corpus_size": len(corpus),
+        "kind": kind,
+        "server": "rag-gym",
+        "version": __version__,
+    }
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "corpus_size": len(corpus), "kind": kind}
+        return status
+
+    @app.get("/healthz")
+    async def healthz():
+        return status
 
     @app.on_event("startup")
     async def _settle():
@@ -136,13 +272,71 @@ def create_app(
     return app
 
 
-class _RetrieveEndpoint:
-    """``POST /retrieve`` as a plain ASGI app: the body is validated by pydantic straight from
-    the JSON bytes and the reply is encoded once, so the request path costs little next to the
-    retrieval it serves (FastAPI's dependency machinery and generic encoder cost more than a
-    batched BM25 query does)."""
+def run_server(
+    app, host: str = "127.0.0.1", port: int = 8000, limits: ServerLimits | None = None,
+    http: str = "auto",
+) -> None:  # fmt: skip
+    """Serve ``app`` with uvicorn under ``limits``: keep-alive time, open connections
+    (``limit_concurrency``), the h11 head size, and a deadline and size cap on every request
+    head (:mod:`rag_gym.retrieval._uvicorn_compat`), so stalled clients cannot hold the
+    server's connections."""
+    try:
+        import uvicorn
+    except ImportError as exc:
+        raise ImportError(
+            "the retrieval server needs fastapi and uvicorn: pip install 'rag-gym[server]'"
+        ) from exc
+    from rag_gym.retrieval._uvicorn_compat import base_protocol, guarded_protocol
 
-    def __init__(self, retriever: Retriever, model, limits: ServerLimits, batcher) -> None:
+    limits = limits or ServerLimits()
+    # stalled connections are evicted at max_open; uvicorn's 503 comes a little later, so a
+    # good request that arrives as a stalled one is evicted is not refused
+    max_open = min(limits.max_connections, _descriptors_for_connections() - 16)
+    protocol = guarded_protocol(
+        base_protocol(http), limits.head_timeout, limits.max_head_bytes, max_open
+    )
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        http=protocol,
+        timeout_keep_alive=limits.keep_alive,
+        limit_concurrency=max_open + 16,
+        h11_max_incomplete_event_size=limits.max_head_bytes,
+    )
+    uvicorn.Server(config).run()
+
+
+def _descriptors_for_connections() -> int:
+    """File descriptors this process may still give to connections: its soft limit, less what
+    it holds now and a margin of 32 for what serving opens (threads, logs, the index)."""
+    import os
+
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):  # pragma: no cover - not a POSIX system
+        return sys.maxsize
+    if soft == resource.RLIM_INFINITY:
+        return sys.maxsize
+    try:
+        held = len(os.listdir("/proc/self/fd"))
+    except OSError:  # pragma: no cover - no procfs
+        held = 64
+    return max(soft - held - 32, 24)
+
+
+class _RetrieveEndpoint:
+    """``POST /retrieve`` as a plain ASGI app: the body is read under a deadline, validated by
+    pydantic straight from the JSON bytes, and the reply is encoded once, so the request path
+    costs little next to the retrieval it serves (FastAPI's dependency machinery and generic
+    encoder cost more than a batched BM25 query does)."""
+
+    def __init__(
+        self, retriever: Retriever, model, limits: ServerLimits, batcher, contents
+    ) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         self.retriever = retriever
@@ -150,25 +344,58 @@ class _RetrieveEndpoint:
         self.model = model
         self.limits = limits
         self.batcher = batcher
+        self.contents = contents
+        self.unknown_logged: set[tuple[str, ...]] = set()
         # one-request-at-a-time mode: each request retrieved on its own, in a worker thread
         self.executor = None if batcher else ThreadPoolExecutor(thread_name_prefix="rag-gym-one")
 
     async def __call__(self, scope, receive, send) -> None:
+        task = asyncio.current_task()
+        expired = False
+
+        def expire() -> None:
+            nonlocal expired
+            expired = True
+            task.cancel()
+
+        # one timer for the whole body (cheaper than a wait_for per message)
+        timer = asyncio.get_running_loop().call_later(self.limits.body_timeout, expire)
         body = bytearray()
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            body += message.get("body", b"")
-            if len(body) > self.limits.max_body_bytes:
-                await _send_json(
-                    send, 413, {"error": f"body over {self.limits.max_body_bytes} bytes"}
-                )
-                return
-            if not message.get("more_body"):
-                break
+        try:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+                body += message.get("body", b"")
+                if len(body) > self.limits.max_body_bytes:
+                    await _send_json(
+                        send, 413, {"error": f"body over {self.limits.max_body_bytes} bytes"}
+                    )
+                    return
+                if not message.get("more_body"):
+                    break
+        except asyncio.CancelledError:
+            if not expired:
+                raise
+            if hasattr(task, "uncancel"):
+                task.uncancel()
+            await _send_json(
+                send,
+                408,
+                {"error": f"the request body did not arrive within {self.limits.body_timeout}s"},
+                close=True,
+            )
+            return
+        finally:
+            timer.cancel()
         status, reply = await self.answer(bytes(body))
         await _send_json(send, status, reply)
+
+    def _log_unknown(self, names: list[str]) -> None:
+        key = tuple(names[:10])
+        if key not in self.unknown_logged and len(self.unknown_logged) < 100:
+            self.unknown_logged.add(key)
+            logger.warning("POST /retrieve: ignoring unknown fields %s", ", ".join(key))
 
     async def answer(self, body: bytes) -> tuple[int, dict]:
         from pydantic import ValidationError
@@ -181,47 +408,108 @@ class _RetrieveEndpoint:
                 for e in exc.errors()
             ]
             return 422, {"error": "invalid request", "details": errors[:10]}
-        limit = self.limits.max_query_chars
-        too_long = [i for i, q in enumerate(req.queries) if len(q) > limit]
+        if req.model_extra:
+            self._log_unknown(sorted(req.model_extra))
+        limits, n_corpus = self.limits, len(self.corpus)
+        if req.queries is not None and req.query is not None:
+            return 422, {"error": "send 'queries' (a list of strings) or 'query', not both"}
+        if req.queries is None and req.query is None:
+            return 422, {"error": "expected 'queries' (a list of strings) or 'query' (a string)"}
+        single = req.queries is None
+        queries = [req.query] if single else req.queries
+        if len(queries) > limits.max_queries:
+            return 422, {
+                "error": f"expected at most {limits.max_queries} queries per request, got "
+                f"{len(queries)}; split the request (or start the server with a larger "
+                "--max-queries)"
+            }
+        topk = req.topk
+        if req.top_k is not None:
+            if topk is not None and topk != req.top_k:
+                return 422, {"error": f"topk ({topk}) and top_k ({req.top_k}) disagree"}
+            topk = req.top_k
+        if not topk:  # null or 0: the default, as Search-R1's server reads it
+            topk = min(limits.default_topk, n_corpus)
+        if topk < 0 or topk > min(limits.max_topk, n_corpus):
+            return 422, {
+                "error": f"expected 1 <= topk <= {min(limits.max_topk, n_corpus)} (the server's "
+                f"limit and corpus size), got {topk}"
+            }
+        if not queries:
+            return 200, {"result": []}
+        too_long = [i for i, q in enumerate(queries) if len(q) > limits.max_query_chars]
         if too_long:
-            return 422, {"error": f"queries {too_long[:5]} are longer than {limit} characters"}
+            return 422, {
+                "error": f"queries {too_long[:5]} are longer than {limits.max_query_chars} "
+                "characters"
+            }
         for name, value in (("exclude", req.exclude), ("within", req.within)):
-            if value is not None and len(value) != len(req.queries):
-                return 422, {"error": f"{name} needs one list per query"}
-        if req.within is not None:
-            for pool in req.within:
+            if value is not None and len(value) != len(queries):
+                return 422, {
+                    "error": f"expected {name} to hold one list per query ({len(queries)}), "
+                    f"got {len(value)}"
+                }
+        within = req.within
+        if within is not None:
+            within = [list(dict.fromkeys(p)) if p is not None else None for p in within]
+            for pool in within:
                 if pool is not None and (
-                    len(pool) < req.topk or any(p not in self.corpus for p in pool)
+                    len(pool) < topk or any(p not in self.corpus for p in pool)
                 ):
                     return 422, {
-                        "error": "every within pool must hold at least topk ids of the corpus"
+                        "error": "every within pool must hold at least topk distinct ids of "
+                        "the corpus"
                     }
         try:
             if self.batcher is not None:
-                ids, scores = await self.batcher.submit(
-                    req.queries, req.topk, req.exclude, req.within
-                )
+                ids, scores = await self.batcher.submit(queries, topk, req.exclude, within)
             else:
                 res = await asyncio.get_running_loop().run_in_executor(
                     self.executor,
                     lambda: self.retriever.retrieve(
-                        req.queries, req.topk, exclude=req.exclude, within=req.within
+                        queries, topk, exclude=req.exclude, within=within
                     ),
                 )
                 ids, scores = res.ids, res.scores
-        except (ValueError, KeyError, TypeError) as exc:
-            return 422, {"error": str(exc)}
+        except Exception as exc:  # the request was checked above: this is the server's fault
+            logger.error("retrieval failed", exc_info=exc)
+            return 500, {
+                "error": f"retrieval failed ({type(exc).__name__}: {str(exc)[:200]}); the index "
+                "may be damaged: see the server's log"
+            }
+        return self.reply(ids, scores, req.return_scores, single)
+
+    def reply(self, ids, scores, return_scores: bool, single: bool) -> tuple[int, dict]:
         # the corpus's columns directly: a Passage per document would cost more than its query
         index, titles, texts = self.corpus._index, self.corpus.titles, self.corpus.texts
+        verbatim = self.contents
         result = []
         for qids, qscores in zip(ids, scores, strict=True):
             docs = []
             for pid, score in zip(qids, qscores, strict=True):
                 i = index[pid]
-                doc = {"id": pid, "contents": f"{titles[i]}\n{texts[i]}" if titles[i] else texts[i]}
-                docs.append({"document": doc, "score": float(score)} if req.return_scores else doc)
+                if verbatim is not None:
+                    text = verbatim[i]
+                else:
+                    text = f"{titles[i]}\n{texts[i]}" if titles[i] else texts[i]
+                score = float(score)
+                if not math.isfinite(score):
+                    logger.error("passage %r scored %r", pid, score)
+                    return 500, {
+                        "error": f"the index scored passage {pid!r} {score}, not a number; "
+                        "the index is damaged: rebuild it"
+                    }
+                doc = {"id": pid, "contents": text}
+                docs.append({"document": doc, "score": score} if return_scores else doc)
             result.append(docs)
-        return 200, {"result": result}
+        out: dict[str, Any] = {"result": result}
+        if single:  # rLLM's tool reads a flat "results" list of {id, content, score}
+            out["results"] = [
+                {"id": pid, "content": (d["document"] if return_scores else d)["contents"],
+                 "score": float(s)}
+                for pid, s, d in zip(ids[0], scores[0], result[0], strict=True)
+            ]  # fmt: skip
+        return 200, out
 
     def stop(self) -> None:
         if self.batcher is not None:
@@ -252,25 +540,38 @@ class _Route:
 
 
 class _Guard:
-    """ASGI middleware: the bearer token, the body size (refused before the body is read), and
-    a 400 with a message instead of a 500 for anything a request makes the app raise."""
+    """ASGI middleware: the bearer token (compared in constant time, the scheme in any case),
+    the body size (refused before the body is read), and a 500 with a message, logged, for
+    anything the app raises (a fault of the server, not of the request: requests are checked
+    before they reach the retriever)."""
 
     def __init__(self, app, token: str | None, max_body_bytes: int) -> None:
         self.app = app
-        self.expected = f"Bearer {token}".encode() if token is not None else None
+        self.token = token.encode() if token else None  # "" (an empty $RAG_GYM_TOKEN): none
         self.max_body_bytes = max_body_bytes
+
+    def _authorised(self, headers: dict) -> bool:
+        scheme, _, credentials = headers.get(b"authorization", b"").strip().partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(credentials.strip(), self.token)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
-        if self.expected is not None and headers.get(b"authorization") != self.expected:
-            await _send_json(send, 401, {"error": "missing or wrong bearer token"})
+        if self.token is not None and not self._authorised(headers):
+            await _send_json(
+                send,
+                401,
+                {"error": "missing or wrong bearer token (Authorization: Bearer <token>)"},
+                extra=[(b"www-authenticate", b"Bearer")],
+            )
             return
         size = headers.get(b"content-length")
         if size is not None and (not size.isdigit() or int(size) > self.max_body_bytes):
-            await _send_json(send, 413, {"error": f"body over {self.max_body_bytes} bytes"})
+            await _send_json(
+                send, 413, {"error": f"body over {self.max_body_bytes} bytes"}, close=True
+            )
             return
         started = False
 
@@ -281,15 +582,24 @@ class _Guard:
 
         try:
             await self.app(scope, receive, tracked_send)
-        except Exception as exc:  # never a 500 with a traceback for a client's request
+        except Exception as exc:
+            logger.error("%s %s failed", scope.get("method"), scope.get("path"), exc_info=exc)
             if started:
                 raise
-            await _send_json(send, 400, {"error": f"{type(exc).__name__}: {exc}"})
+            await _send_json(
+                send, 500, {"error": f"internal server error ({type(exc).__name__}: {exc})"}
+            )
 
 
-async def _send_json(send, status: int, content: dict) -> None:
+async def _send_json(
+    send, status: int, content: dict, close: bool = False, extra: list | None = None
+) -> None:
     body = dumps(content)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
+    if extra:
+        headers.extend(extra)
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -437,125 +747,22 @@ class _MicroBatcher:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
 
-class HttpRetriever:
-    """The retriever protocol over HTTP: ``HttpRetriever("http://127.0.0.1:8000")``.
+def load_index(path: str):
+    """Load a saved index directory of any kind (``params.json`` says which)."""
+    from pathlib import Path
 
-    Each call is one ``POST /retrieve`` (timeout, retries with backoff on connection errors and
-    5xx); a 4xx raises ``ValueError`` with the server's message. The token defaults to
-    ``$RAG_GYM_TOKEN``. ``corpus`` holds the passages received so far (its length is the
-    server's corpus size), which is what an env renders.
-    """
-
-    def __init__(
-        self, url: str, token: str | None = None, timeout: float = 30.0, retries: int = 3
-    ) -> None:
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(f"expected a server URL such as http://127.0.0.1:8000, got {url!r}")
-        self.url = url.rstrip("/")
-        self.token = token if token is not None else os.environ.get("RAG_GYM_TOKEN")
-        self.timeout = timeout
-        self.retries = retries
-        self._corpus: Corpus | None = None
-        health = self._request("GET", "/health")
-        self.corpus_size = int(health["corpus_size"])
-
-    def _request(self, method: str, path: str, body: dict | None = None) -> Any:
-        headers = {"Content-Type": "application/json"}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        data = dumps(body) if body is not None else None
-        last: Exception | None = None
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(min(0.2 * 2 ** (attempt - 1), 5.0))
-            req = urllib.request.Request(self.url + path, data=data, headers=headers, method=method)
-            try:
-                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                    return loads(resp.read())
-            except urllib.error.HTTPError as exc:
-                detail = exc.read().decode(errors="replace")[:300]
-                if exc.code < 500:
-                    raise ValueError(f"{self.url}{path} answered {exc.code}: {detail}") from None
-                last = ConnectionError(f"{self.url}{path} answered {exc.code}: {detail}")
-            except TimeoutError:
-                last = TimeoutError(f"{self.url}{path} did not answer within {self.timeout}s")
-            except urllib.error.URLError as exc:
-                last = ConnectionError(
-                    f"cannot reach {self.url}{path}: {exc.reason}; is rag-gym serve running?"
-                )
-        assert last is not None
-        raise last
-
-    @property
-    def corpus(self) -> Corpus:
-        """The passages this client has received so far (``len`` is the server's corpus size)."""
-        if self._corpus is None:
-            self._corpus = _RemoteCorpus(self.corpus_size, name=self.url)
-        return self._corpus
-
-    def index(self, corpus: Corpus) -> None:
-        raise NotImplementedError(
-            "build the index on the server side: rag-gym index build, then rag-gym serve"
+    params = Path(path) / "params.json"
+    if not params.is_file():
+        raise ValueError(
+            f"{path} is not a rag-gym index: params.json is missing; build one with rag-gym index build"
         )
+    kind = json.loads(params.read_text()).get("kind")
+    if kind == "bm25":
+        from rag_gym.retrieval.bm25 import BM25Retriever
 
-    def retrieve(
-        self,
-        queries: Sequence[str],
-        k: int,
-        exclude: Sequence[Iterable[str] | None] | None = None,
-        within: Sequence[Sequence[str] | None] | None = None,
-    ) -> RetrievalResult:
-        queries = check_queries(queries)
-        body: dict[str, Any] = {"queries": queries, "topk": int(k), "return_scores": True}
-        corpus = self.corpus
-        if exclude is not None:
-            body["exclude"] = [list(e or []) for e in per_query(exclude, len(queries), "exclude")]
-        if within is not None:
-            body["within"] = [
-                list(w) if w is not None else None
-                for w in per_query(within, len(queries), "within")
-            ]
-        reply = self._request("POST", "/retrieve", body)
-        for docs in reply["result"]:
-            for d in docs:
-                doc = d["document"]
-                if doc["id"] not in corpus:
-                    title, _, text = doc["contents"].partition("\n")
-                    corpus.add(Passage(doc["id"], title, text))
-        ids = [[d["document"]["id"] for d in docs] for docs in reply["result"]]
-        scores = [[float(d["score"]) for d in docs] for docs in reply["result"]]
-        return RetrievalResult(ids, scores)
+        return BM25Retriever.load(path), kind
+    if kind == "dense":
+        from rag_gym.retrieval.dense import DenseRetriever
 
-    def passages(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
-        """The retrieved passages themselves (title and text from ``contents``)."""
-        reply = self._request("POST", "/retrieve", {"queries": list(queries), "topk": int(k)})
-        out = []
-        for docs in reply["result"]:
-            row = []
-            for d in docs:
-                title, _, text = d["contents"].partition("\n")
-                row.append(Passage(d["id"], title, text))
-            out.append(row)
-        return out
-
-
-class _RemoteCorpus(Corpus):
-    """A corpus that holds the passages a server has returned; its length is the server's."""
-
-    __slots__ = ("size",)
-
-    def __init__(self, size: int, name: str) -> None:
-        super().__init__(name=name)
-        self.size = size
-
-    def __len__(self) -> int:
-        return self.size
-
-
-def load_index(path: str, verify: bool = False):
-    """Load a saved index directory of any kind (``params.json`` says which); every file is
-    checked against its checksum (sampled, or in full with ``verify``), and a damaged or
-    mismatched one is a ``ValueError`` naming it (:func:`rag_gym.retrieval.persist.load_index`)."""
-    from rag_gym.retrieval.persist import load_index as load
-
-    return load(path, verify=verify)
+        return DenseRetriever.load(path), kind
+    raise ValueError(f"{params}: expected kind 'bm25' or 'dense', got {kind!r}")

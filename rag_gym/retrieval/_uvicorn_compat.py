@@ -1,0 +1,137 @@
+"""A request-head deadline for uvicorn's HTTP protocols (written and tested against uvicorn 0.54).
+
+uvicorn times out an idle keep-alive connection, but not a client that sends part of a request
+head and stalls: any byte received cancels the keep-alive timer, and nothing re-arms it until a
+response is sent. A few hundred such connections hold every file descriptor the process may
+open, and good requests are then refused (slowloris). :func:`guarded_protocol` returns a
+subclass of uvicorn's protocol class that closes a connection whose request head is not
+complete ``head_timeout`` seconds after the connection opened or after its previous response,
+or that sends more than ``max_head_bytes`` before its head is complete (answered 431), and, when
+the open connections reach ``max_open``, closes the one that has waited longest for a head. A
+stalled *body* is the endpoint's business (it reads the body under its own deadline).
+
+This is the one place that relies on uvicorn internals: the protocol methods
+``connection_made``, ``data_received``, ``on_response_complete``, ``connection_lost`` and the
+attributes ``loop``, ``transport`` and ``cycle`` (a new ``RequestResponseCycle`` is set once a
+request head has been parsed). :func:`guarded_protocol` checks that they exist and otherwise
+returns the base class unchanged with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger("rag_gym.retrieval.server")
+
+_HOOKS = ("connection_made", "data_received", "on_response_complete", "connection_lost")
+
+
+def base_protocol(http: str = "auto") -> type:
+    """uvicorn's protocol class for ``http`` (``"auto"``: httptools when installed, else h11)."""
+    if http not in ("auto", "httptools", "h11"):
+        raise ValueError(f"expected http 'auto', 'httptools' or 'h11', got {http!r}")
+    if http in ("auto", "httptools"):
+        try:
+            from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+            return HttpToolsProtocol
+        except ImportError:
+            if http == "httptools":
+                raise ImportError(
+                    "http='httptools' needs httptools: pip install 'rag-gym[server]'"
+                ) from None
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    return H11Protocol
+
+
+def guarded_protocol(
+    base: type, head_timeout: float, max_head_bytes: int, max_open: int | None = None
+) -> type:
+    """``base`` with a deadline and a size cap on each request head (see the module doc).
+
+    With ``max_open``, a new connection that brings the open ones to ``max_open`` closes the
+    connection that has waited longest for a request head (a stalled or idle one), so the
+    process never runs out of file descriptors while stalled clients hold them: at that point
+    the event loop could accept nothing, and libuv resets what it cannot accept.
+    """
+    if not all(callable(getattr(base, name, None)) for name in _HOOKS):
+        logger.warning(
+            "uvicorn %s lacks the protocol hooks rag-gym's head timeout uses; stalled "
+            "connections are then held until the client goes away",
+            getattr(__import__("uvicorn"), "__version__", "?"),
+        )
+        return base
+
+    waiting: dict = {}  # connections waiting for a request head, the longest-waiting first
+
+    class Guarded(base):  # type: ignore[misc, valid-type]
+        _head_timer = None
+        _cycle_at_arm = None
+        _head_bytes = 0
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+            if max_open is not None and len(self.connections) >= max_open:
+                oldest = next((c for c in waiting if c is not self), None)
+                if oldest is not None:
+                    oldest._disarm()
+                    oldest._close_waiting()
+
+        def data_received(self, data: bytes) -> None:
+            waiting = self._head_timer is not None
+            if waiting:
+                self._head_bytes += len(data)
+            super().data_received(data)
+            if waiting and self.cycle is not self._cycle_at_arm:
+                self._disarm()  # a new request head was parsed
+            elif waiting and self._head_bytes > max_head_bytes:
+                self._disarm()
+                self._refuse(b"431 Request Header Fields Too Large")
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._cycle_at_arm = self.cycle
+            self._head_bytes = 0
+            self._head_timer = self.loop.call_later(head_timeout, self._expire)
+            waiting[self] = None
+
+        def _disarm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+            waiting.pop(self, None)
+
+        def _expire(self) -> None:
+            self._head_timer = None
+            waiting.pop(self, None)
+            self._close_waiting()
+
+        def _close_waiting(self) -> None:
+            cycle = self.cycle
+            # still no new request head, and no request of this connection in progress
+            if cycle is self._cycle_at_arm and (cycle is None or cycle.response_complete):
+                if self._head_bytes:
+                    self._refuse(b"408 Request Timeout")
+                elif not self.transport.is_closing():
+                    self.transport.close()  # idle: close quietly, as keep-alive expiry does
+
+        def _refuse(self, status: bytes) -> None:
+            if not self.transport.is_closing():
+                self.transport.write(
+                    b"HTTP/1.1 " + status + b"\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
+                )
+                self.transport.close()
+
+    Guarded.__name__ = Guarded.__qualname__ = f"Guarded{base.__name__}"
+    return Guarded
