@@ -330,7 +330,13 @@ app.add_typer(index_app, name="index")
 
 @index_app.command("build")
 def index_build(
-    out: Annotated[Path, typer.Option(help="Index directory to write (replaced atomically).")],
+    out: Annotated[
+        Path,
+        typer.Option(
+            help="Index directory to write, atomically; an existing one must be a rag-gym index "
+            "(or empty) unless --force."
+        ),
+    ],
     corpus: Annotated[
         str | None, typer.Option(help="Corpus JSONL ({id, contents} or {id, title, text}).")
     ] = None,
@@ -346,8 +352,21 @@ def index_build(
     model: Annotated[
         str | None, typer.Option(help="Dense encoder id or path (default: embedded MiniLM).")
     ] = None,
+    force: Annotated[
+        bool, typer.Option(help="Replace --out even if it is not a rag-gym index (deletes it).")
+    ] = False,
+    verify: Annotated[
+        bool,
+        typer.Option(help="Load the written index back, checking every file's full SHA-256."),
+    ] = False,
 ) -> None:
     """Build a BM25 or dense index over a corpus file, a dataset's passages or a SynthHop world."""
+    from rag_gym.retrieval.persist import check_target
+
+    try:  # before any work: never build for minutes, then refuse
+        check_target(out, force)
+    except FileExistsError as exc:
+        _fail(str(exc))
     import time
 
     from rag_gym.data import Corpus, load, pooled_corpus
@@ -377,8 +396,12 @@ def index_build(
             from rag_gym.retrieval.dense import DenseConfig, DenseRetriever
 
             retriever = DenseRetriever(passages, DenseConfig(model=model), show_progress=True)
-        path = retriever.save(out)
-    except (TypeError, ValueError, FileNotFoundError, ImportError) as exc:
+        path = retriever.save(out, force=force)
+        if verify:
+            from rag_gym.retrieval.persist import load_index
+
+            load_index(path, verify=True)
+    except (TypeError, ValueError, OSError, ImportError) as exc:
         _fail(str(exc))
     typer.echo(
         f"wrote a {kind} index of {len(passages)} passages to {path} in {time.perf_counter() - t0:.1f}s"
@@ -644,8 +667,7 @@ def train_export(
     out: Annotated[Path | None, typer.Option(help="GGUF file (default: ADAPTER/adapter.gguf).")] = None,
 ) -> None:
     """Convert a LoRA adapter to a llama.cpp GGUF adapter (for --lm llama_cpp)."""
-    from rag_gym.generation.adapters import AdapterError
-    from rag_gym.train.export import lora_to_gguf, resolve_adapter
+    from rag_gym.generation.adapters import AdapterError, lora_to_gguf, resolve_adapter
 
     try:
         path = lora_to_gguf(resolve_adapter(adapter), out)

@@ -320,9 +320,12 @@ class DenseRetriever:
         return retriever
 
     # ---- persistence ----------------------------------------------------------------------------
-    def save(self, out_dir: str | Path) -> Path:
-        """Write ``params.json``, ``corpus.jsonl``, ``embeddings.npy`` and ``faiss.index``
-        (FAISS's own binary format; no pickle), atomically (:mod:`rag_gym.retrieval.persist`)."""
+    def save(self, out_dir: str | Path, force: bool = False) -> Path:
+        """Write ``params.json`` (with every file's checksum and the encoder's embeddings of
+        :data:`ENCODER_PROBE`), ``corpus.jsonl``, ``embeddings.npy`` and ``faiss.index`` (FAISS's
+        own binary format; no pickle), atomically (:mod:`rag_gym.retrieval.persist`). An
+        existing ``out_dir`` that is not a rag-gym index (nor empty) is a ``FileExistsError``
+        unless ``force``."""
         if self._index is None:
             raise RuntimeError("the retriever has no index yet; call index(corpus) first")
         if self.embeddings is None:
@@ -339,15 +342,31 @@ class DenseRetriever:
             "config": asdict(self.config),
             "dim": int(self.embeddings.shape[1]),
             "encoder": self.config.model or "sentence-transformers/all-MiniLM-L6-v2 (embedded)",
+            "encoder_probe": np.round(
+                self._encode(list(ENCODER_PROBE), self.config.passage_prefix), 6
+            ).tolist(),
         }
-        return write_index(out_dir, "dense", self.corpus, params, files)
+        return write_index(out_dir, "dense", self.corpus, params, files, force=force)
 
     @classmethod
-    def load(cls, in_dir: str | Path, encoder: Callable | None = None) -> DenseRetriever:
+    def load(
+        cls,
+        in_dir: str | Path,
+        encoder: Callable | None = None,
+        verify: bool = False,
+        check_encoder: bool = True,
+    ) -> DenseRetriever:
         """Load an index written by :meth:`save`; a mismatched or damaged folder raises
-        ``ValueError`` naming the file."""
+        ``ValueError`` naming the file (every file's size and sampled checksum are checked,
+        the full SHA-256 with ``verify=True``).
+
+        The query encoder is the one that built the index (``params.json`` names it), or
+        ``encoder``. Either must give the embeddings of :data:`ENCODER_PROBE` that the index
+        recorded, else ``ValueError``: another encoder ranks silently wrong. To query with
+        another encoder on purpose, pass it and ``check_encoder=False``.
+        """
         d = Path(in_dir)
-        params, corpus = read_index(d, "dense")
+        params, corpus = read_index(d, "dense", verify=verify)
         try:
             embeddings = np.load(d / "embeddings.npy", allow_pickle=False)
         except (OSError, ValueError) as exc:
@@ -359,7 +378,13 @@ class DenseRetriever:
                 f"{d / 'embeddings.npy'} has shape {embeddings.shape}, expected "
                 f"({len(corpus)}, {params.get('dim')}); rebuild the index"
             )
-        retriever = cls(config=DenseConfig(**params["config"]), encoder=encoder)
+        try:
+            config = DenseConfig(**params["config"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{d / 'params.json'}: bad dense config ({exc}); rebuild") from None
+        retriever = cls(config=config, encoder=encoder)
+        if check_encoder:
+            _check_encoder(retriever, params, d / "params.json", given=encoder is not None)
         try:
             faiss_index = retriever._faiss.read_index(str(d / "faiss.index"))
         except RuntimeError as exc:
@@ -377,3 +402,33 @@ class DenseRetriever:
 
     def __repr__(self) -> str:
         return f"DenseRetriever(corpus={self.corpus!r}, config={self.config})"
+
+
+#: Texts a saved dense index records its encoder's embeddings of, to recognise that encoder.
+ENCODER_PROBE = (
+    "Ada Lovelace wrote the first published algorithm for a computing machine.",
+    "Which river flows through the capital of the country where the author was born?",
+    "Orrin is a small town in Tamaria, founded in 900 by weavers.",
+)
+
+
+def _check_encoder(retriever: DenseRetriever, params: dict, params_path: Path, given: bool) -> None:
+    """``ValueError`` unless the retriever's encoder embeds :data:`ENCODER_PROBE` as the
+    encoder that built the index did (cosine >= 0.999 on each text)."""
+    recorded = np.asarray(params.get("encoder_probe") or [], dtype=np.float32)
+    which = "the encoder given" if given else f"the encoder {params.get('encoder')!r}"
+    got = retriever._encode(list(ENCODER_PROBE), retriever.config.passage_prefix)
+    if recorded.shape != got.shape:
+        raise ValueError(
+            f"{params_path}: the index was built by {params.get('encoder')!r} "
+            f"({recorded.shape[-1] if recorded.ndim == 2 else '?'}-dimensional), {which} gives "
+            f"{got.shape[1]}-dimensional vectors; pass the encoder that built it, or "
+            "check_encoder=False to query with another one on purpose"
+        )
+    cosine = float(np.min(np.sum(recorded * got, axis=1)))
+    if cosine < 0.999:
+        raise ValueError(
+            f"{params_path}: the index was built by {params.get('encoder')!r}, and {which} "
+            f"embeds its probe texts differently (cosine {cosine:.3f}); pass the encoder that "
+            "built it, or check_encoder=False to query with another one on purpose"
+        )

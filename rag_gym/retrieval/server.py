@@ -40,7 +40,6 @@ Needs ``pip install 'rag-gym[server]'``.
 
 import asyncio
 import hmac
-import json
 import logging
 import math
 import sys
@@ -747,22 +746,10 @@ class _MicroBatcher:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
 
-def load_index(path: str):
-    """Load a saved index directory of any kind (``params.json`` says which)."""
-    from pathlib import Path
+def load_index(path: str, verify: bool = False):
+    """Load a saved index directory of any kind (``params.json`` says which); every file is
+    checked against its checksum (sampled, or in full with ``verify``), and a damaged or
+    mismatched one is a ``ValueError`` naming it (:func:`rag_gym.retrieval.persist.load_index`)."""
+    from rag_gym.retrieval.persist import load_index as load
 
-    params = Path(path) / "params.json"
-    if not params.is_file():
-        raise ValueError(
-            f"{path} is not a rag-gym index: params.json is missing; build one with rag-gym index build"
-        )
-    kind = json.loads(params.read_text()).get("kind")
-    if kind == "bm25":
-        from rag_gym.retrieval.bm25 import BM25Retriever
-
-        return BM25Retriever.load(path), kind
-    if kind == "dense":
-        from rag_gym.retrieval.dense import DenseRetriever
-
-        return DenseRetriever.load(path), kind
-    raise ValueError(f"{params}: expected kind 'bm25' or 'dense', got {kind!r}")
+    return load(path, verify=verify)
