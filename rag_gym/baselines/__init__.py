@@ -16,6 +16,12 @@
 | ``lwts`` | search | ≤ 4 | LWTS: internal knowledge first, search when needed |
 | ``r2ag`` | tree | ≤ 5 | R²AG's base / predicted queries with Top-Survivor |
 | ``arena`` | reader | 1 | ARENA's relevance / analysis / answer reader |
+| ``search_r1`` | text | ≤ 8 | the trained-policy protocol: tags through ``TextActions`` |
+
+``search_r1`` takes a checkpoint after a colon: ``search_r1:synthhop`` is the shipped SynthHop
+agent (a LoRA adapter over the embedded SmolLM2, see :mod:`rag_gym.agents.search_r1`),
+``search_r1:PATH`` a LoRA adapter folder, a training run folder, or a ``.gguf`` adapter, applied
+to the evaluation's backend (``--lm``).
 """
 
 from __future__ import annotations
@@ -42,23 +48,42 @@ AGENTS: dict[str, tuple[str, str, bool]] = {
     "lwts": ("rag_gym.baselines.papers", "LWTSAgent", True),
     "r2ag": ("rag_gym.baselines.papers", "R2AGAgent", True),
     "arena": ("rag_gym.baselines.papers", "ArenaAgent", True),
+    "search_r1": ("rag_gym.agents.search_r1", "SearchR1Agent", True),
 }
+#: agents that take a checkpoint after a colon (``search_r1:synthhop``)
+WITH_CHECKPOINT = ("search_r1",)
+
+
+def split_agent_name(name: str) -> tuple[str, str | None]:
+    """``"search_r1:synthhop"`` → ``("search_r1", "synthhop")``; ``"cot"`` → ``("cot", None)``."""
+    base, colon, arg = name.partition(":")
+    return base, (arg if colon else None)
 
 
 def check_agent_name(name: str) -> str:
     if not isinstance(name, str):
         raise TypeError(f"expected an agent name (str), got {type(name).__name__}")
-    if name not in AGENTS:
-        raise unknown_name("agent", name, AGENTS)
+    base, arg = split_agent_name(name)
+    if base not in AGENTS:
+        raise unknown_name("agent", base, AGENTS)
+    if arg is not None and base not in WITH_CHECKPOINT:
+        raise ValueError(
+            f"expected a checkpoint only after {', '.join(WITH_CHECKPOINT)}, got {name!r}: "
+            f"write {base!r}"
+        )
+    if arg is not None and not arg:
+        raise ValueError(
+            f"expected a checkpoint after the colon, got {name!r}: e.g. 'search_r1:synthhop'"
+        )
     return name
 
 
 def needs_lm(name: str) -> bool:
-    return AGENTS[check_agent_name(name)][2]
+    return AGENTS[split_agent_name(check_agent_name(name))[0]][2]
 
 
 def agent_class(name: str) -> type[Agent]:
-    module, cls, _ = AGENTS[check_agent_name(name)]
+    module, cls, _ = AGENTS[split_agent_name(check_agent_name(name))[0]]
     return getattr(importlib.import_module(module), cls)
 
 
@@ -73,4 +98,11 @@ def make_agent(name: str, lm: Any = None, seed: int = 0, env: Any = None) -> Age
         )
     if name == "oracle":
         return klass(lm, corpus=env.unwrapped.corpus if env is not None else None)
+    checkpoint = split_agent_name(name)[1]
+    if checkpoint is not None:
+        from rag_gym.agents.search_r1 import checkpoint_path
+
+        agent = klass(lm.with_adapter(checkpoint_path(checkpoint)))
+        agent.name = name
+        return agent
     return klass(lm)

@@ -41,9 +41,12 @@ class LlamaCppLM(LanguageModel):
     Args:
         model_path: a GGUF file; ``None`` is the embedded SmolLM2-135M-Instruct.
         n_ctx: context window in tokens.
-        n_threads: CPU threads (default: all cores).
+        n_threads: CPU threads (default: ``$RAG_GYM_THREADS``, else all cores). On a 2-core
+            machine that other jobs load heavily, 1 thread can be several times faster than 2.
         seed: default sampling seed.
         n_gpu_layers: layers to offload when llama.cpp was built with GPU support.
+        adapter: a GGUF LoRA adapter applied on top of the model (see
+            :func:`rag_gym.generation.adapters.lora_to_gguf`); checked to fit the model first.
     """
 
     def __init__(
@@ -53,6 +56,7 @@ class LlamaCppLM(LanguageModel):
         n_threads: int | None = None,
         seed: int = 0,
         n_gpu_layers: int = 0,
+        adapter: str | Path | None = None,
     ) -> None:
         try:
             from llama_cpp import Llama
@@ -68,13 +72,67 @@ class LlamaCppLM(LanguageModel):
         self.model_path = path
         self.name = path.stem
         self.n_ctx = n_ctx
+        self.n_threads = n_threads
+        self.seed = seed
+        self.n_gpu_layers = n_gpu_layers
+        self.adapter = None
+        if adapter is not None:
+            from rag_gym.generation.adapters import check_adapter_fits
+
+            self.adapter = Path(adapter)
+            if not self.adapter.is_file():
+                raise FileNotFoundError(
+                    f"no GGUF adapter at {self.adapter}; convert a PEFT adapter folder with "
+                    "`rag-gym train export DIR`"
+                )
+            check_adapter_fits(self.adapter, path)
+            self.name = f"{path.stem}+{self.adapter.parent.name or self.adapter.stem}"
         self._llm = Llama(
             model_path=str(path),
             n_ctx=n_ctx,
-            n_threads=n_threads or os.cpu_count() or 1,
+            n_threads=n_threads or default_threads(),
             seed=seed,
             n_gpu_layers=n_gpu_layers,
+            lora_path=str(self.adapter) if self.adapter is not None else None,
             verbose=False,
+        )
+        self._template = None
+
+    def with_adapter(self, adapter: str | Path) -> LlamaCppLM:
+        """This model with a LoRA adapter: a ``.gguf`` adapter file, or an adapter folder
+        (its ``adapter.gguf``, converted from the PEFT weights on first use)."""
+        from rag_gym.generation.adapters import adapter_gguf
+
+        return LlamaCppLM(
+            self.model_path,
+            n_ctx=self.n_ctx,
+            n_threads=self.n_threads,
+            seed=self.seed,
+            n_gpu_layers=self.n_gpu_layers,
+            adapter=adapter_gguf(adapter),
+        )
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
+        """``messages`` rendered by the model's own chat template (its GGUF metadata), with the
+        assistant's generation prompt: the text a transformers tokenizer's
+        ``apply_chat_template(..., add_generation_prompt=True)`` gives."""
+        if self._template is None:
+            source = self._llm.metadata.get("tokenizer.chat_template")
+            if not source:
+                raise ValueError(
+                    f"{self.model_path.name} has no chat template in its GGUF metadata; pass a "
+                    "plain-text prompt instead"
+                )
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            self._template = env.from_string(source)
+        vocab = self._llm
+        return self._template.render(
+            messages=messages,
+            add_generation_prompt=True,
+            bos_token=vocab.detokenize([vocab.token_bos()]).decode("utf-8", "replace"),
+            eos_token=vocab.detokenize([vocab.token_eos()]).decode("utf-8", "replace"),
         )
 
     def generate(
@@ -118,4 +176,21 @@ class LlamaCppLM(LanguageModel):
         )
 
     def describe(self) -> dict[str, object]:
-        return {"backend": "llama_cpp", "model": str(self.model_path.name), "n_ctx": self.n_ctx}
+        out: dict[str, object] = {
+            "backend": "llama_cpp",
+            "model": str(self.model_path.name),
+            "n_ctx": self.n_ctx,
+        }
+        if self.adapter is not None:
+            out["adapter"] = str(self.adapter)
+        return out
+
+
+def default_threads() -> int:
+    """llama.cpp's CPU threads: ``$RAG_GYM_THREADS`` when set, else every core."""
+    value = os.environ.get("RAG_GYM_THREADS", "")
+    if value:
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"expected RAG_GYM_THREADS to be an integer >= 1, got {value!r}")
+        return int(value)
+    return os.cpu_count() or 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 Chat = list[dict[str, str]]
 Prompt = str | Chat
@@ -78,6 +79,19 @@ class LanguageModel(abc.ABC):
         """
         for client in clients:
             client()
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
+        """``messages`` rendered by the model's chat template with the assistant's generation
+        prompt, as plain text (a policy continues it). Backends that cannot render templates
+        locally raise ``NotImplementedError``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot render a chat template")
+
+    def with_adapter(self, adapter: str | Path) -> LanguageModel:
+        """The same model with a LoRA adapter applied (a new backend; this one is unchanged)."""
+        raise NotImplementedError(
+            f"the {type(self).__name__} backend cannot apply LoRA adapters; use llama_cpp or "
+            "transformers"
+        )
 
     def describe(self) -> dict[str, object]:
         """What the evaluator records in a run's protocol (model id, backend)."""

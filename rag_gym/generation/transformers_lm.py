@@ -79,6 +79,39 @@ def _split_model(model: str | Path | None) -> tuple[str, str | None, str]:
     return str(model), None, str(model)
 
 
+def adapter_base(folder: Path) -> str | None:
+    """The base model of a LoRA adapter folder: ``rag_gym.json``'s ``base`` (``"embedded"`` is
+    the embedded SmolLM2, returned as ``None``), else PEFT's ``base_model_name_or_path``."""
+    import json
+
+    meta = folder / "rag_gym.json"
+    base = json.loads(meta.read_text()).get("base") if meta.is_file() else None
+    if base is None:
+        base = json.loads((folder / "adapter_config.json").read_text()).get(
+            "base_model_name_or_path"
+        )
+    return None if base in (None, "embedded") else base
+
+
+def merge_adapter(model: Any, folder: Path) -> Any:
+    """``model`` with the LoRA adapter in ``folder`` merged into its weights."""
+    try:
+        from peft import PeftModel
+    except ImportError as exc:
+        raise ImportError(
+            "applying a LoRA adapter needs peft: pip install 'rag-gym[train]'"
+        ) from exc
+    from rag_gym.generation.adapters import AdapterError
+
+    try:
+        return PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
+    except (RuntimeError, ValueError, KeyError) as exc:
+        raise AdapterError(
+            f"the LoRA adapter in {folder} does not fit the model it is applied to ({exc}); "
+            "use the base model it was trained on"
+        ) from exc
+
+
 class TransformersLM(LanguageModel):
     """Continuously batched generation with ``transformers`` (see the module doc).
 
@@ -112,8 +145,14 @@ class TransformersLM(LanguageModel):
             ) from exc
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"expected batch_size >= 1, got {batch_size!r}")
+        adapter = None
+        if model is not None and (Path(model) / "adapter_config.json").is_file():
+            adapter, model = Path(model), adapter_base(Path(model))
         source, gguf, label = _split_model(model)
-        self.name = label
+        self.name = label if adapter is None else f"{label}+{adapter.name}"
+        self._options = {"device": device, "dtype": dtype, "batch_size": batch_size}
+        self._options["reuse_prefix"] = reuse_prefix
+        self._source = model
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = dtype or ("float32" if self.device == "cpu" else "bfloat16")
         if not hasattr(torch, dtype):
@@ -135,6 +174,8 @@ class TransformersLM(LanguageModel):
             source, **({"gguf_file": gguf} if gguf else {})
         )
         self.model = AutoModelForCausalLM.from_pretrained(source, **kwargs).to(self.device)
+        if adapter is not None:
+            self.model = merge_adapter(self.model, adapter)
         self.model.eval()
         self._setup(batch_size, reuse_prefix)
 
@@ -265,6 +306,23 @@ class TransformersLM(LanguageModel):
                 client()
             return
         _Scheduler(self, clients).run()
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
+        return self.render(messages)
+
+    def with_adapter(self, adapter: str | Path) -> TransformersLM:
+        """A new backend: this model's base with the LoRA adapter folder ``adapter`` merged."""
+        from rag_gym.generation.adapters import resolve_adapter
+
+        folder = resolve_adapter(adapter)
+        if getattr(self, "_source", "") == "":
+            raise ValueError("expected a TransformersLM loaded from a model, got one from_model()")
+        lm = TransformersLM(self._source, **self._options)
+        lm.model = merge_adapter(lm.model, folder)
+        lm.model.eval()
+        lm.name = f"{lm.name}+{folder.name}"
+        lm._setup(self._options["batch_size"], self._options["reuse_prefix"])
+        return lm
 
     def describe(self) -> dict[str, object]:
         return {"backend": "transformers", "model": self.name, "device": self.device}

@@ -742,3 +742,66 @@ def _next_contexts(
             )
             nxt[f"{key}>{len(prefix) + 1}"] = (index, (*prefix, action))
     return nxt
+
+
+def load_with_adapter(base: str, init: str | Path, trainable: bool = True) -> tuple[Any, Any]:
+    """``(model, tokenizer)``: the policy ``base`` with the LoRA adapter of ``init`` (an adapter
+    folder, or a run folder with ``final/``) applied, its weights trainable."""
+    from peft import PeftModel
+
+    from rag_gym.generation.adapters import AdapterError, resolve_adapter
+    from rag_gym.train.models import load_policy
+
+    folder = resolve_adapter(init)
+    model, tokenizer = load_policy(base)
+    try:
+        model = PeftModel.from_pretrained(model, str(folder), is_trainable=trainable)
+    except (RuntimeError, ValueError, KeyError) as exc:
+        raise AdapterError(
+            f"the adapter in {folder} does not fit the base model {base!r} ({exc}); pass "
+            "--model with the base it was trained on"
+        ) from exc
+    return model, tokenizer
+
+
+def train_from(
+    cfg: EnvGRPOConfig, init: str | Path | None = None, eval_n: int | None = 100
+) -> dict[str, Any]:
+    """GRPO/DAPO from the SFT checkpoint ``init`` (its LoRA adapter goes on training; with
+    ``beta > 0`` the reference is the base model, PEFT's adapter-disabled forward), with held-out
+    EM before and after on ``eval_n`` validation questions. Writes ``results.json`` beside the
+    trainer's files and returns its content."""
+
+    if init is not None:
+        model, tokenizer = load_with_adapter(cfg.model, init)
+        cfg.lora = False  # the adapter is already there
+    else:
+        from rag_gym.train.models import load_policy
+
+        model, tokenizer = load_policy(cfg.model)
+    t0 = time.perf_counter()
+    before = evaluate_policy(model, tokenizer, cfg, n=eval_n) if eval_n else None
+    trainer, _ = build_trainer(cfg, model, tokenizer)
+    t1 = time.perf_counter()
+    trainer.train(resume_from_checkpoint=cfg.resume_from_checkpoint)
+    t2 = time.perf_counter()
+    final = Path(trainer.args.output_dir) / "final"
+    trainer.save_model(str(final))
+    after = evaluate_policy(trainer.model, tokenizer, cfg, n=eval_n) if eval_n else None
+    results = {
+        "stage": cfg.algorithm,
+        "init": None if init is None else str(init),
+        "run_dir": trainer.args.output_dir,
+        "checkpoint": str(final),
+        "eval_split": "validation",
+        "before": before,
+        "after": after,
+        "seconds": {
+            "eval_before": t1 - t0,
+            "train": t2 - t1,
+            "eval_after": time.perf_counter() - t2,
+        },
+        "log_history": trainer.state.log_history,
+    }
+    Path(trainer.args.output_dir, "results.json").write_text(_json(results))
+    return results

@@ -32,6 +32,8 @@ from typing import Any, Protocol
 
 import gymnasium as gym
 
+from rag_gym.wrappers.text_actions import OBS_TEMPLATE
+
 Generate = Callable[[list[list[int]], int, Sequence[str]], list[list[int]]]
 
 
@@ -145,7 +147,7 @@ class RolloutEngine:
         max_turn_tokens: int = 128,
         max_completion_tokens: int = 1024,
         stop: Sequence[str] | None = None,
-        obs_template: str = "\n{obs}\n",
+        obs_template: str = OBS_TEMPLATE,
     ) -> None:
         for name, value in (
             ("max_turns", max_turns),

@@ -11,6 +11,11 @@ from rag_gym.envs.search import ActionType
 from rag_gym.envs.spaces import UnicodeText, sanitize
 from rag_gym.envs.tags import TagSet, parse, tag_set
 
+#: How an observation follows the model's reply in a policy's token stream (Search-R1's layout:
+#: the ``<information>`` block on its own lines). The trainers' rollouts, the SFT transcripts and
+#: the ``search_r1`` agent all insert observations with it.
+OBS_TEMPLATE = "\n{obs}\n"
+
 INVALID_FORMAT = (
     "The previous action was invalid: no complete action tag was found. To search, put the query "
     "between {search}. To give the final answer, put it between {answer}.{more} Try again."
@@ -47,6 +52,15 @@ def instructions(tags: TagSet) -> str:
         "with no explanation."
     )
     return " ".join(lines)
+
+
+def start_messages(tags: TagSet, question: str) -> list[dict[str, str]]:
+    """The chat an episode starts from: the tag set's :func:`instructions` as the system
+    message, then ``Question: …`` (what :meth:`TextActions.messages` holds after ``reset``)."""
+    return [
+        {"role": "system", "content": instructions(tags)},
+        {"role": "user", "content": f"Question: {question}"},
+    ]
 
 
 class TextActions(gym.Wrapper, gym.utils.RecordConstructorArgs):
@@ -133,12 +147,8 @@ class TextActions(gym.Wrapper, gym.utils.RecordConstructorArgs):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         _, info = self.env.reset(seed=seed, options=options)
-        question = f"Question: {info['question']}"
-        self._messages = [
-            {"role": "system", "content": self.system_prompt},
-            {"role": "user", "content": question},
-        ]
-        obs = self._clip(f"{self.system_prompt}\n\n{question}")
+        self._messages = start_messages(self.tags, info["question"])
+        obs = self._clip(f"{self.system_prompt}\n\n{self._messages[1]['content']}")
         info = {
             **info,
             "format_ok": True,

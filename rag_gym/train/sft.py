@@ -1,0 +1,301 @@
+"""Supervised cold start: fine-tune a policy on expert transcripts before RL.
+
+EVO-RAG's Algorithm 1 begins "from supervised warm start" (EVO-RAG, arXiv:2505.17391, §3.7), as
+R1-style search agents do. :func:`train` plays the :class:`~rag_gym.agents.expert.SynthHopExpert`
+in the same text-action env the RL trainers use, turns each episode into the exact token
+sequence a rollout would produce, and trains with TRL's ``SFTTrainer``:
+
+* the prompt is the chat template of the env's first messages with the generation prompt (what
+  :class:`~rag_gym.train.rollout.RolloutEngine` renders);
+* each turn appends the model's reply, then the observation inserted with
+  :data:`~rag_gym.wrappers.text_actions.OBS_TEMPLATE`; the episode ends with the end token;
+* the loss covers the model-written tokens only (``completion_mask`` 1 on replies, 0 on the
+  prompt, on the env-written ``<information>`` blocks and on the end token), which is GRPO's
+  ``env_mask`` exactly. TRL builds the labels from that column (``completion_only_loss``).
+
+The run folder holds ``config.json``, the checkpoints, the final model or LoRA adapter under
+``final/``, ``learning_curve.png``, TensorBoard (and W&B offline with ``track``) files, and
+``results.json`` with held-out EM before and after training.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rag_gym.agents.expert import Demonstration, SynthHopExpert
+from rag_gym.envs.search import ActionType
+from rag_gym.wrappers.text_actions import OBS_TEMPLATE
+
+
+@dataclass
+class SFTConfig:
+    """Options of a supervised cold-start run."""
+
+    env_id: str = "rag_gym/SynthHop-v0"
+    """A SynthHop search env id (the expert needs its decompositions)."""
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra ``gym.make`` kwargs (``dataset_kwargs`` for a larger world or more questions)."""
+    split: str = "train"
+    """The split the demonstrations come from."""
+    tags: str = "search_r1"
+    """The :class:`~rag_gym.wrappers.TextActions` tag preset of the transcripts."""
+    n_demos: int | None = 600
+    """Demonstrations (questions drawn by ``seed`` from the split); ``None``: the whole split."""
+    model: str = "embedded"
+    """``embedded`` (SmolLM2-135M-Instruct), ``tiny`` (smoke tests), a hub id or a directory."""
+    lora: bool = True
+    """Train LoRA adapters on every linear layer but the (tied) output head."""
+    lora_r: int = 16
+    lora_alpha: int = 32
+    learning_rate: float = 1e-3
+    """Peak learning rate (linear decay after 5 % warm-up)."""
+    epochs: float = 1.0
+    max_steps: int = -1
+    """Optimiser steps; ``-1`` derives them from ``epochs``."""
+    batch_size: int = 8
+    """Transcripts per optimiser step (``per_device_train_batch_size``)."""
+    max_length: int = 1024
+    """Tokens per transcript at most (longer ones are dropped, never cut)."""
+    eval_split: str = "validation"
+    """Held-out split for the EM before and after training."""
+    eval_n: int | None = 100
+    """Held-out questions evaluated (``None``: the whole split; 0: no evaluation)."""
+    eval_before: bool = True
+    """Also evaluate the untrained model (the "before" figure)."""
+    max_turns: int = 8
+    max_turn_tokens: int = 128
+    max_completion_tokens: int = 1024
+    output_dir: str = "runs"
+    exp_name: str = "sft"
+    run_dir: str | None = None
+    """Exact folder to write into; default ``output_dir/<run name>``."""
+    save_steps: int = 100
+    track: bool = False
+    """Log to W&B (offline unless configured); TensorBoard is always on."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.n_demos is not None and (not isinstance(self.n_demos, int) or self.n_demos < 1):
+            raise ValueError(f"expected n_demos >= 1 or None, got {self.n_demos!r}")
+        for name in ("batch_size", "max_length", "lora_r", "max_turns", "max_turn_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"expected {name} to be an int >= 1, got {value!r}")
+        if not self.learning_rate > 0 or not math.isfinite(self.learning_rate):
+            raise ValueError(f"expected learning_rate > 0, got {self.learning_rate!r}")
+        if self.eval_n is not None and (not isinstance(self.eval_n, int) or self.eval_n < 0):
+            raise ValueError(f"expected eval_n >= 0 or None, got {self.eval_n!r}")
+
+
+def make_text_env(cfg: SFTConfig, split: str):
+    """The text-action env of ``cfg`` on ``split`` (the RL trainers' :func:`env_factory`)."""
+    from rag_gym.train.grpo import env_factory
+
+    return env_factory(cfg.env_id, split=split, tags=cfg.tags, **cfg.env_kwargs)()
+
+
+def demonstrations(cfg: SFTConfig) -> list[Demonstration]:
+    """Expert episodes on ``n_demos`` questions of ``cfg.split`` (drawn by ``cfg.seed``); only
+    those that end with the right answer or a justified refusal are kept."""
+    env = make_text_env(cfg, cfg.split)
+    expert = SynthHopExpert(env.tags, seed=cfg.seed)
+    total = len(env.unwrapped.examples)
+    order = np.random.default_rng(cfg.seed).permutation(total)
+    if cfg.n_demos is not None:
+        order = order[: cfg.n_demos]
+    demos = []
+    for index in order:
+        demo = expert.play(env, int(index))
+        answered = demo.info.get("scores", {}).get("em", 0.0) == 1.0
+        refused = (
+            not env.unwrapped.current_example.answerable
+            and demo.info.get("action_type") == ActionType.REFUSE.name
+        )
+        if answered or refused:
+            demos.append(demo)
+    env.close()
+    return demos
+
+
+def prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """The chat template of ``messages`` with the generation prompt, as token ids."""
+    ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    if isinstance(ids, dict) or hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+def tokenize_demonstration(
+    demo: Demonstration, tokenizer: Any, obs_template: str = OBS_TEMPLATE
+) -> dict[str, list[int]]:
+    """``input_ids`` and ``completion_mask`` of one transcript, laid out as a rollout lays out an
+    episode: 1 marks the tokens the model writes (its replies), 0 the prompt, the observations
+    and the end token."""
+    ids = prompt_ids(tokenizer, demo.messages)
+    mask = [0] * len(ids)
+    for i, turn in enumerate(demo.turns):
+        reply = tokenizer.encode(turn.action, add_special_tokens=False)
+        ids += reply
+        mask += [1] * len(reply)
+        if i < len(demo.turns) - 1:
+            obs = tokenizer.encode(
+                obs_template.format(obs=turn.observation) if turn.observation else "\n",
+                add_special_tokens=False,
+            )
+            ids += obs
+            mask += [0] * len(obs)
+    ids.append(tokenizer.eos_token_id)
+    mask.append(0)
+    return {"input_ids": ids, "completion_mask": mask}
+
+
+def _eval_config(cfg: SFTConfig):
+    from rag_gym.train.grpo import EnvGRPOConfig
+
+    return EnvGRPOConfig(
+        env_id=cfg.env_id,
+        env_kwargs=cfg.env_kwargs,
+        reward_preset="none",
+        tags=cfg.tags,
+        max_turns=cfg.max_turns,
+        max_turn_tokens=cfg.max_turn_tokens,
+        max_completion_tokens=cfg.max_completion_tokens,
+        model=cfg.model,
+    )
+
+
+def held_out(model: Any, tokenizer: Any, cfg: SFTConfig) -> dict[str, float] | None:
+    """Greedy EM, searches and turns of ``model`` on ``cfg.eval_n`` questions of ``eval_split``."""
+    if cfg.eval_n == 0:
+        return None
+    from rag_gym.train.grpo import evaluate_policy
+
+    return evaluate_policy(model, tokenizer, _eval_config(cfg), split=cfg.eval_split, n=cfg.eval_n)
+
+
+def build_trainer(
+    cfg: SFTConfig, model: Any = None, tokenizer: Any = None, run_dir: str | Path | None = None
+) -> tuple[Any, Path, dict[str, Any]]:
+    """TRL's ``SFTTrainer`` over ``cfg``'s demonstrations; returns it, the run folder and
+    statistics of the data (demonstrations, tokens, trained tokens)."""
+    from rag_gym.train.grpo import _require_trl
+    from rag_gym.train.models import load_policy
+    from rag_gym.train.tracking import report_to, run_name
+
+    trl = _require_trl()
+    import torch
+    from datasets import Dataset
+
+    if model is None:
+        model, tokenizer = load_policy(cfg.model)
+    run_dir = Path(
+        run_dir
+        or cfg.run_dir
+        or Path(cfg.output_dir) / run_name(cfg.env_id, cfg.exp_name, cfg.seed)
+    )
+    demos = demonstrations(cfg)
+    rows = [tokenize_demonstration(d, tokenizer) for d in demos]
+    kept = [r for r in rows if len(r["input_ids"]) <= cfg.max_length]
+    if not kept:
+        raise ValueError(
+            f"expected demonstrations of at most max_length={cfg.max_length} tokens, got none "
+            f"(the shortest has {min(len(r['input_ids']) for r in rows)}): raise max_length"
+        )
+    stats = {
+        "demonstrations": len(kept),
+        "dropped_too_long": len(rows) - len(kept),
+        "tokens": sum(len(r["input_ids"]) for r in kept),
+        "trained_tokens": sum(sum(r["completion_mask"]) for r in kept),
+    }
+    dataset = Dataset.from_list(kept)
+    args = trl.SFTConfig(
+        output_dir=str(run_dir),
+        run_name=run_dir.name,
+        per_device_train_batch_size=cfg.batch_size,
+        gradient_accumulation_steps=1,
+        learning_rate=cfg.learning_rate,
+        lr_scheduler_type="linear",
+        warmup_steps=0.05,
+        num_train_epochs=cfg.epochs,
+        max_steps=cfg.max_steps,
+        max_length=None,
+        completion_only_loss=True,
+        gradient_checkpointing=False,  # TRL's default recomputes activations: 1/3 slower
+        logging_steps=1,
+        save_steps=cfg.save_steps,
+        save_strategy="steps",
+        report_to=report_to(run_dir, cfg.track),
+        seed=cfg.seed,
+        use_cpu=not torch.cuda.is_available(),
+        bf16=torch.cuda.is_available(),
+        dataset_num_proc=None,
+    )
+    peft_config = None
+    if cfg.lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(
+            r=cfg.lora_r,
+            lora_alpha=cfg.lora_alpha,
+            target_modules="all-linear",
+            task_type="CAUSAL_LM",
+        )
+    trainer = trl.SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+    )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    return trainer, run_dir, stats
+
+
+def train(cfg: SFTConfig) -> dict[str, Any]:
+    """Evaluate, train on the demonstrations, evaluate again; write the run folder (see the
+    module doc) and return ``results.json``'s content."""
+    import time
+
+    from rag_gym.train.models import load_policy
+    from rag_gym.train.tracking import learning_curve
+
+    model, tokenizer = load_policy(cfg.model)
+    t0 = time.perf_counter()
+    before = held_out(model, tokenizer, cfg) if cfg.eval_before else None
+    t1 = time.perf_counter()
+    trainer, run_dir, stats = build_trainer(cfg, model, tokenizer)
+    trainer.train()
+    t2 = time.perf_counter()
+    final = run_dir / "final"
+    trainer.save_model(str(final))
+    tokenizer.save_pretrained(str(final))
+    after = held_out(trainer.model, tokenizer, cfg)
+    t3 = time.perf_counter()
+    learning_curve(
+        trainer.state.log_history,
+        run_dir / "learning_curve.png",
+        ["loss", "mean_token_accuracy", "learning_rate"],
+        title=run_dir.name,
+    )
+    results = {
+        "stage": "sft",
+        "run_dir": str(run_dir),
+        "checkpoint": str(final),
+        "data": stats,
+        "eval_split": cfg.eval_split,
+        "before": before,
+        "after": after,
+        "seconds": {"eval_before": t1 - t0, "train": t2 - t1, "eval_after": t3 - t2},
+        "log_history": trainer.state.log_history,
+    }
+    (run_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    return results

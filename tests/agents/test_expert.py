@@ -1,0 +1,73 @@
+"""The scripted SynthHop expert: every demonstration is right and backed by retrieved gold."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import pytest
+
+import rag_gym  # noqa: F401
+from rag_gym.agents.expert import SynthHopExpert
+from rag_gym.envs import ActionType
+from rag_gym.wrappers import TextActions
+from tests.conftest import SMALL_WORLD
+
+
+def _env(env_id="rag_gym/SynthHop-v0", tags="search_r1", **world):
+    kwargs = {**SMALL_WORLD, **world}
+    return TextActions(gym.make(env_id, split="train", dataset_kwargs=kwargs), tags=tags)
+
+
+def test_every_demonstration_answers_right_and_retrieves_its_gold():
+    env = _env()
+    expert = SynthHopExpert(env.tags, seed=0)
+    examples = env.unwrapped.examples
+    for i, ex in enumerate(examples):
+        demo = expert.play(env, i)
+        assert demo.info["scores"]["em"] == 1.0, (ex.question, demo.turns[-1].action)
+        assert demo.gold_found
+        assert set(demo.info["gold_found"]) == set(ex.supporting_ids)
+        # one search per hop when the first query finds it; each search turn ends with the tag
+        assert all(t.action.endswith("</search>") for t in demo.turns[:-1])
+        assert demo.turns[-1].action.endswith(f"<answer>{ex.answers[0]}</answer>")
+        # every fact the expert states comes from a passage it retrieved in the transcript
+        for hop, turn in zip(ex.meta["decomposition"], demo.turns[1:], strict=False):
+            assert hop["answer"] in turn.action
+
+
+def test_hard_world_refuses_only_unanswerable_questions():
+    env = _env("rag_gym/SynthHop-Hard-v0", tags="evo_rag", unanswerable_rate=0.3)
+    expert = SynthHopExpert(env.tags, seed=1)
+    seen = {True: 0, False: 0}
+    for i, ex in enumerate(env.unwrapped.examples):
+        demo = expert.play(env, i)
+        refused = demo.info["action_type"] == ActionType.REFUSE.name
+        assert refused == (not ex.answerable), ex.question
+        if ex.answerable:
+            assert demo.info["scores"]["em"] == 1.0
+        else:
+            assert demo.turns[-1].action.endswith("<refuse/>")
+        seen[ex.answerable] += 1
+    assert seen[False] > 0 and seen[True] > 0
+
+
+def test_phrasing_varies_and_a_seed_repeats_it():
+    env = _env()
+    first = [SynthHopExpert(env.tags, seed=0).play(env, i).turns[0].action for i in range(20)]
+    again = [SynthHopExpert(env.tags, seed=0).play(env, i).turns[0].action for i in range(20)]
+    assert first != [
+        SynthHopExpert(env.tags, seed=5).play(env, i).turns[0].action for i in range(20)
+    ]
+    expert = SynthHopExpert(env.tags, seed=0)
+    assert first[0] == again[0]
+    openings = {expert.play(env, i).turns[0].action.split(" ")[0] for i in range(30)}
+    assert len(openings) >= 3  # several planning sentences, not one template
+
+
+def test_expert_errors():
+    env = _env()
+    with pytest.raises(ValueError, match="max_attempts"):
+        SynthHopExpert(env.tags, max_attempts=0)
+    with pytest.raises(TypeError, match="TextActions"):
+        SynthHopExpert(env.tags).play(
+            gym.make("rag_gym/SynthHop-v0", dataset_kwargs=SMALL_WORLD), 0
+        )
