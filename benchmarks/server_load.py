@@ -2,7 +2,7 @@
 
     python benchmarks/server_load.py --passages 100000 --clients 32 --requests 1000
 
-It builds a BM25 index over a SynthHop world, then runs three things; each server runs in its
+It builds a BM25 index over a SynthHop world, then runs four things; each server runs in its
 own process, started and stopped here, one at a time:
 
 1. Load: ``--clients`` concurrent clients (one keep-alive connection each) send ``--requests``
@@ -21,6 +21,10 @@ own process, started and stopped here, one at a time:
    installed) against one ``retrieve`` call of the same queries in this process (best of
    ``--repeats``; target >= 0.8), and against ``retrieve`` plus reading the passage texts,
    which is what the server's reply holds.
+4. The single-query form ``{"query": ..., "topk": 3}`` (SkyRL-gym, rLLM)
+   against the batched form with one query, same server and clients, in ``--rounds``
+   interleaved rounds; target: the same throughput (ratio >= 0.95).
+   ``--query-form-only`` runs this comparison alone.
 
 Another process loading the CPU changes the figures; the ratios compare runs made minutes apart.
 """
@@ -243,6 +247,45 @@ async def time_batched(port: int, body: bytes, repeats: int, *in_process) -> lis
         writer.close()
 
 
+def compare_query_forms(server: tuple[subprocess.Popen, int], queries: list[str], args) -> int:
+    """Throughput of ``{"query": q}`` against ``{"queries": [q]}`` on one server, rounds
+    interleaved; returns the failed requests."""
+    proc, port = server
+    forms = {
+        "queries": [
+            json.dumps({"queries": [q], "topk": 3, "return_scores": True}).encode() for q in queries
+        ],
+        "query": [
+            json.dumps({"query": q, "topk": 3, "return_scores": True}).encode() for q in queries
+        ],
+    }
+    totals = {form: {"ok": 0, "failed": 0, "seconds": 0.0} for form in forms}
+    per_round = max(1, args.compare_requests // args.rounds)
+    order = list(forms)
+    for r in range(args.rounds):
+        for form in order[r % 2 :] + order[: r % 2]:
+            s = asyncio.run(
+                run_load(port, proc.pid, forms[form], args.clients, per_round, args.max_seconds)
+            )
+            for key in totals[form]:
+                totals[form][key] += s[key]
+            for error in s["errors"][:3]:
+                print(f"  {form} form failed: {error}")
+    rates = {form: t["ok"] / t["seconds"] for form, t in totals.items()}
+    for form, t in totals.items():
+        print(
+            f"{form!r:>10} form: {args.clients} clients x {per_round * args.rounds} requests in "
+            f"{args.rounds} interleaved rounds: {t['ok']} ok, {t['failed']} failed, "
+            f"{rates[form]:.0f} requests/s"
+        )
+    ratio = rates["query"] / rates["queries"]
+    print(
+        f"single-query form / batched form of one query: {ratio:.2f} (target >= 0.95: the same "
+        f"throughput): {'MET' if ratio >= 0.95 else 'MISSED'}"
+    )
+    return sum(t["failed"] for t in totals.values())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -257,6 +300,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--max-seconds", type=float, default=600)
+    parser.add_argument(
+        "--query-form-only", action="store_true", help="only compare query with queries (4)"
+    )
     parser.add_argument("--serve-search-r1", metavar="INDEX", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -280,9 +326,12 @@ def main() -> None:
             f"{retriever.backend}; {len(queries):,} distinct sub-questions as queries"
         )
         kinds = ("batched", "search-r1", "unbatched")
-        for kind in kinds:  # all three stay up, idle when not under load
+        for kind in kinds[:1] if args.query_form_only else kinds:  # all stay up, idle if unused
             servers[kind] = start(kind, index)
             warm_up(servers[kind][1], servers[kind][0].pid, bodies)
+        if args.query_form_only:
+            compare_query_forms(servers["batched"], queries, args)
+            return
 
         # 1. load
         proc, port = servers["batched"]
@@ -371,6 +420,7 @@ def main() -> None:
             f"(target >= 0.8): {'MET' if ratio >= 0.8 else 'MISSED'}; against retrieve + "
             f"texts {in_process_texts / served:.2f}"
         )
+        failed_total += compare_query_forms(servers["batched"], queries, args)
         print(f"failed requests in all runs: {failed_total} (target 0)")
     finally:
         for proc, _ in servers.values():

@@ -7,13 +7,15 @@ open, and good requests are then refused (slowloris). :func:`guarded_protocol` r
 subclass of uvicorn's protocol class that closes a connection whose request head is not
 complete ``head_timeout`` seconds after the connection opened or after its previous response,
 or that sends more than ``max_head_bytes`` before its head is complete (answered 431), and, when
-the open connections reach ``max_open``, closes the one that has waited longest for a head. A
-stalled *body* is the endpoint's business (it reads the body under its own deadline).
+the open connections reach ``max_open``, closes the one that has waited longest for a head or
+for the rest of a body. A stalled body's deadline is the endpoint's business (it reads the body
+under its own timer).
 
 This is the one place that relies on uvicorn internals: the protocol methods
 ``connection_made``, ``data_received``, ``on_response_complete``, ``connection_lost`` and the
-attributes ``loop``, ``transport`` and ``cycle`` (a new ``RequestResponseCycle`` is set once a
-request head has been parsed). :func:`guarded_protocol` checks that they exist and otherwise
+attributes ``loop``, ``transport``, ``connections`` and ``cycle`` (a new ``RequestResponseCycle``
+is set once a request head has been parsed; its ``more_body`` is true until the body is in and
+``response_complete`` true once the response is sent). :func:`guarded_protocol` checks that they exist and otherwise
 returns the base class unchanged with a warning.
 """
 
@@ -76,19 +78,33 @@ def guarded_protocol(
             if max_open is not None and len(self.connections) >= max_open:
                 oldest = next((c for c in waiting if c is not self), None)
                 if oldest is not None:
-                    oldest._disarm()
-                    oldest._close_waiting()
+                    oldest._evict()
 
         def data_received(self, data: bytes) -> None:
-            waiting = self._head_timer is not None
-            if waiting:
+            head = self._head_timer is not None
+            if head:
                 self._head_bytes += len(data)
             super().data_received(data)
-            if waiting and self.cycle is not self._cycle_at_arm:
+            cycle = self.cycle
+            if head and cycle is not self._cycle_at_arm:
                 self._disarm()  # a new request head was parsed
-            elif waiting and self._head_bytes > max_head_bytes:
+                if getattr(cycle, "more_body", False):
+                    waiting[self] = None  # its body is still coming: evictable too
+            elif head and self._head_bytes > max_head_bytes:
                 self._disarm()
                 self._refuse(b"431 Request Header Fields Too Large")
+            elif not head and self in waiting and not getattr(cycle, "more_body", False):
+                del waiting[self]  # the body is complete
+
+        def _evict(self) -> None:
+            """Make room: close this connection, which waits for a request head or body."""
+            if self._head_timer is not None:
+                self._disarm()
+                self._close_waiting()
+            else:
+                waiting.pop(self, None)
+                if not self.transport.is_closing():
+                    self.transport.close()  # the endpoint sees a disconnect
 
         def on_response_complete(self) -> None:
             super().on_response_complete()

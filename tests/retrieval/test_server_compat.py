@@ -311,8 +311,9 @@ def test_stalled_clients_do_not_starve_good_requests(wiki):
         assert time.monotonic() - started < 10
         replies = [_closed_by_server(s, 10) for s in socks]
         assert all(r is not None for r in replies), "a stalled connection is still open"
-        # mid-body: 408 when its body times out, 503 when its head came at the limit
-        assert all(r.startswith((b"HTTP/1.1 408", b"HTTP/1.1 503")) for r in replies[75:])
+        # mid-body: closed to make room (nothing sent), or 408 once its body timed out
+        assert all(r == b"" or r.startswith(b"HTTP/1.1 408") for r in replies[75:])
+        assert any(r.startswith(b"HTTP/1.1 408") for r in replies[75:])
     finally:
         for s in locals().get("socks", []):
             s.close()
