@@ -124,7 +124,10 @@ def served(wiki, tmp_path_factory):
     ``RAG_GYM_TOKEN``, which means no token."""
     log = open(tmp_path_factory.mktemp("log") / "server.log", "w+b")  # noqa: SIM115
     proc, url = start_server(
-        ["--index", str(wiki["index"]), "--corpus", str(wiki["path"]), "--body-timeout", "3", "--head-timeout", "3"],
+        [
+            *("--index", str(wiki["index"]), "--corpus", str(wiki["path"])),
+            *("--body-timeout", "3", "--head-timeout", "3"),
+        ],
         env={"RAG_GYM_TOKEN": ""},
         log=log,
     )
