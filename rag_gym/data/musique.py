@@ -81,7 +81,7 @@ def parse_record(record: dict[str, Any], path: Path, where: str) -> QAExample:
         support = step.get("paragraph_support_idx")
         if support is None:
             continue
-        if support not in by_idx:
+        if isinstance(support, bool) or not isinstance(support, int) or support not in by_idx:
             raise DataFormatError(
                 path,
                 where,

@@ -108,12 +108,11 @@ def check_target(out: Path, force: bool = False) -> None:
             f"there would delete {_shown(entries)}{fix}"
         )
     listed = set(params.get("files") or _LEGACY_FILES.get(params["kind"], ()))
+    folders = {parent.as_posix() for name in listed for parent in Path(name).parents}
     extra = [
-        p.relative_to(out).as_posix()
-        for p in sorted(out.rglob("*"))
-        if not p.is_dir()
-        and p.relative_to(out).as_posix() != PARAMS
-        and p.relative_to(out).as_posix() not in listed
+        rel
+        for rel in sorted(p.relative_to(out).as_posix() for p in out.rglob("*"))
+        if rel != PARAMS and rel not in listed and rel not in folders
     ]
     if extra:
         raise FileExistsError(

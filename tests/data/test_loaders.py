@@ -459,3 +459,12 @@ def test_musique_paragraphs_sharing_an_idx_are_refused(tmp_path):
         DataFormatError, match=r"line 1, field 'paragraphs\[1\]\.idx': expected an idx no other"
     ):
         load("musique", path=path)
+
+
+@pytest.mark.parametrize("support", [[0], {"a": 1}, True])
+def test_musique_support_idx_that_is_not_an_int_is_refused(tmp_path, support):
+    name, rec = GOOD["musique"]
+    steps = [{"question": "s", "answer": "x", "paragraph_support_idx": support}]
+    path = _write(tmp_path, name, [{**rec, "question_decomposition": steps}])
+    with pytest.raises(DataFormatError, match=r"paragraph_support_idx': expected the idx of one"):
+        load("musique", path=path)

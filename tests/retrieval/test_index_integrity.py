@@ -334,6 +334,9 @@ def test_save_refuses_a_folder_that_is_not_an_index(tmp_path):
     with pytest.raises(FileExistsError, match=r"x exists and is not a rag-gym index .*data\.csv"):
         retriever.save(tmp_path / "x")
     retriever.save(tmp_path / "empty-is-fine")
+    (tmp_path / "empty-is-fine" / "bm25s" / "mine").mkdir()  # even an empty folder of the user's
+    with pytest.raises(FileExistsError, match=r"not its own \(bm25s/mine\)"):
+        retriever.save(tmp_path / "empty-is-fine")
     retriever.save(tmp_path / "x", force=True)
     assert not (tmp_path / "x" / "data.csv").exists()
 
