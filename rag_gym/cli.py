@@ -119,6 +119,8 @@ def evaluate(
     try:
         if resume is not None and from_run is not None:
             raise ValueError("expected --resume or --from-run, got both: pick one")
+        if resume is not None and overwrite:
+            raise ValueError("expected resume or overwrite, got both: pick one")
         if resume is not None:
             named = out / (run_name or resume.name)
             if (given("out") or given("run_name")) and named.resolve() != resume.resolve():

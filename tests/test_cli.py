@@ -122,3 +122,171 @@ def test_evaluate_unknown_backend_did_you_mean(tmp_path):
     assert result.exit_code == 2 and "did you mean 'llama_cpp'" in result.output
     result = runner.invoke(app, ["evaluate", "--lm", "openai:model", "--out", str(tmp_path)])
     assert result.exit_code == 2 and "expected 'openai:<model>@<base_url>'" in result.output
+
+
+# -- evaluate: a killed run loses nothing and resumes; run folders are never replaced --
+
+SMALL_ENV = json.dumps({"dataset_kwargs": {"n_passages": 2000, "n_questions": [60, 30, 30]}})
+
+#: runs the real command line in a process of its own; each random-agent step sleeps DELAY
+#: seconds, so that a signal lands mid-run (results do not depend on it)
+DRIVER = """
+import os, sys, time
+from rag_gym.baselines.random import RandomAgent
+delay, act = float(os.environ.get("DELAY", "0")), RandomAgent.act_batch
+def slow(self, *args):
+    time.sleep(delay)
+    return act(self, *args)
+RandomAgent.act_batch = slow
+from rag_gym.cli import main
+sys.argv = ["rag-gym", *sys.argv[1:]]
+main()
+"""
+
+
+def rag_gym_process(tmp_path, args, delay=0.0, lines=None, sig=None, timeout=300):
+    """Run ``rag-gym ARGS`` in a subprocess; with ``sig``, send it once the run folder's
+    episodes.jsonl has ``lines`` lines. Returns (exit code, stderr)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    env = {**os.environ, "DELAY": str(delay), "OMP_NUM_THREADS": "1", "COLUMNS": "250"}
+    proc = subprocess.Popen(
+        [sys.executable, str(driver), *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    if sig is not None:
+        episodes = tmp_path / "runs" / "r" / "episodes.jsonl"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and proc.poll() is None:
+            if episodes.is_file() and len(episodes.read_bytes().splitlines()) >= lines:
+                proc.send_signal(sig)
+                break
+            time.sleep(0.005)
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out + err
+
+
+def leaderboard_without_times(run):
+    text = (run / "leaderboard.csv").read_text().splitlines()
+    keys = text[0].split(",")
+    return [
+        {k: v for k, v in zip(keys, row.split(","), strict=True) if k != "seconds"}
+        for row in text[1:]
+    ]
+
+
+def episodes_without_times(run):
+    lines = (run / "episodes.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(x).items() if k != "seconds"} for x in lines]
+
+
+@pytest.mark.parametrize(("sig", "code"), [("SIGINT", 130), ("SIGTERM", 143)])
+def test_evaluate_killed_mid_run_resumes_with_nothing_lost(tmp_path, sig, code):
+    import shlex
+    import signal
+
+    args = ["evaluate", "--agents", "random", "--n", "30", "--batch-size", "4"]
+    args += ["--env-kwargs", SMALL_ENV, "--out", "runs", "--no-progress"]
+    rc, output = rag_gym_process(tmp_path, [*args, "--run-name", "full"])
+    assert rc == 0, output
+    full = tmp_path / "runs" / "full"
+
+    rc, output = rag_gym_process(
+        tmp_path, [*args, "--run-name", "r"], delay=0.02, lines=9, sig=getattr(signal, sig)
+    )
+    run = tmp_path / "runs" / "r"
+    saved = len(episodes_without_times(run))
+    assert rc == code, output
+    assert 9 <= saved < 30, output  # stopped mid-run, every finished episode kept
+    assert f"interrupted ({sig}): {saved} finished episodes are saved in runs/r" in output
+    (partial,) = leaderboard_without_times(run)
+    assert int(partial["episodes"]) == saved
+    resume = output.split("resume with: ")[1].splitlines()[0]
+    assert resume == "rag-gym evaluate --resume runs/r"
+
+    rc, output = rag_gym_process(tmp_path, shlex.split(resume)[1:])
+    assert rc == 0, output
+    assert "results: runs/r" in output and "random" in output
+    assert episodes_without_times(run) == episodes_without_times(full)
+    assert leaderboard_without_times(run) == leaderboard_without_times(full)
+
+
+@pytest.mark.llm
+@pytest.mark.slow
+@requires_llama
+def test_evaluate_llm_agent_killed_mid_run_resumes_to_the_same_results(tmp_path):
+    import signal
+
+    args = ["evaluate", "--agents", "naive_rag", "--n", "2", "--batch-size", "1"]
+    args += ["--env-kwargs", SMALL_ENV, "--out", "runs", "--no-progress"]
+    rc, output = rag_gym_process(tmp_path, [*args, "--run-name", "full"])
+    assert rc == 0, output
+    rc, output = rag_gym_process(tmp_path, [*args, "--run-name", "r"], lines=1, sig=signal.SIGTERM)
+    run = tmp_path / "runs" / "r"
+    assert rc == 143 and len(episodes_without_times(run)) == 1, output
+    rc, output = rag_gym_process(tmp_path, ["evaluate", "--resume", "runs/r", "--no-progress"])
+    assert rc == 0, output
+    full = tmp_path / "runs" / "full"
+    assert episodes_without_times(run) == episodes_without_times(full)
+    assert leaderboard_without_times(run) == leaderboard_without_times(full)
+
+
+def test_evaluate_run_folders_are_never_replaced_silently(tmp_path):
+    base = ["evaluate", "--agents", "random", "--n", "3", "--env-kwargs", SMALL_ENV]
+    base += ["--out", str(tmp_path), "--no-progress"]
+
+    def cli(*args):
+        return runner.invoke(app, [*base, *args])
+
+    assert cli("--run-name", "r").exit_code == 0
+    first = (tmp_path / "r" / "episodes.jsonl").read_text()
+    result = cli("--run-name", "r")
+    assert result.exit_code == 2 and f"pass --resume {tmp_path / 'r'}" in result.output
+    assert (tmp_path / "r" / "episodes.jsonl").read_text() == first
+    result = cli("--resume", str(tmp_path / "r"), "--n", "4")
+    assert result.exit_code == 2 and "n 4 (the run has 3)" in result.output
+    result = cli("--resume", str(tmp_path / "r"))
+    assert result.exit_code == 0 and (tmp_path / "r" / "episodes.jsonl").read_text() == first
+    assert cli("--run-name", "r", "--overwrite", "--n", "2").exit_code == 0
+    assert len((tmp_path / "r" / "episodes.jsonl").read_text().splitlines()) == 2
+    # default names: two runs in a row get two folders
+    assert cli().exit_code == 0 and cli().exit_code == 0
+    assert len([d for d in tmp_path.iterdir() if d.name.startswith("SynthHop-v0__")]) == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--run-name", "../../x"], "expected run_name (--run-name) to name a folder inside"),
+        (["--run-name", "/etc/x"], "expected run_name (--run-name) to name a folder inside"),
+        (["--out", "FILE"], "expected out_dir (--out) to be a folder"),
+        (["--run-name", "notes", "--overwrite"], "is not a rag-gym run folder"),
+        (["--resume", "NOTHING"], "protocol.json not found: expected a run folder"),
+        (["--resume", "NOTHING", "--run-name", "b"], "to name the --resume folder"),
+        (["--resume", "NOTHING", "--overwrite"], "expected resume or overwrite, got both"),
+        (["--env-kwargs", "{k: 3}"], "expected --env-kwargs to be a JSON object"),
+        (["--env-kwargs", "[1]"], "expected --env-kwargs to be a JSON object"),
+    ],
+)
+def test_evaluate_run_folder_errors_are_clear(tmp_path, args, message):
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "notes.txt").write_text("mine")
+    args = [str(tmp_path / a.lower()) if a in ("FILE", "NOTHING") else a for a in args]
+    result = runner.invoke(
+        app, ["evaluate", "--agents", "random", "--out", str(tmp_path), "--no-progress", *args]
+    )
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+    assert (tmp_path / "file").read_text() == "x"
+    assert (tmp_path / "notes" / "notes.txt").read_text() == "mine"
+    assert not (tmp_path.parent.parent / "x").exists()
