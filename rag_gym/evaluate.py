@@ -74,7 +74,8 @@ COLUMNS = (
     ("errors", "errors", "{}"),
     ("episodes", "episodes", "{}"),
 )
-_SUFFIX = {"search": "", "tree": "-Tree", "reader": "-Reader"}
+#: the env id suffix of each agent kind ("text" agents play the search env through TextActions)
+_SUFFIX = {"search": "", "text": "", "tree": "-Tree", "reader": "-Reader"}
 
 
 @dataclass
@@ -180,8 +181,16 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 
 def make_env(env_id: str, kwargs: dict[str, Any], agent: Agent | None = None) -> gym.Env:
-    """Every env the evaluator builds, ``agent``'s own included (the one place to wrap them)."""
-    return gym.make(env_id, **kwargs)
+    """Every env the evaluator builds, ``agent``'s own included (the one place to wrap them).
+
+    A ``"text"`` agent (``search_r1``) plays the search env through
+    :class:`~rag_gym.wrappers.TextActions` with its own tag preset."""
+    env = gym.make(env_id, **kwargs)
+    if agent is not None and agent.env_kind == "text":
+        from rag_gym.wrappers.text_actions import TextActions
+
+        env = TextActions(env, tags=agent.tags)
+    return env
 
 
 def check_out_dir(out_dir: str | Path) -> Path:
@@ -405,7 +414,7 @@ def _episode_record(
         retrieved = list(info.get("retrieved_history", []))
         scores = info.get("scores") or (
             {"em": 0.0, "f1": 0.0, "cover_em": 0.0}
-            if kind == "search"
+            if kind in ("search", "text")
             else {"em": nan, "f1": nan, "cover_em": nan}
         )
         recall = metrics.recall_at_k(retrieved, gold) if gold else None
@@ -774,7 +783,7 @@ def evaluate(
             kind = agent_class(name).env_kind
             env_id = env_id_for(config.env_id, kind)
             kwargs = dict(config.env_kwargs)
-            if kind != "search":
+            if kind not in ("search", "text"):
                 kwargs.pop("k", None)
                 kwargs.pop("exclude_seen", None)
             if kind == "tree":

@@ -31,6 +31,8 @@ from rag_gym.envs.tags import TagSet, parse, tag_set
 from rag_gym.generation.lm import GenerationConfig, LanguageModel
 from rag_gym.wrappers.text_actions import OBS_TEMPLATE, start_messages
 
+#: the answer that ends an episode whose policy ran out of turns
+GIVE_UP = "unknown"
 _OPEN_TAIL = re.compile(r"<\s*([A-Za-z][\w-]*)\s*$")
 
 
@@ -65,7 +67,7 @@ class SearchR1Agent(LLMAgent):
         tags: the TextActions tag preset the policy writes.
         max_tokens: new tokens per turn at most (the trainers' ``max_turn_tokens``).
         max_turns: model turns per episode at most (the trainers' ``max_turns``); after them the
-            episode is ended with an empty answer, counted as a bad reply.
+            episode is ended with the answer :data:`GIVE_UP`, counted as a bad reply.
     """
 
     name = "search_r1"
@@ -128,7 +130,7 @@ class SearchR1Agent(LLMAgent):
             elif state["turns"]:
                 state["turns"][-1][1] = obs  # what the env answered to the last reply
             if len(state["turns"]) >= self.max_turns:
-                actions[i] = f"<{self.tags.answer}></{self.tags.answer}>"
+                actions[i] = f"<{self.tags.answer}>{GIVE_UP}</{self.tags.answer}>"
                 self.usage_of(slot)["bad_replies"] += 1
             else:
                 todo.append(i)

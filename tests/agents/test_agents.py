@@ -13,6 +13,7 @@ import rag_gym  # noqa: F401
 from rag_gym.baselines import AGENTS, make_agent
 from rag_gym.envs import ActionType
 from rag_gym.evaluate import EvalConfig, evaluate
+from rag_gym.wrappers import TextActions
 from tests.conftest import SMALL_WORLD, EchoLM, requires_llama
 
 KW = {"dataset_kwargs": SMALL_WORLD}
@@ -162,10 +163,11 @@ def test_garbage_replies_never_break_an_episode():
         env = gym.make(env_id, split="validation", **KW)
         for reply in ("", "<<<>>> \x00 ]]", "<search></search><answer></answer>"):
             agent = make_agent(name, lm=EchoLM(reply=reply), env=env)
-            obs, info = env.reset(seed=1)
+            played = TextActions(env, tags=agent.tags) if agent.env_kind == "text" else env
+            obs, info = played.reset(seed=1)
             agent.reset(1)
             for _ in range(30):
-                obs, _, term, trunc, info = env.step(agent.act(obs, info))
+                obs, _, term, trunc, info = played.step(agent.act(obs, info))
                 if term or trunc:
                     break
             assert term or trunc, name
