@@ -1,4 +1,5 @@
-"""The ``rag-gym`` command line: ``evaluate``, ``envs``, ``synth``."""
+"""The ``rag-gym`` command line: ``evaluate``, ``agents``, ``envs``, ``synth``, ``index build``,
+``serve`` and ``train`` (``sft``, ``grpo``, ``export``)."""
 
 from __future__ import annotations
 
@@ -666,7 +667,9 @@ def train_grpo(
 @train_app.command("export")
 def train_export(
     adapter: Annotated[Path, typer.Argument(help="A PEFT LoRA adapter folder (or SFT/GRPO run).")],
-    out: Annotated[Path | None, typer.Option(help="GGUF file (default: ADAPTER/adapter.gguf).")] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="GGUF file (default: ADAPTER/adapter.gguf).")
+    ] = None,
 ) -> None:
     """Convert a LoRA adapter to a llama.cpp GGUF adapter (for --lm llama_cpp)."""
     from rag_gym.generation.adapters import AdapterError, lora_to_gguf, resolve_adapter
