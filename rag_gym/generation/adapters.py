@@ -49,6 +49,11 @@ _KEY = re.compile(
 def _permute(weights: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp's Q/K row permutation (rotary halves interleaved per head)."""
     rows = weights.shape[0]
+    if rows % (2 * n_head):
+        raise AdapterError(
+            f"expected a Q/K lora_B with rows a multiple of 2 x {n_head} heads, got {rows} rows: "
+            "pass n_head and n_head_kv of the adapter's base model"
+        )
     return (
         weights.reshape(n_head, 2, rows // n_head // 2, *weights.shape[1:])
         .swapaxes(1, 2)

@@ -1,0 +1,85 @@
+"""Package a trained LoRA adapter as a checkpoint folder that ``search_r1:DIR`` loads anywhere.
+
+A checkpoint folder holds:
+
+* ``adapter_config.json`` and ``adapter_model.safetensors`` (float16): the PEFT adapter, for the
+  transformers backend (``transformers`` + ``search_r1:DIR``);
+* ``adapter.gguf``: the same adapter for llama.cpp (:func:`~rag_gym.generation.adapters.lora_to_gguf`),
+  so the default backend needs no torch;
+* ``rag_gym.json``: the base model (``"embedded"``: the embedded SmolLM2-135M-Instruct), the
+  exact command, seed and data split, the held-out results, and a few fixed test questions with
+  the answers the checkpoint gives them (a test replays them);
+* ``README.md``: the model card, written from ``rag_gym.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rag_gym.generation.adapters import lora_to_gguf, read_adapter_config, resolve_adapter
+
+
+def package_adapter(
+    adapter: str | Path, out_dir: str | Path, card: dict[str, Any], base: str = "embedded"
+) -> Path:
+    """Write the checkpoint folder ``out_dir`` from a LoRA adapter folder (or a run folder with
+    ``final/``) and the model card fields ``card`` (``command``, ``seed``, ``data``,
+    ``results``, ``fixed_questions``…). Returns ``out_dir``."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    source = resolve_adapter(adapter)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = read_adapter_config(source)
+    config["base_model_name_or_path"] = base
+    config["inference_mode"] = True
+    (out / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    tensors = load_file(str(source / "adapter_model.safetensors"))
+    save_file(
+        {k: v.astype(np.float16) for k, v in tensors.items()},
+        str(out / "adapter_model.safetensors"),
+    )
+    lora_to_gguf(out, out / "adapter.gguf")
+    meta = {"base": base, "lora_r": config.get("r"), "lora_alpha": config.get("lora_alpha"), **card}
+    (out / "rag_gym.json").write_text(json.dumps(meta, indent=2) + "\n")
+    (out / "README.md").write_text(model_card(meta))
+    return out
+
+
+def model_card(meta: dict[str, Any]) -> str:
+    """The model card (Markdown) of a checkpoint's ``rag_gym.json``."""
+    lines = [
+        f"# {meta.get('name', 'rag-gym search agent')}",
+        "",
+        meta.get("summary", ""),
+        "",
+        f"- Base model: {'the embedded SmolLM2-135M-Instruct (Q4_1 GGUF for llama.cpp)' if meta['base'] == 'embedded' else meta['base']}",
+        f"- Adapter: LoRA r = {meta.get('lora_r')}, alpha = {meta.get('lora_alpha')}, every linear layer but the tied head",
+        f"- Seed: {meta.get('seed')}",
+        f"- Data: {meta.get('data', '')}",
+        "",
+        "## Command",
+        "",
+        "```bash",
+        meta.get("command", ""),
+        "```",
+        "",
+        "## Held-out results",
+        "",
+    ]
+    for row in meta.get("results", []):
+        lines.append(f"- {row}")
+    lines += [
+        "",
+        "## Use",
+        "",
+        "```bash",
+        "rag-gym evaluate --agents search_r1:synthhop            # llama.cpp (adapter.gguf)",
+        "rag-gym evaluate --agents search_r1:synthhop --lm transformers   # PEFT adapter",
+        "```",
+        "",
+    ]
+    return "\n".join(lines)

