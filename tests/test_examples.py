@@ -132,3 +132,42 @@ def test_train_dpo_evo_rag_example_runs(tmp_path):
     assert "discovery cycle 1" in out and "refinement cycle 1" in out
     (run,) = tmp_path.iterdir()
     assert (run / "results.json").is_file() and (run / "learning_curve.png").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not _train_deps(), reason="needs pip install torch==2.13.0 'rag-gym[train,hf,llama]'"
+)
+def test_train_synthhop_agent_example_runs(tmp_path):
+    import json
+
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "train_synthhop_agent.py"),
+            "--model=tiny",
+            "--demos=8",
+            "--sft-steps=2",
+            "--grpo-steps=2",
+            "--num-generations=2",
+            "--prompts-per-step=1",
+            "--eval-n=2",
+            "--test-n=0",
+            f"--output-dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1"},
+    ).stdout
+    assert "SFT: validation EM" in out and "GRPO: validation EM" in out
+    (run,) = tmp_path.iterdir()
+    report = json.loads((run / "results.json").read_text())
+    assert set(report["stages"]) == {"sft", "grpo"}
+    assert report["stages"]["sft"]["data"]["demonstrations"] == 8
+    assert report["stages"]["grpo"]["after"]["n"] == 2
+    for stage in ("sft", "grpo"):
+        assert (run / stage / "results.json").is_file()
+        assert (run / stage / "final" / "adapter_model.safetensors").is_file()
+    assert (run / "sft" / "learning_curve.png").is_file()
