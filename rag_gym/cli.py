@@ -32,7 +32,7 @@ def evaluate(
     seed: Annotated[int, typer.Option(help="Seed of the sample, resets and random agents.")] = 0,
     agents: Annotated[
         str, typer.Option(help="Comma-separated agent names (rag-gym agents lists them).")
-    ] = "naive_rag,random",
+    ] = "naive_rag,random,search_r1:synthhop",
     lm: Annotated[
         str,
         typer.Option(
