@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -112,9 +113,13 @@ def test_default_evaluate_with_embedded_model(tmp_path):
     assert rows[0].startswith("agent,em,f1") and {r.split(",")[0] for r in rows[1:]} == {
         "naive_rag",
         "random",
+        "search_r1:synthhop",
     }
     protocol = json.loads((tmp_path / "d" / "protocol.json").read_text())
     assert protocol["lm"]["model"] == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    trained = protocol["agents"]["search_r1:synthhop"]["lm"]
+    assert trained["adapter"].endswith("synthhop-search-r1/adapter.gguf")
+    assert "results: " in result.output
 
 
 def test_evaluate_unknown_backend_did_you_mean(tmp_path):
@@ -266,7 +271,7 @@ def test_evaluate_run_folders_are_never_replaced_silently(tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--run-name", "../../x"], "expected run_name (--run-name) to name a folder inside"),
+        (["--run-name", "ESCAPE"], "expected run_name (--run-name) to name a folder inside"),
         (["--run-name", "/etc/x"], "expected run_name (--run-name) to name a folder inside"),
         (["--out", "FILE"], "expected out_dir (--out) to be a folder"),
         (["--run-name", "notes", "--overwrite"], "is not a rag-gym run folder"),
@@ -281,7 +286,9 @@ def test_evaluate_run_folder_errors_are_clear(tmp_path, args, message):
     (tmp_path / "file").write_text("x")
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "notes.txt").write_text("mine")
+    escape = f"../../{tmp_path.name}-escaped"  # a name no other run of the suite uses
     args = [str(tmp_path / a.lower()) if a in ("FILE", "NOTHING") else a for a in args]
+    args = [escape if a == "ESCAPE" else a for a in args]
     result = runner.invoke(
         app, ["evaluate", "--agents", "random", "--out", str(tmp_path), "--no-progress", *args]
     )
@@ -289,4 +296,5 @@ def test_evaluate_run_folder_errors_are_clear(tmp_path, args, message):
     assert message in " ".join(result.output.split())
     assert (tmp_path / "file").read_text() == "x"
     assert (tmp_path / "notes" / "notes.txt").read_text() == "mine"
-    assert not (tmp_path.parent.parent / "x").exists()
+    assert not (tmp_path.parent.parent / f"{tmp_path.name}-escaped").exists()
+    assert not Path("/etc/x").exists()

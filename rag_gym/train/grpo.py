@@ -497,17 +497,13 @@ def build_trainer(
     from datasets import Dataset
     from transformers import TrainerCallback
 
-    from rag_gym.train.models import load_policy
-    from rag_gym.train.tracking import learning_curve, report_to, run_name
+    from rag_gym.train.models import load_policy, lora_config
+    from rag_gym.train.tracking import learning_curve, report_to, run_dir_for
     from rag_gym.wrappers import presets
 
     if model is None:
         model, tokenizer = load_policy(cfg.model)
-    run_dir = Path(
-        run_dir
-        or cfg.run_dir
-        or Path(cfg.output_dir) / run_name(cfg.env_id, cfg.exp_name, cfg.seed)
-    )
+    run_dir = run_dir_for(cfg, run_dir)
     make_env = env_factory(
         cfg.env_id,
         split=cfg.split,
@@ -577,16 +573,7 @@ def build_trainer(
         disable_dropout=True,
         log_completions=False,
     )
-    peft_config = None
-    if cfg.lora:
-        from peft import LoraConfig
-
-        peft_config = LoraConfig(
-            r=cfg.lora_r,
-            lora_alpha=cfg.lora_alpha,
-            target_modules="all-linear",
-            task_type="CAUSAL_LM",
-        )
+    peft_config = lora_config(cfg.lora_r, cfg.lora_alpha) if cfg.lora else None
     dataset = Dataset.from_dict({"prompt": list(keys)})
 
     class Stages(TrainerCallback):
@@ -700,11 +687,11 @@ def train_forest(
     if not isinstance(iterations, int) or not 1 <= iterations <= 50:
         raise ValueError(f"expected iterations in [1, 50], got {iterations!r}")
     from rag_gym.train.models import load_policy
-    from rag_gym.train.tracking import run_name
+    from rag_gym.train.tracking import run_dir_for
 
     cfg.max_turns = 1
     model, tokenizer = load_policy(cfg.model)
-    root = Path(cfg.run_dir or Path(cfg.output_dir) / run_name(cfg.env_id, cfg.exp_name, cfg.seed))
+    root = run_dir_for(cfg)
     steps = steps_per_iteration or max(1, math.ceil(cfg.max_steps / iterations))
     keys: dict[str, tuple[int, tuple[str, ...]]] | None = None
     history: list[dict[str, Any]] = []

@@ -122,3 +122,12 @@ def _prepare_tokenizer(tok: Any) -> None:
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
+
+
+def lora_config(r: int, alpha: int) -> Any:
+    """PEFT's LoRA config for a policy: rank ``r`` and ``alpha`` on every linear layer but the
+    output head (PEFT's ``all-linear``; SmolLM2 ties the head to the embeddings, and llama.cpp
+    cannot apply adapters on either)."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=r, lora_alpha=alpha, target_modules="all-linear", task_type="CAUSAL_LM")

@@ -187,8 +187,8 @@ def build_trainer(
     """TRL's ``SFTTrainer`` over ``cfg``'s demonstrations; returns it, the run folder and
     statistics of the data (demonstrations, tokens, trained tokens)."""
     from rag_gym.train.grpo import _require_trl
-    from rag_gym.train.models import load_policy
-    from rag_gym.train.tracking import report_to, run_name
+    from rag_gym.train.models import load_policy, lora_config
+    from rag_gym.train.tracking import report_to, run_dir_for
 
     trl = _require_trl()
     import torch
@@ -196,11 +196,7 @@ def build_trainer(
 
     if model is None:
         model, tokenizer = load_policy(cfg.model)
-    run_dir = Path(
-        run_dir
-        or cfg.run_dir
-        or Path(cfg.output_dir) / run_name(cfg.env_id, cfg.exp_name, cfg.seed)
-    )
+    run_dir = run_dir_for(cfg, run_dir)
     demos = demonstrations(cfg)
     rows = [tokenize_demonstration(d, tokenizer) for d in demos]
     kept = [r for r in rows if len(r["input_ids"]) <= cfg.max_length]
@@ -238,16 +234,7 @@ def build_trainer(
         bf16=torch.cuda.is_available(),
         dataset_num_proc=None,
     )
-    peft_config = None
-    if cfg.lora:
-        from peft import LoraConfig
-
-        peft_config = LoraConfig(
-            r=cfg.lora_r,
-            lora_alpha=cfg.lora_alpha,
-            target_modules="all-linear",
-            task_type="CAUSAL_LM",
-        )
+    peft_config = lora_config(cfg.lora_r, cfg.lora_alpha) if cfg.lora else None
     trainer = trl.SFTTrainer(
         model=model,
         args=args,

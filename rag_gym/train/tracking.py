@@ -15,6 +15,15 @@ def run_name(env_id: str, exp_name: str, seed: int) -> str:
     return f"{env_id.replace('/', '-')}__{exp_name}__{seed}__{int(time.time())}"
 
 
+def run_dir_for(cfg: Any, run_dir: str | Path | None = None) -> Path:
+    """A run's folder: ``run_dir``, else ``cfg.run_dir``, else ``cfg.output_dir/<run name>``."""
+    return Path(
+        run_dir
+        or cfg.run_dir
+        or Path(cfg.output_dir) / run_name(cfg.env_id, cfg.exp_name, cfg.seed)
+    )
+
+
 def report_to(run_dir: str | Path, track: bool) -> list[str]:
     """Trainer ``report_to``: TensorBoard always; W&B with ``track``, offline unless the user set
     ``WANDB_MODE``, its files under the run folder. Never asks for a login."""
