@@ -72,6 +72,11 @@ def model_card(meta: dict[str, Any]) -> str:
     ]
     for row in meta.get("results", []):
         lines.append(f"- {row}")
+    if meta.get("fixed_questions"):
+        lines += ["", "## Fixed test questions (replayed by the tests)", ""]
+        lines += ["| index | question | answer given | EM |", "|---|---|---|---|"]
+        for q in meta["fixed_questions"]:
+            lines.append(f"| {q['index']} | {q['question']} | {q['prediction']} | {q['em']:.0f} |")
     lines += [
         "",
         "## Use",
