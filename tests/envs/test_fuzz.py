@@ -217,6 +217,6 @@ def test_long_whitespace_inside_a_tag_parses_to_the_right_tags(text, expected):
 def test_a_stalled_tag_is_an_ordinary_bad_action(envs, kind):
     env = envs[kind]
     env.reset(seed=0)
-    obs, reward, terminated, truncated, info = env.step("<" + " " * 16_383)
+    obs, reward, _, _, info = env.step("<" + " " * 16_383)
     assert env.observation_space.contains(obs)
     assert info["format_ok"] is False and reward <= 0.0
