@@ -182,9 +182,7 @@ def test_env_searches_through_the_server(world, server):
         return calls
 
     def make(**kw):
-        return gym.make(
-            "rag_gym/SynthHop-v0", split="validation", dataset_kwargs=SMALL_WORLD, **kw
-        )
+        return gym.make("rag_gym/SynthHop-v0", split="validation", dataset_kwargs=SMALL_WORLD, **kw)
 
     os.environ["RAG_GYM_TOKEN"] = TOKEN
     try:  # a URL string, as a registration kwarg would give it
