@@ -476,6 +476,28 @@ def question_keys(engine: RolloutEngine) -> dict[str, tuple[int, tuple[str, ...]
     return {ex.id: (i, ()) for i, ex in enumerate(engine.envs[0].unwrapped.examples)}
 
 
+def rollout_engine(cfg: EnvGRPOConfig, tokenizer: Any, split: str) -> RolloutEngine:
+    """The :class:`RolloutEngine` of ``cfg``'s text-action env on ``split`` (training and
+    held-out evaluation play the same env, reward and turn limits)."""
+    make_env = env_factory(
+        cfg.env_id,
+        split=split,
+        reward_preset=cfg.reward_preset,
+        reward_kwargs=cfg.reward_kwargs,
+        tags=cfg.tags,
+        max_episode_steps=cfg.max_episode_steps,
+        step_cost=cfg.step_cost,
+        **cfg.env_kwargs,
+    )
+    return RolloutEngine(
+        make_env,
+        tokenizer,
+        max_turns=cfg.max_turns,
+        max_turn_tokens=cfg.max_turn_tokens,
+        max_completion_tokens=cfg.max_completion_tokens,
+    )
+
+
 def build_trainer(
     cfg: EnvGRPOConfig,
     model: Any = None,
@@ -504,23 +526,7 @@ def build_trainer(
     if model is None:
         model, tokenizer = load_policy(cfg.model)
     run_dir = run_dir_for(cfg, run_dir)
-    make_env = env_factory(
-        cfg.env_id,
-        split=cfg.split,
-        reward_preset=cfg.reward_preset,
-        reward_kwargs=cfg.reward_kwargs,
-        tags=cfg.tags,
-        max_episode_steps=cfg.max_episode_steps,
-        step_cost=cfg.step_cost,
-        **cfg.env_kwargs,
-    )
-    engine = RolloutEngine(
-        make_env,
-        tokenizer,
-        max_turns=cfg.max_turns,
-        max_turn_tokens=cfg.max_turn_tokens,
-        max_completion_tokens=cfg.max_completion_tokens,
-    )
+    engine = rollout_engine(cfg, tokenizer, cfg.split)
     keys = keys if keys is not None else question_keys(engine)
     probe = engine.envs[0]
     _, info = probe.reset(seed=cfg.seed, options={"index": 0})
@@ -633,23 +639,7 @@ def evaluate_policy(
 ) -> dict[str, float]:
     """Greedy episodes on ``n`` questions of ``split`` (all by default) under ``cfg``'s env and
     reward: mean EM, return, searches and turns."""
-    make_env = env_factory(
-        cfg.env_id,
-        split=split,
-        reward_preset=cfg.reward_preset,
-        reward_kwargs=cfg.reward_kwargs,
-        tags=cfg.tags,
-        max_episode_steps=cfg.max_episode_steps,
-        step_cost=cfg.step_cost,
-        **cfg.env_kwargs,
-    )
-    engine = RolloutEngine(
-        make_env,
-        tokenizer,
-        max_turns=cfg.max_turns,
-        max_turn_tokens=cfg.max_turn_tokens,
-        max_completion_tokens=cfg.max_completion_tokens,
-    )
+    engine = rollout_engine(cfg, tokenizer, split)
     total = engine.n_questions if n is None else min(n, engine.n_questions)
     generate = make_generator(model, tokenizer, temperature=0.0, batch_size=batch)
     episodes: list[Episode] = []
