@@ -93,16 +93,14 @@ def action_stops(env: gym.Env) -> list[str]:
     :class:`~rag_gym.wrappers.TextActions` tag set (not ``</evaluate>``: Eval-RAR writes an
     evaluation and a search in one turn); ``</answer>`` for the reader env; none for the tree env
     (one expansion is a whole reply)."""
+    from rag_gym.agents.search_r1 import turn_stops
     from rag_gym.envs.reader import ReaderEnv
     from rag_gym.wrappers.text_actions import TextActions
 
     inner = env
     while isinstance(inner, gym.Wrapper):
         if isinstance(inner, TextActions):
-            t = inner.tags
-            stops = [f"</{t.search}>", f"</{t.answer}>"]
-            stops += [f"<{s}/>" for s in (t.backtrack, t.refuse) if s]
-            return stops
+            return list(turn_stops(inner.tags))  # the search_r1 agent stops at the same strings
         inner = inner.env
     if isinstance(env.unwrapped, ReaderEnv):
         return ["</answer>"]
