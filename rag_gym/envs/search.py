@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from gymnasium import spaces
 
-from rag_gym.data import QAExample
-from rag_gym.envs.base import QAEnv, check_int
+from rag_gym.envs.base import DataConfig, QAEnv, check_int
 from rag_gym.envs.spaces import UnicodeText, sanitize
-from rag_gym.retrieval import Retriever
 
 
 class ActionType(enum.IntEnum):
@@ -119,16 +116,12 @@ class SearchEnv(QAEnv):
 
     ## Arguments
 
-    * ``dataset``: ``"synthhop"``, ``"hotpotqa"``, ``"2wikimultihopqa"``, ``"musique"``,
-      ``"bamboogle"`` or ``"flashrag"``; ``split``; ``data_path`` (a file in the dataset's
-      official format, ``None`` for SynthHop or the hub); ``dataset_kwargs`` (loader options,
-      e.g. ``{"preset": "hard"}`` for SynthHop).
-    * ``corpus``: a corpus JSONL path to search instead of the questions' own pools.
-    * ``index``: a directory written by ``BM25Retriever.save``; it is memory-mapped read-only,
-      so the workers of ``gym.make_vec(..., vectorization_mode="async")`` share one copy.
-    * ``corpus_mode``: ``"pool"`` (each question's own distractor pool) or ``"corpus"`` (the
-      whole corpus: SynthHop's world, the split's pooled passages, or ``corpus``). Default:
-      ``"corpus"`` for SynthHop or when ``corpus`` is given, else ``"pool"``.
+    * The data arguments (:class:`~rag_gym.envs.DataConfig`, as ``data=`` or as keywords):
+      ``dataset``, ``split``, ``data_path``, ``dataset_kwargs`` (e.g. ``{"preset": "hard"}``
+      for SynthHop), ``corpus`` (a JSONL to search instead of the questions' own pools),
+      ``corpus_mode`` (``"pool"`` or ``"corpus"``), ``index`` (a saved BM25 index directory,
+      memory-mapped, so the workers of an async vector env share one copy), ``retriever`` (a
+      server URL or a live retriever object) and ``examples`` (live questions).
     * ``k`` (3): passages per search, capped at the candidates there are (the question's pool
       in pool mode, else the corpus): a ``k`` above them returns every candidate, ranked.
       ``exclude_seen`` (False): never return a passage already retrieved this episode.
@@ -137,10 +130,6 @@ class SearchEnv(QAEnv):
       ``max_obs_chars`` (16384).
     * ``invalid_action_penalty`` (0.0): reward of an invalid action (finite: NaN and
       infinities are a ``ValueError``).
-    * ``retriever``: a retrieval server URL (``"http://127.0.0.1:8000"``, see ``rag-gym serve``),
-      or a live retriever object that replaces the built BM25 index.
-    * ``retriever``, ``examples``: live objects that replace the built ones (not for
-      registration kwargs, which stay plain JSON).
 
     ## Registered Configurations
 
@@ -170,12 +159,8 @@ class SearchEnv(QAEnv):
 
     def __init__(
         self,
-        dataset: str = "synthhop",
-        split: str = "train",
-        data_path: str | None = None,
-        dataset_kwargs: dict[str, Any] | None = None,
-        corpus: str | None = None,
-        corpus_mode: str | None = None,
+        data: DataConfig | None = None,
+        *,
         k: int = 3,
         exclude_seen: bool = False,
         answer_metric: str = "em",
@@ -184,9 +169,7 @@ class SearchEnv(QAEnv):
         max_obs_chars: int = 16384,
         invalid_action_penalty: float = 0.0,
         render_mode: str | None = None,
-        retriever: Retriever | None = None,
-        examples: Sequence[QAExample] | None = None,
-        index: str | None = None,
+        **data_kwargs: Any,
     ) -> None:
         check_int("max_query_chars", max_query_chars, 1)
         check_int("max_text_chars", max_text_chars, max_query_chars)
@@ -202,19 +185,12 @@ class SearchEnv(QAEnv):
                 "a NaN or infinite reward poisons every return it is summed into"
             )
         super().__init__(
-            dataset=dataset,
-            split=split,
-            data_path=data_path,
-            dataset_kwargs=dataset_kwargs,
-            corpus=corpus,
-            corpus_mode=corpus_mode,
+            data,
             k=k,
             answer_metric=answer_metric,
             max_obs_chars=max_obs_chars,
             render_mode=render_mode,
-            retriever=retriever,
-            examples=examples,
-            index=index,
+            **data_kwargs,
         )
         self.exclude_seen = bool(exclude_seen)
         self.max_query_chars = max_query_chars

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from rag_gym.data import QAExample
-from rag_gym.envs.base import QAEnv, check_int, clip_text, read_text_action
+from rag_gym.envs.base import DataConfig, QAEnv, check_int, clip_text, read_text_action
 from rag_gym.envs.spaces import UnicodeText, sanitize
 from rag_gym.envs.tags import parse
-from rag_gym.retrieval import Retriever
 
 STOP_MARKER = "stop retrieval"
 NO_PREDICTION = "none"
@@ -114,12 +112,10 @@ class TreeSearchEnv(QAEnv):
 
     ## Arguments
 
-    Data arguments as :class:`~rag_gym.envs.SearchEnv`; ``k`` (1); ``prune`` (``"gold"`` or
+    The data arguments (:class:`~rag_gym.envs.DataConfig`, as for the search env); ``k`` (1); ``prune`` (``"gold"`` or
     ``"none"``); ``max_base`` (8), ``max_predicted`` (8); ``top_t_base`` (4) and
     ``top_t_predicted`` (2), R²AG's top-t/x setting (appendix B.2); ``max_query_chars`` (512),
-    ``max_action_chars`` (16,384), ``max_obs_chars`` (16,384); ``index`` (a saved BM25 index
-    directory, memory-mapped); ``retriever``, ``examples``
-    (live objects, as for the search env). ``reset(options={"context_ids":
+    ``max_action_chars`` (16,384), ``max_obs_chars`` (16,384). ``reset(options={"context_ids":
     [...]})`` starts from given evidence (the previous round's pruned tree).
 
     ## References
@@ -142,12 +138,8 @@ class TreeSearchEnv(QAEnv):
 
     def __init__(
         self,
-        dataset: str = "synthhop",
-        split: str = "train",
-        data_path: str | None = None,
-        dataset_kwargs: dict[str, Any] | None = None,
-        corpus: str | None = None,
-        corpus_mode: str | None = None,
+        data: DataConfig | None = None,
+        *,
         k: int = 1,
         prune: str = "gold",
         max_base: int = 8,
@@ -158,9 +150,7 @@ class TreeSearchEnv(QAEnv):
         max_action_chars: int = 16384,
         max_obs_chars: int = 16384,
         render_mode: str | None = None,
-        retriever: Retriever | None = None,
-        examples: list[QAExample] | None = None,
-        index: str | None = None,
+        **data_kwargs: Any,
     ) -> None:
         if prune not in ("gold", "none"):
             raise ValueError(f"expected prune 'gold' or 'none', got {prune!r}")
@@ -174,18 +164,7 @@ class TreeSearchEnv(QAEnv):
         ):
             check_int(name, value, 1)
         super().__init__(
-            dataset=dataset,
-            split=split,
-            data_path=data_path,
-            dataset_kwargs=dataset_kwargs,
-            corpus=corpus,
-            corpus_mode=corpus_mode,
-            k=k,
-            max_obs_chars=max_obs_chars,
-            render_mode=render_mode,
-            retriever=retriever,
-            examples=examples,
-            index=index,
+            data, k=k, max_obs_chars=max_obs_chars, render_mode=render_mode, **data_kwargs
         )
         self.prune = prune
         self.max_base, self.max_predicted = max_base, max_predicted
