@@ -32,7 +32,8 @@ from rag_gym import metrics
 from rag_gym._names import unknown_name
 from rag_gym.data import Corpus, QAExample, canonical_name, pooled_corpus
 from rag_gym.data import load as load_dataset
-from rag_gym.retrieval import BM25Retriever, Retriever
+from rag_gym.retrieval import BM25Retriever, Retriever, load_index
+from rag_gym.retrieval.base import corpus_size
 
 ANSWER_METRICS = ("em", "f1", "em_f1")
 CORPUS_MODES = (None, "pool", "corpus")
@@ -245,8 +246,6 @@ class QAEnv(gym.Env):
         if index is not None:
             if retriever is not None or corpus_path is not None:
                 raise ValueError("pass one of index=, corpus= and retriever=, not several")
-            from rag_gym.retrieval.persist import load_index
-
             retriever, _ = load_index(index)
         if retriever is not None:
             return _SharedData(examples, retriever.corpus, corpus_mode or "corpus", retriever)
@@ -336,7 +335,9 @@ class QAEnv(gym.Env):
                 queries, min(k, len(self._pool)), exclude=excl, within=[self._pool] * len(queries)
             )
         else:
-            result = self.retriever.retrieve(queries, min(k, len(self.corpus)), exclude=excl)
+            result = self.retriever.retrieve(
+                queries, min(k, corpus_size(self.retriever)), exclude=excl
+            )
         return result.ids
 
     def _answer_reward(self, scores: dict[str, float]) -> float:

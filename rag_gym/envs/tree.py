@@ -7,6 +7,7 @@ from typing import Any
 from rag_gym.envs.base import DataConfig, QAEnv, check_int, clip_text, read_text_action
 from rag_gym.envs.spaces import UnicodeText, sanitize
 from rag_gym.envs.tags import parse
+from rag_gym.metrics import average_precision
 
 STOP_MARKER = "stop retrieval"
 NO_PREDICTION = "none"
@@ -21,26 +22,6 @@ INSTRUCTIONS = (
     "<base-Q>stop retrieval</base-Q>. If you know enough to foresee a later hop, write each predicted "
     "question inside <predicted-Q>...</predicted-Q>, or <predicted-Q>none</predicted-Q>."
 )
-
-
-def r2ag_average_precision(docs: list[str], gold: set[str], t: int) -> float:
-    """R²AG's top-t AP over branch documents (``002-r2ag.md`` §2.4, eq. 5).
-
-    ``AP = 1/|g| * sum_{u=1..t} (1/u * sum_{z<=u} 1{r_z in g}) * 1{r_u in g}``, taken literally:
-    the documents of the first ``t`` branches in order, one per branch, *not* deduplicated (two
-    branches hitting the same gold document both count, as the formula sums over branches).
-
-    >>> r2ag_average_precision(["g1", "x", "g2"], {"g1", "g2"}, t=4)  # (1/1 + 2/3) / 2
-    0.8333333333333333
-    """
-    if not gold:
-        return 0.0
-    hits, total = 0, 0.0
-    for u, doc in enumerate(docs[:t], 1):
-        if doc in gold:
-            hits += 1
-            total += hits / u
-    return total / len(gold)
 
 
 class TreeSearchEnv(QAEnv):
@@ -97,7 +78,7 @@ class TreeSearchEnv(QAEnv):
     | ``branches`` | this step's branches: ``{depth, kind, query, ids, gold_hits, new_gold}`` |
     | ``new_gold_base``, ``new_gold_predicted`` | R_MH^b, R_MH^p: over this step's base / predicted branches, the number of retrieved gold documents not retrieved in earlier steps |
     | ``newly_found_gold`` | the distinct gold ids first found this step |
-    | ``ap_base``, ``ap_predicted`` | R_AP^b, R_AP^p: :func:`r2ag_average_precision` over the first ``t`` base (4) / predicted (2) branches |
+    | ``ap_base``, ``ap_predicted`` | R_AP^b, R_AP^p: :func:`rag_gym.metrics.average_precision` (``distinct=False``) over the documents of the first ``t`` base (4) / predicted (2) branches |
     | ``all_gold_found`` | every gold id retrieved so far (including the starting context) |
     | ``stop``, ``premature_stop`` | the stop signal, and whether it came before all gold was found |
     | ``think_ok`` | a ``<think>`` block precedes the first query block |
@@ -277,15 +258,17 @@ class TreeSearchEnv(QAEnv):
                 len(b["new_gold"]) for b in branches if b["kind"] == "predicted"
             ),
             "newly_found_gold": [g for g in self._gold if g in self._seen and g not in prior],
-            "ap_base": r2ag_average_precision(
+            "ap_base": average_precision(
                 [b["ids"][0] for b in branches if b["kind"] == "base" and b["ids"]],
                 gold,
                 self.top_t_base,
+                distinct=False,
             ),
-            "ap_predicted": r2ag_average_precision(
+            "ap_predicted": average_precision(
                 [b["ids"][0] for b in branches if b["kind"] == "predicted" and b["ids"]],
                 gold,
                 self.top_t_predicted,
+                distinct=False,
             ),
             "think_ok": think_ok,
             "blocks_after_think": after_think,
