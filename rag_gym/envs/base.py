@@ -23,7 +23,7 @@ import threading
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -130,6 +130,33 @@ class DataConfig:
         if not isinstance(data, DataConfig):
             raise TypeError(f"expected data to be a DataConfig or None, got {type(data).__name__}")
         return dataclasses.replace(data, **kwargs) if kwargs else data
+
+
+class SearchRequest(NamedTuple):
+    """One query's retrieval: top ``k`` ids, never one of ``exclude``, among ``within`` (a
+    question's pool) or the whole corpus."""
+
+    query: str
+    k: int
+    exclude: list[str] | None
+    within: list[str] | None
+
+
+def retrieve_all(retriever: Retriever, requests: Sequence[SearchRequest]) -> list[list[str]]:
+    """The ids of every request, in one ``retriever.retrieve`` call per distinct ``k`` (one call
+    for the searches of every env of a vector env's step)."""
+    out: list[list[str]] = [[] for _ in requests]
+    groups: dict[int, list[int]] = {}
+    for i, request in enumerate(requests):
+        groups.setdefault(request.k, []).append(i)
+    for k, rows in groups.items():
+        batch = [requests[i] for i in rows]
+        exclude = [r.exclude for r in batch] if any(r.exclude for r in batch) else None
+        within = [r.within for r in batch] if any(r.within is not None for r in batch) else None
+        result = retriever.retrieve([r.query for r in batch], k, exclude=exclude, within=within)
+        for i, ids in zip(rows, result.ids, strict=True):
+            out[i] = ids
+    return out
 
 
 class _SharedData:
@@ -323,22 +350,18 @@ class QAEnv(gym.Env):
         self._example = example
         return example
 
+    def _request(self, query: str, k: int, exclude: list[str] | None = None) -> SearchRequest:
+        """The retrieval of ``query`` in this episode: within the question's pool in pool mode,
+        ``k`` capped at the candidates there are."""
+        if self._pool is not None:
+            return SearchRequest(query, min(k, len(self._pool)), exclude, self._pool)
+        return SearchRequest(query, min(k, corpus_size(self.retriever)), exclude, None)
+
     def _retrieve(
         self, queries: list[str], k: int, exclude: list[str] | None = None
     ) -> list[list[str]]:
         """Top-k ids per query, within the question's pool in pool mode; k is capped at the pool."""
-        if not queries:
-            return []
-        excl = [exclude] * len(queries) if exclude else None
-        if self._pool is not None:
-            result = self.retriever.retrieve(
-                queries, min(k, len(self._pool)), exclude=excl, within=[self._pool] * len(queries)
-            )
-        else:
-            result = self.retriever.retrieve(
-                queries, min(k, corpus_size(self.retriever)), exclude=excl
-            )
-        return result.ids
+        return retrieve_all(self.retriever, [self._request(q, k, exclude) for q in queries])
 
     def _answer_reward(self, scores: dict[str, float]) -> float:
         if self.answer_metric == "em":

@@ -7,7 +7,10 @@ The entry points are the env classes themselves and registration kwargs are plai
 so ``gym.spec(id).to_json()`` round-trips and ``gym.make(id, max_episode_steps=N)`` puts the
 one ``TimeLimit`` of the env where Gymnasium puts it. A reward preset is a stack of wrappers
 outside that limit (:func:`rag_gym.make`, :func:`rag_gym.wrappers.presets.apply`), so it shows in
-``env.spec.additional_wrappers`` and ``gym.make(env.spec)`` builds it again. Ids of
+``env.spec.additional_wrappers`` and ``gym.make(env.spec)`` builds it again. The search ids
+have a native vector entry point (:class:`~rag_gym.envs.vector.SearchVectorEnv`, one process,
+one batched ``retrieve`` per step): ``gym.make_vec(id, num_envs=N,
+vectorization_mode="vector_entry_point")``. Ids of
 real datasets need a local file (``data_path=...``) unless the dataset is on the hub (HotpotQA);
 Bamboogle also needs ``corpus=...``.
 """
@@ -27,6 +30,7 @@ TREE_MAX_STEPS = 5  # R²AG's L_MAX-I (002-r2ag.md §4.1, appendix B.2)
 _SEARCH = "rag_gym.envs.search:SearchEnv"
 _TREE = "rag_gym.envs.tree:TreeSearchEnv"
 _READER = "rag_gym.envs.reader:ReaderEnv"
+_SEARCH_VECTOR = "rag_gym.envs.vector:SearchVectorEnv"
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,7 @@ def _entries() -> list[EnvEntry]:
                 kwargs,
                 MAX_EPISODE_STEPS,
                 f"search/answer/refuse, k=3 — {desc}",
+                _SEARCH_VECTOR,
             )
         )
         out.append(

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from rag_gym.envs.base import DataConfig, QAEnv, check_int
+from rag_gym.envs.base import DataConfig, QAEnv, SearchRequest, check_int
 from rag_gym.envs.spaces import UnicodeText, sanitize
 
 
@@ -30,6 +30,8 @@ class _Hop:
     kind: str  # "search" or "evaluate"
     text: str
     ids: list[str] = field(default_factory=list)
+    #: ``(position, sanitised block)``: a hop's rendering, made once per position in the context
+    rendered: tuple[int, str] | None = field(default=None, repr=False, compare=False)
 
 
 class SearchEnv(QAEnv):
@@ -229,6 +231,25 @@ class SearchEnv(QAEnv):
         return self._render_obs(), info
 
     def step(self, action: dict[str, Any]) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        return self._step(action, None)
+
+    def search_request(self, action: dict[str, Any]) -> SearchRequest | None:
+        """The retrieval ``step(action)`` will make, or ``None`` when the action retrieves
+        nothing (no SEARCH, or an invalid one). A malformed action raises as ``step`` does. The
+        native vector env (:class:`~rag_gym.envs.vector.SearchVectorEnv`) batches these."""
+        if self._example is None or self._done:
+            return None
+        atype, text = self._validate(action)
+        query = text.strip()
+        if atype != ActionType.SEARCH or not query or len(query) > self.max_query_chars:
+            return None
+        exclude = list(self._seen) if self.exclude_seen and self._seen else None
+        return self._request(query, self.k, exclude)
+
+    def _step(
+        self, action: dict[str, Any], retrieved_ids: list[str] | None
+    ) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """``step``, with the ids of :meth:`search_request`'s retrieval when already made."""
         if self._example is None:
             raise RuntimeError("call reset() before step()")
         if self._done:
@@ -256,7 +277,7 @@ class SearchEnv(QAEnv):
                 invalid = True
                 self._last_message = f"Invalid action: the query has {len(query)} characters; the limit is {self.max_query_chars}."
             else:
-                retrieved = self._search(query)
+                retrieved = self._search(query) if retrieved_ids is None else retrieved_ids
                 hop = _Hop(self._step_count, "search", query, retrieved)
                 self._context.append(hop)
                 self._history.append(hop)
@@ -401,9 +422,14 @@ class SearchEnv(QAEnv):
     def _render_obs(self) -> str:
         ex = self._example
         assert ex is not None
-        head = f"Question: {ex.question}"
-        blocks = []
-        for n, hop in enumerate(self._context, 1):
+        blocks = [self._block(n, hop) for n, hop in enumerate(self._context, 1)]
+        if self._last_message:
+            blocks.append(sanitize(f"Note: {self._last_message}"))
+        return _clip(sanitize(f"Question: {ex.question}"), blocks, self.max_obs_chars)
+
+    def _block(self, n: int, hop: _Hop) -> str:
+        """Hop ``hop`` rendered at position ``n`` of the context (kept: a hop never changes)."""
+        if hop.rendered is None or hop.rendered[0] != n:
             if hop.kind == "search":
                 lines = [f"[{n}] Search: {hop.text}"]
                 for r, pid in enumerate(hop.ids, 1):
@@ -411,12 +437,11 @@ class SearchEnv(QAEnv):
                     lines.append(f"  ({r}) {p.title}: {p.text}" if p.title else f"  ({r}) {p.text}")
                 if not hop.ids:
                     lines.append("  (no new passages)")
-                blocks.append("\n".join(lines))
+                text = "\n".join(lines)
             else:
-                blocks.append(f"[{n}] Evaluation: {hop.text}")
-        if self._last_message:
-            blocks.append(f"Note: {self._last_message}")
-        return _clip(sanitize(head), [sanitize(b) for b in blocks], self.max_obs_chars)
+                text = f"[{n}] Evaluation: {hop.text}"
+            hop.rendered = (n, sanitize(text))
+        return hop.rendered[1]
 
 
 def _clip(head: str, blocks: list[str], limit: int) -> str:
