@@ -179,3 +179,27 @@ def test_native_vector_env_batches_one_retrieve_per_step():
         venv.close()
     assert venv.metadata["autoreset_mode"] == gym.vector.AutoresetMode.NEXT_STEP
     assert venv.spec.kwargs["vectorization_mode"] == "vector_entry_point"
+
+
+def test_native_vector_env_errors_name_the_fix():
+    from rag_gym.envs.vector import SearchVectorEnv
+
+    with pytest.raises(ValueError, match="expected num_envs >= 1, got 0"):
+        SearchVectorEnv(0, **KW)
+    with pytest.raises(TypeError, match="reward_preset= is not an env argument"):
+        gym.make_vec(
+            "rag_gym/SynthHop-v0",
+            num_envs=2,
+            vectorization_mode="vector_entry_point",
+            reward_preset="eval_rar",
+            **KW,
+        )
+    venv = SearchVectorEnv(2, **KW)
+    with pytest.raises(ValueError, match="expected 2 seeds"):
+        venv.reset(seed=[1, 2, 3])
+    with pytest.raises(TypeError, match="reset_mask"):
+        venv.reset(options={"reset_mask": [True, False]})
+    obs, _ = venv.reset(seed=0)
+    again, _ = venv.reset(seed=5, options={"reset_mask": np.array([False, True])})
+    assert again[0] == obs[0]  # only the masked sub-env was reset
+    assert again[1] == SearchVectorEnv(2, **KW).reset(seed=5)[0][1]

@@ -751,3 +751,10 @@ def test_set_stage_through_gym_make_and_vector_envs():
     env.reset(seed=0)
     set_stage(env, "refinement")
     assert env.step(act(E, "x"))[4]["reward_stage"] == "refinement"
+
+
+def test_make_with_preset_checks_its_arguments():
+    with pytest.raises(TypeError, match="expected reward_kwargs to be a dict, got list"):
+        rag_gym.make("rag_gym/SynthHop-v0", reward_preset="evo_rag", reward_kwargs=[1], **KW)
+    with pytest.raises(ValueError, match="did you mean 'eval_rar'"):
+        rag_gym.make("rag_gym/SynthHop-v0", reward_preset="evalrar", **KW)
