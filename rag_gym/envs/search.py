@@ -138,7 +138,10 @@ class SearchEnv(QAEnv):
     ``rag_gym/SynthHop-v0`` (2-hop, default world), ``rag_gym/SynthHop-Hard-v0`` (2–4 hops,
     10 % unanswerable), ``rag_gym/HotpotQA-v0``, ``rag_gym/2WikiMultiHopQA-v0``,
     ``rag_gym/MuSiQue-v0``, ``rag_gym/Bamboogle-v0`` (needs ``corpus=``). See
-    :mod:`rag_gym.envs.registration`.
+    :mod:`rag_gym.envs.registration`. Each has a native vector entry point,
+    :class:`~rag_gym.envs.vector.SearchVectorEnv` (``gym.make_vec(id, num_envs=N,
+    vectorization_mode="vector_entry_point")``): N episodes in one process, their searches
+    retrieved in one batched call.
 
     ## References
 
