@@ -229,7 +229,8 @@ class QAEnv(gym.Env):
     def _retrieve(
         self, queries: list[str], k: int, exclude: list[str] | None = None
     ) -> list[list[str]]:
-        """Top-k ids per query, within the question's pool in pool mode; k is capped at the pool."""
+        """Top-k ids per query, within the question's pool in pool mode; k is capped at the pool.
+        Their scores are kept in ``self._last_scores`` (one list per query)."""
         if not queries:
             return []
         excl = [exclude] * len(queries) if exclude else None
@@ -239,6 +240,7 @@ class QAEnv(gym.Env):
             )
         else:
             result = self.retriever.retrieve(queries, min(k, len(self.corpus)), exclude=excl)
+        self._last_scores = [[float(x) for x in row] for row in result.scores]
         return result.ids
 
     def _answer_reward(self, scores: dict[str, float]) -> float:

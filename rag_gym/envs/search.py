@@ -106,6 +106,7 @@ class SearchEnv(QAEnv):
     | ``action_type`` | name of this step's action (``None`` after reset) |
     | ``query`` | this step's query (``None`` unless a SEARCH) |
     | ``retrieved_ids`` | ids this step retrieved (ranked) |
+    | ``retrieved_scores`` | the retriever's score of each of them |
     | ``passages`` | those passages as ``{id, title, text}`` (what agents read) |
     | ``gold_hits`` | the gold ids among them |
     | ``context_ids`` | ids per active search hop, oldest first |
@@ -267,6 +268,7 @@ class SearchEnv(QAEnv):
         answer_term = 0.0
         query = None
         retrieved: list[str] = []
+        self._last_scores = []
         extra: dict[str, Any] = {}
 
         if atype == ActionType.SEARCH:
@@ -407,6 +409,9 @@ class SearchEnv(QAEnv):
             "action_type": action_type,
             "query": query,
             "retrieved_ids": list(retrieved),
+            "retrieved_scores": list(self._last_scores[0])
+            if retrieved and self._last_scores
+            else [],
             "passages": [
                 {"id": pid, "title": self.corpus.titles[i], "text": self.corpus.texts[i]}
                 for pid, i in ((pid, self.corpus.position(pid)) for pid in retrieved)
