@@ -1,5 +1,5 @@
-"""The ``rag-gym`` command line: ``evaluate``, ``agents``, ``envs``, ``synth``, ``index build``,
-``serve`` and ``train`` (``sft``, ``grpo``, ``export``)."""
+"""The ``rag-gym`` command line: ``evaluate``, ``view``, ``agents``, ``envs``, ``synth``,
+``index build``, ``serve`` and ``train`` (``sft``, ``grpo``, ``export``)."""
 
 from __future__ import annotations
 
@@ -242,6 +242,39 @@ def evaluate(
         table.add_row(*(format_cell(key, row[key]) for key, _, _ in COLUMNS))
     _console().print(table)
     typer.echo(f"results: {result.run_dir}")
+    try:
+        from rag_gym.view import build_report
+
+        typer.echo(f"report: {build_report(result.run_dir)}")
+    except ImportError as exc:
+        typer.echo(f"report: {exc}; then run: rag-gym view {result.run_dir}", err=True)
+
+
+@app.command()
+def view(
+    run_dir: Annotated[Path, typer.Argument(help="A run folder (rag-gym evaluate or train).")],
+    out: Annotated[
+        Path | None, typer.Option(help="Where to write the report (default RUN_DIR/report.html).")
+    ] = None,
+    serve: Annotated[
+        bool, typer.Option(help="Then serve the report on http://127.0.0.1 until Ctrl-C.")
+    ] = False,
+    port: Annotated[int, typer.Option(help="Port for --serve (0: any free port).")] = 8000,
+) -> None:
+    """Write a self-contained HTML report of a run: leaderboard, plots, every episode step by
+    step, one question across agents, and training curves and rollouts."""
+    from rag_gym.view import NotARunFolder, build_report
+    from rag_gym.view import serve as serve_report
+
+    if not 0 <= port <= 65535:
+        _fail(f"expected --port in 0..65535, got {port}")
+    try:
+        path = build_report(run_dir, out)
+    except (NotARunFolder, ImportError, OSError) as exc:
+        _fail(str(exc))
+    typer.echo(f"report: {path}")
+    if serve:
+        serve_report(path, port)
 
 
 def _num(value: float) -> float:
