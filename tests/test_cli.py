@@ -71,6 +71,9 @@ def test_evaluate_random_prints_leaderboard(tmp_path):
     assert result.exit_code == 0, result.output
     assert "random" in result.output and "EM" in result.output
     assert (tmp_path / "r" / "leaderboard.md").is_file()
+    # the report is built at the end and its path printed
+    assert f"report: {tmp_path / 'r' / 'report.html'}" in result.output
+    assert (tmp_path / "r" / "report.html").stat().st_size > 10_000
 
 
 @pytest.mark.parametrize(

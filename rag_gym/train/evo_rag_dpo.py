@@ -74,6 +74,7 @@ import numpy as np
 
 from rag_gym.rewards.core import EVO_RAG_TERMS
 from rag_gym.train.rollout import Episode, RolloutEngine, make_generator
+from rag_gym.train.rollout_log import RolloutLog
 
 #: The action types a sibling can take (§3.1); the rollout's own action is one branch, these the
 #: others.
@@ -1122,6 +1123,7 @@ def train(
     dev = rollout_engine(cfg, cfg.eval_split, tokenizer)
     reward_model = PreferenceModel(cfg.encoder, learning_rate=cfg.rm_learning_rate, seed=cfg.seed)
     tracker = _Tracker(run_dir, cfg.track, name, asdict(cfg))
+    rollout_log = RolloutLog(run_dir, every=0, seed=cfg.seed)  # a sample of each cycle's episodes
     order = random.Random(cfg.seed)
     queue: list[int] = []
     n_train = brancher.engine.n_questions
@@ -1151,6 +1153,7 @@ def train(
                         order.shuffle(queue)
                     indices.append(queue.pop())
                 episodes = brancher.rollout(generate, indices)
+                rollout_log(cycle_no, episodes, force=True)
                 states = brancher.branch(generate, episodes)
                 new_pairs = reward_model_pairs(states, cfg.rm_margin)
                 unseen = reward_model.evaluate(new_pairs)  # before it trains on them

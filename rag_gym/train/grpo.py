@@ -123,6 +123,9 @@ class EnvGRPOConfig:
     exp_name: str = "grpo"
     save_steps: int = 50
     """Checkpoint every this many steps (``resume_from_checkpoint`` picks one up)."""
+    rollout_log_steps: int = 10
+    """Save a few sampled rollouts to ``steps.jsonl`` every this many steps, and at the end
+    (:mod:`rag_gym.train.rollout_log`, shown by ``rag-gym view``); 0: only at the end."""
     resume_from_checkpoint: str | None = None
     track: bool = False
     """Log to W&B (offline unless configured); TensorBoard is always on."""
@@ -520,6 +523,7 @@ def build_trainer(
     from transformers import TrainerCallback
 
     from rag_gym.train.models import load_policy, lora_config
+    from rag_gym.train.rollout_log import RolloutLog, rollout_callback
     from rag_gym.train.tracking import learning_curve, report_to, run_dir_for
     from rag_gym.wrappers import presets
 
@@ -596,8 +600,12 @@ def build_trainer(
                     presets.set_stage(env, stage)
                 self.current = stage
 
+    rollout_log = RolloutLog(run_dir, every=cfg.rollout_log_steps, seed=cfg.seed)
+
     class Curve(TrainerCallback):
         def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if state.global_step not in rollout_log.saved_steps:
+                rollout_log(int(state.global_step), rollout.episodes, force=True)
             learning_curve(
                 state.log_history,
                 run_dir / "learning_curve.png",
@@ -613,7 +621,7 @@ def build_trainer(
         processing_class=tokenizer,
         peft_config=peft_config,
         rollout_func=rollout,
-        callbacks=[Stages(), Curve()],
+        callbacks=[Stages(), Curve(), rollout_callback(rollout_log, rollout)],
         kl_estimator=cfg.kl_estimator,
     )
     # The rollout plays episodes with the trainer's (possibly PEFT-wrapped) model.
@@ -636,15 +644,20 @@ def evaluate_policy(
     split: str = "validation",
     n: int | None = None,
     batch: int = 16,
+    rollout_log: Any = None,
+    train_step: int = 0,
 ) -> dict[str, float]:
     """Greedy episodes on ``n`` questions of ``split`` (all by default) under ``cfg``'s env and
-    reward: mean EM, return, searches and turns."""
+    reward: mean EM, return, searches and turns. A :class:`~rag_gym.train.rollout_log.RolloutLog`
+    saves a sample of them as the rollouts of ``train_step``."""
     engine = rollout_engine(cfg, tokenizer, split)
     total = engine.n_questions if n is None else min(n, engine.n_questions)
     generate = make_generator(model, tokenizer, temperature=0.0, batch_size=batch)
     episodes: list[Episode] = []
     for start in range(0, total, batch):
         episodes += engine.play(generate, list(range(start, min(total, start + batch))))
+    if rollout_log is not None:
+        rollout_log(train_step, episodes, force=True, label="held-out")
     return {
         "em": _mean(e.em for e in episodes),
         "return": _mean(e.episode_return for e in episodes),

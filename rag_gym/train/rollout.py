@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import gymnasium as gym
 
+from rag_gym import traces
 from rag_gym.wrappers.text_actions import OBS_TEMPLATE
 
 Generate = Callable[[list[list[int]], int, Sequence[str]], list[list[int]]]
@@ -63,6 +64,8 @@ class Episode:
         cut: the token budget or ``max_turns`` stopped it first.
         info: the last step's ``info`` (minus bulky keys).
         index: the question's index in the env's split.
+        trace: the question (``question_id``, ``question``, ``answers``, ``gold_ids``), its
+            ``steps`` and the ``passages`` they touched, in the schema of :mod:`rag_gym.traces`.
     """
 
     prompt_ids: list[int]
@@ -77,6 +80,7 @@ class Episode:
     cut: bool = False
     info: dict[str, Any] = field(default_factory=dict)
     index: int = -1
+    trace: dict[str, Any] = field(default_factory=dict)
 
     @property
     def model_tokens(self) -> int:
@@ -196,6 +200,15 @@ class RolloutEngine:
         obs, info = env.reset(seed=seed, options={"index": int(index)})
         episode = Episode(prompt_ids=self.render_prompt(first_messages(env, obs)), index=index)
         episode.reward_terms = dict.fromkeys(info.get("reward_terms", {}), 0.0)
+        example = getattr(env.unwrapped, "current_example", None)
+        episode.trace = {
+            "question_id": info.get("question_id"),
+            "question": info.get("question"),
+            "answers": list(getattr(example, "answers", []) or []),
+            "gold_ids": list(info.get("gold_ids", [])),
+            "steps": [],
+            "passages": {},
+        }
         return episode
 
     def play(
@@ -299,6 +312,8 @@ class RolloutEngine:
         for key, value in info.get("reward_terms", {}).items():
             ep.reward_terms[key] = ep.reward_terms.get(key, 0.0) + float(value)
         ep.num_searches = int(info.get("num_searches", ep.num_searches))
+        if ep.trace:
+            _trace(ep.trace, action, info, float(reward), len(tokens), env)
         ep.info = {k: v for k, v in info.items() if k not in _BULKY}
         if terminated or truncated:
             ep.finished = True
@@ -321,6 +336,16 @@ class RolloutEngine:
         ep.completion_ids += obs_ids
         ep.env_mask += [0] * len(obs_ids)
         return True
+
+
+def _trace(trace: dict[str, Any], action: str, info: dict, reward: float, n: int, env) -> None:
+    """Add one model turn to an episode's trace (see :mod:`rag_gym.traces`)."""
+    gold = trace.get("gold_ids", [])
+    step = traces.step_record(len(trace["steps"]) + 1, action, info, reward, gold, None, 0, n)
+    trace["steps"].append(step)
+    ids = [r["id"] for r in step["retrieved"]] + [g for g in gold if g not in trace["passages"]]
+    new = [i for i in ids if i not in trace["passages"]]
+    trace["passages"].update(traces.passages_of(info, getattr(env.unwrapped, "corpus", None), new))
 
 
 @contextlib.contextmanager

@@ -172,13 +172,27 @@ def _eval_config(cfg: SFTConfig):
     )
 
 
-def held_out(model: Any, tokenizer: Any, cfg: SFTConfig) -> dict[str, float] | None:
-    """Greedy EM, searches and turns of ``model`` on ``cfg.eval_n`` questions of ``eval_split``."""
+def held_out(
+    model: Any, tokenizer: Any, cfg: SFTConfig, run_dir: Path | None = None, step: int = 0
+) -> dict[str, float] | None:
+    """Greedy EM, searches and turns of ``model`` on ``cfg.eval_n`` questions of ``eval_split``;
+    with ``run_dir``, a sample of its episodes is saved there as the rollouts of ``step``
+    (:mod:`rag_gym.train.rollout_log`)."""
     if cfg.eval_n == 0:
         return None
     from rag_gym.train.grpo import evaluate_policy
+    from rag_gym.train.rollout_log import RolloutLog
 
-    return evaluate_policy(model, tokenizer, _eval_config(cfg), split=cfg.eval_split, n=cfg.eval_n)
+    log = RolloutLog(run_dir, every=0, seed=cfg.seed) if run_dir is not None else None
+    return evaluate_policy(
+        model,
+        tokenizer,
+        _eval_config(cfg),
+        split=cfg.eval_split,
+        n=cfg.eval_n,
+        rollout_log=log,
+        train_step=step,
+    )
 
 
 def build_trainer(
@@ -253,19 +267,20 @@ def train(cfg: SFTConfig) -> dict[str, Any]:
     import time
 
     from rag_gym.train.models import load_policy
-    from rag_gym.train.tracking import learning_curve
+    from rag_gym.train.tracking import learning_curve, run_dir_for
 
     model, tokenizer = load_policy(cfg.model)
+    run_dir = run_dir_for(cfg)
     t0 = time.perf_counter()
-    before = held_out(model, tokenizer, cfg) if cfg.eval_before else None
+    before = held_out(model, tokenizer, cfg, run_dir, 0) if cfg.eval_before else None
     t1 = time.perf_counter()
-    trainer, run_dir, stats = build_trainer(cfg, model, tokenizer)
+    trainer, run_dir, stats = build_trainer(cfg, model, tokenizer, run_dir)
     trainer.train()
     t2 = time.perf_counter()
     final = run_dir / "final"
     trainer.save_model(str(final))
     tokenizer.save_pretrained(str(final))
-    after = held_out(trainer.model, tokenizer, cfg)
+    after = held_out(trainer.model, tokenizer, cfg, run_dir, trainer.state.global_step)
     t3 = time.perf_counter()
     learning_curve(
         trainer.state.log_history,

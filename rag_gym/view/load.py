@@ -22,6 +22,7 @@ RUN_FILES = (
     "episodes.jsonl",
     traces.STEPS_FILE,
     "results.json",
+    "history.json",
     "trainer_state.json",
 )
 
@@ -219,12 +220,21 @@ def _traces(path: Path, warnings: list[str]) -> tuple[list[dict], dict[str, list
 
 
 def _training(path: Path, steps: list[dict], warnings: list[str]) -> dict[str, Any] | None:
-    """The learning curve (``results.json``'s or the last checkpoint's ``log_history``) and the
-    sampled rollouts (``steps.jsonl`` records with a ``train_step``)."""
+    """The learning curve (``results.json``'s or the last checkpoint's ``log_history``, or the
+    EVO-RAG loop's ``history.json`` by cycle) and the sampled rollouts (``steps.jsonl`` records
+    with a ``train_step``)."""
     history = None
     results = _json_file(path / "results.json", warnings)
     if isinstance(results, dict) and isinstance(results.get("log_history"), list):
         history = results["log_history"]
+    elif (path / "history.json").is_file():
+        rows = _json_file(path / "history.json", warnings)
+        if isinstance(rows, list):
+            history = [
+                {**r, "step": r["cycle"]}
+                for r in rows
+                if isinstance(r, dict) and _num(r.get("cycle")) is not None
+            ]
     states = _trainer_states(path)
     for candidate in [path / "trainer_state.json", *reversed(states)]:
         if history is not None:
@@ -240,7 +250,7 @@ def _training(path: Path, steps: list[dict], warnings: list[str]) -> dict[str, A
         if not isinstance(entry, dict) or _num(entry.get("step")) is None:
             continue
         for key, value in entry.items():
-            if key in ("step", "epoch") or _num(value) is None:
+            if key in ("step", "epoch", "cycle", "stage_cycle") or _num(value) is None:
                 continue
             curves.setdefault(key, []).append([entry["step"], float(value)])
     summary = {}
