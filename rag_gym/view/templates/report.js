@@ -142,9 +142,9 @@
       s.message ? el("div", { class: "hint" }, s.message) : null,
       (s.retrieved || []).map(r => passageBox(r.id, r.gold || gold.has(r.id),
         "#" + r.rank + (r.score !== null && r.score !== undefined ? " (" + fmt(r.score, 2) + ") " : " ") + (r.query ? "[" + r.query + "] " : ""))),
-      el("table", { class: "terms" }, el("tr", {}, el("td", {}, "reward"), el("td", { class: "num" }, fmt(s.reward))),
-        Object.entries(s.reward_terms || {}).map(([k, v]) => el("tr", {}, el("td", {}, k), el("td", { class: "num" }, fmt(v)))),
-        (s.prompt_tokens || s.completion_tokens) ? el("tr", {}, el("td", {}, "tokens"), el("td", { class: "num" }, s.prompt_tokens + " + " + s.completion_tokens)) : null),
+      el("div", { class: "terms" }, el("span", { class: "term" }, el("b", {}, "reward "), fmt(s.reward)),
+        Object.entries(s.reward_terms || {}).map(([k, v]) => el("span", { class: "term", "data-term": k }, k + " " + fmt(v))),
+        (s.prompt_tokens || s.completion_tokens) ? el("span", { class: "term" }, "tokens " + s.prompt_tokens + " + " + s.completion_tokens) : null),
       s.raw_output !== null && s.raw_output !== undefined ? el("details", {}, el("summary", {}, "raw model output"), el("pre", { class: "raw" }, s.raw_output)) : null));
   }
   function summaryOf(e) {
