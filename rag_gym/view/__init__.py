@@ -27,7 +27,7 @@ from typing import Any
 
 from rag_gym.view.load import NotARunFolder, check_run_folder, load_run
 
-__all__ = ["NotARunFolder", "build_report", "load_run", "render_html", "serve"]
+__all__ = ["NotARunFolder", "build_report", "load_run", "make_server", "render_html", "serve"]
 
 REPORT_FILE = "report.html"
 
@@ -97,18 +97,25 @@ def build_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     return target
 
 
-def serve(report: str | Path, port: int = 8000) -> None:  # pragma: no cover (blocks)
-    """Serve ``report``'s folder on http://127.0.0.1:``port`` until Ctrl-C (``port`` 0: any
-    free port)."""
+def make_server(report: str | Path, port: int = 8000):
+    """An HTTP server for ``report``'s folder, bound to 127.0.0.1 only (``port`` 0: any free
+    port); :func:`serve` runs it."""
     import functools
     import http.server
 
     report = Path(report)
+    if not report.is_file():
+        raise FileNotFoundError(f"expected a report file to serve, got {report}: build it first")
     handler = functools.partial(
         http.server.SimpleHTTPRequestHandler, directory=str(report.parent.resolve())
     )
-    with http.server.ThreadingHTTPServer(("127.0.0.1", port), handler) as httpd:
+    return http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+
+
+def serve(report: str | Path, port: int = 8000) -> None:  # pragma: no cover (blocks)
+    """Serve ``report`` on http://127.0.0.1:``port`` until Ctrl-C."""
+    with make_server(report, port) as httpd:
         host, bound = httpd.server_address[:2]
-        print(f"serving http://{host}:{bound}/{report.name} (Ctrl-C stops)", flush=True)
+        print(f"serving http://{host}:{bound}/{Path(report).name} (Ctrl-C stops)", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             httpd.serve_forever()

@@ -105,3 +105,24 @@ def test_damaged_trace_lines_are_named_and_skipped(eval_run, tmp_path):
     n = N * len(AGENTS)
     assert any(f"steps.jsonl:{n + 1}: schema_version 99" in w for w in data["warnings"])
     assert any(f"steps.jsonl:{n + 2}: not a step trace" in w for w in data["warnings"])
+
+
+def test_serve_binds_loopback_only_and_serves_the_report(eval_run, tmp_path):
+    import threading
+    import urllib.request
+
+    from rag_gym.view import make_server
+
+    report = build_report(eval_run, tmp_path / "report.html")
+    with make_server(report, 0) as server:
+        host, port = server.server_address[:2]
+        assert host == "127.0.0.1"
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/report.html", timeout=10) as r:
+                assert r.status == 200 and r.read() == report.read_bytes()
+        finally:
+            server.shutdown()
+    with pytest.raises(FileNotFoundError, match="expected a report file"):
+        make_server(tmp_path / "missing.html", 0)

@@ -218,4 +218,6 @@
   renderList();
   window.__ragGymRenderMs = performance.now() - t0;
   document.body.dataset.ready = "1";
+  // the frame after the first view: when it has been painted
+  requestAnimationFrame(() => setTimeout(() => { document.body.dataset.painted = String(performance.now()); }, 0));
 })();
