@@ -11,12 +11,14 @@ batches concurrent callers (transformers), each episode goes on as soon as its o
 
 The run folder gets ``protocol.json`` (everything needed to re-run: dataset, split, question
 ids, seed, env kwargs, retriever, k, corpus mode, model and backend spec, prompt versions,
-command), ``episodes.jsonl``, ``leaderboard.csv``, ``leaderboard.md`` and two plots
-(``em_f1.png``: EM and F1 per agent; ``accuracy_vs_retrievals.png``: EM against the mean number
-of searches, as LWTS Figure 1).
+command), ``episodes.jsonl``, the step traces ``steps.jsonl`` and ``passages.jsonl`` (every
+step of every episode and each passage touched, once; schema in :mod:`rag_gym.traces`),
+``leaderboard.csv``, ``leaderboard.md`` and two plots (``em_f1.png``: EM and F1 per agent;
+``accuracy_vs_retrievals.png``: EM against the mean number of searches, as LWTS Figure 1).
+``rag-gym evaluate`` then writes ``report.html`` (:mod:`rag_gym.view`).
 
 Nothing finished is lost: ``protocol.json`` is written before the first episode, and each episode
-is appended to ``episodes.jsonl`` (and flushed) as soon as it ends. A failing episode (an agent or
+is appended to ``episodes.jsonl`` (and flushed) as soon as it ends, its trace just before. A failing episode (an agent or
 backend error, an env error in ``reset`` or ``step``) is recorded with its ``error`` and the run
 goes on; an ``OSError`` from the env (an unreachable retrieval server, a missing file) stops the
 run, as Ctrl-C or SIGTERM do (:class:`RunInterrupted`). A stopped run has a partial leaderboard
