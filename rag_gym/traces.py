@@ -213,10 +213,15 @@ def trim_cut_line(path: Path) -> bool:
     return not ok
 
 
+def _null(constant: str) -> None:
+    return None
+
+
 def read_jsonl(path: str | Path) -> tuple[list[tuple[Any, int]], list[str]]:
     """``([(record, line number)], warnings)`` of a JSONL file, never raising on its content:
     a line that is not JSON is skipped with a warning naming the file and line (a last line
-    cut by a kill among them). A missing file gives ``([], [])``."""
+    cut by a kill among them). ``NaN`` and infinities read as ``None``. A missing file gives
+    ``([], [])``."""
     path = Path(path)
     if not path.is_file():
         return [], []
@@ -230,7 +235,7 @@ def read_jsonl(path: str | Path) -> tuple[list[tuple[Any, int]], list[str]]:
         if not line.strip():
             continue
         try:
-            records.append((json.loads(line), i))
+            records.append((json.loads(line, parse_constant=_null), i))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             why = "cut off (the run was stopped while writing it)" if i == last else str(exc)
             problems.append(f"{path}:{i}: skipped a line that is not JSON: {why}")

@@ -45,7 +45,10 @@ def _jinja_env():
 
 def _script_json(data: Any) -> str:
     """JSON safe inside ``<script type="application/json">`` (no ``</`` or ``<!--``)."""
-    text = json.dumps(_finite(data), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    try:  # the loader reads NaN as None: this is the fast path
+        text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        text = json.dumps(_finite(data), ensure_ascii=False, separators=(",", ":"))
     return text.replace("<", "\\u003c").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
 
 

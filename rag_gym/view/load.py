@@ -43,7 +43,7 @@ def _json_file(path: Path, warnings: list[str]) -> Any:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"), parse_constant=lambda c: None)
     except (OSError, ValueError) as exc:
         warnings.append(f"{path}: not readable as JSON ({exc}); left out")
         return None
@@ -102,9 +102,9 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
         },
         "warnings": warnings,
     }
-    episodes = _episodes(path, warnings)
+    episodes, records = _episodes(path, warnings)
     data["episodes"] = episodes
-    data["leaderboard"] = _leaderboard(path, episodes, warnings)
+    data["leaderboard"] = _leaderboard(path, episodes, records, warnings)
     steps, passages = _traces(path, warnings)
     by_key = {(s.get("agent"), s.get("question_id")): s for s in steps if "train_step" not in s}
     traced = 0
@@ -123,15 +123,17 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
     return data
 
 
-def _episodes(path: Path, warnings: list[str]) -> list[dict[str, Any]]:
+def _episodes(path: Path, warnings: list[str]) -> tuple[list[dict], list[dict]]:
+    """The episodes as the page shows them, and the valid records as they are."""
     file = path / "episodes.jsonl"
     records, problems = traces.read_jsonl(file)
     warnings.extend(problems)
-    out = []
+    out, valid = [], []
     for rec, line in records:
         if not isinstance(rec, dict) or "agent" not in rec or "question_id" not in rec:
             warnings.append(f"{file}:{line}: not an episode record (no 'agent'/'question_id')")
             continue
+        valid.append(rec)
         e = {"agent": str(rec["agent"]), "question_id": str(rec["question_id"])}
         for key in EPISODE_FIELDS:
             e[key] = rec.get(key)
@@ -141,20 +143,20 @@ def _episodes(path: Path, warnings: list[str]) -> list[dict[str, Any]]:
         for key in ("em", "f1", "reward"):
             e[key] = _num(e[key])
         out.append(e)
-    return out
+    return out, valid
 
 
-def _leaderboard(path: Path, episodes: list[dict[str, Any]], warnings: list[str]) -> dict[str, Any]:
+def _leaderboard(
+    path: Path, episodes: list[dict[str, Any]], records: list[dict], warnings: list[str]
+) -> dict[str, Any]:
     from rag_gym.evaluate import COLUMNS, summarise
 
     columns = [[key, header] for key, header, _ in COLUMNS]
     rows: list[dict[str, Any]] = []
     agents = list(dict.fromkeys(e["agent"] for e in episodes))
-    raw, _ = traces.read_jsonl(path / "episodes.jsonl")
     by_agent: dict[str, list[dict]] = {a: [] for a in agents}
-    for rec, _ in raw:
-        if isinstance(rec, dict) and rec.get("agent") in by_agent:
-            by_agent[rec["agent"]].append(rec)
+    for rec in records:
+        by_agent[str(rec["agent"])].append(rec)
     timing = _json_file(path / "timing.json", warnings) or {}
     try:
         for a in agents:
