@@ -95,8 +95,14 @@ def build_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     html = render_html(load_run(path))
     target = Path(out) if out is not None else path / REPORT_FILE
     tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_text(html, encoding="utf-8")
-    tmp.replace(target)
+    try:
+        tmp.write_text(html, encoding="utf-8")
+        tmp.replace(target)
+    except OSError as exc:
+        raise OSError(
+            f"cannot write the report to {target} ({exc.strerror or exc}): "
+            "pass another file (rag-gym view RUN --out FILE)"
+        ) from exc
     return target
 
 

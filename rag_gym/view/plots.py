@@ -61,25 +61,37 @@ def leaderboard_plots(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
 CURVE_KEYS = (
     "loss",
     "reward",
-    "rewards/mean",
+    "episode/em",
     "eval/em",
-    "eval_em",
+    "charts/em",
+    "episode/num_searches",
+    "kl",
     "mean_token_accuracy",
+    "losses/dpo",
+    "eval/return",
     "entropy",
+    "learning_rate",
 )
+#: logged values that say little about learning (timings, clipping counters, token counts)
+_SKIP = ("runtime", "per_second", "clip_ratio", "num_tokens", "total_flos", "grad_norm")
 
 
-def curve_plots(curves: dict[str, list[list[float]]]) -> list[dict[str, str]]:
-    """One small plot per logged training metric (the known ones first, at most six)."""
+def curve_plots(curves: dict[str, list[list[float]]], limit: int = 8) -> list[dict[str, str]]:
+    """One small plot per logged training metric: the known ones first, then any other that
+    changes, ``limit`` at most."""
     if not curves:
         return []
     plt = _pyplot()
     keys = [k for k in CURVE_KEYS if k in curves]
-    keys += [k for k in curves if k not in keys and len(curves[k]) > 1 and "runtime" not in k]
+    keys += [
+        k
+        for k in curves
+        if k not in keys and not any(s in k for s in _SKIP) and len({v for _, v in curves[k]}) > 1
+    ]
     plots = []
-    for key in keys[:6]:
+    for key in keys[:limit]:
         pts = curves[key]
-        fig, ax = plt.subplots(figsize=(4.2, 2.6))
+        fig, ax = plt.subplots(figsize=(3.6, 2.3))
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 40 else None)
         ax.set_xlabel("training step")
         ax.set_title(key, fontsize=10)

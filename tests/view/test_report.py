@@ -126,3 +126,8 @@ def test_serve_binds_loopback_only_and_serves_the_report(eval_run, tmp_path):
             server.shutdown()
     with pytest.raises(FileNotFoundError, match="expected a report file"):
         make_server(tmp_path / "missing.html", 0)
+
+
+def test_an_unwritable_target_names_the_fix(eval_run, tmp_path):
+    with pytest.raises(OSError, match=r"cannot write the report to .*: pass another file"):
+        build_report(eval_run, tmp_path / "no" / "such" / "dir" / "report.html")

@@ -199,7 +199,11 @@
   if (DATA.train) {
     const tr = DATA.train;
     const sum = document.getElementById("training-summary");
-    if (tr.summary && Object.keys(tr.summary).length) sum.append(el("pre", { class: "raw" }, JSON.stringify(tr.summary, null, 1)));
+    if (tr.summary && Object.keys(tr.summary).length) {
+      const parts = Object.entries(tr.summary).map(([k, v]) => k + ": " + (v && typeof v === "object" ?
+        Object.entries(v).map(([a, b]) => a + " " + fmt(b)).join(", ") : fmt(v)));
+      sum.append(el("p", { class: "meta", id: "training-facts" }, parts.join(" · ")));
+    }
     const steps = [...new Set(tr.rollouts.map(r => r.train_step))].sort((a, b) => a - b);
     const sel = document.getElementById("rollout-step");
     steps.forEach(s => sel.append(el("option", { value: s }, "step " + s)));
