@@ -119,6 +119,11 @@ def test_two_step_sft_then_two_step_grpo_from_it(tmp_path):
     assert [r["loss"] for r in saved["log_history"] if "loss" in r]
     assert (tmp_path / "sft" / "final" / "adapter_model.safetensors").is_file()
     assert (tmp_path / "sft" / "learning_curve.png").is_file()
+    # held-out rollouts before (step 0) and after (the last step) training, for rag-gym view
+    lines = (tmp_path / "sft" / "steps.jsonl").read_text().splitlines()
+    rollouts = [json.loads(line) for line in lines]
+    assert sorted(r["train_step"] for r in rollouts) == [0, 0, 2, 2]
+    assert {r["agent"] for r in rollouts} == {"held-out"} and all(r["steps"] for r in rollouts)
 
     from safetensors.torch import load_file
 
@@ -142,6 +147,8 @@ def test_two_step_sft_then_two_step_grpo_from_it(tmp_path):
     )
     results = train_from(cfg, init=tmp_path / "sft", eval_n=2)
     assert results["before"]["n"] == 2.0 and results["after"]["n"] == 2.0
+    lines = (tmp_path / "grpo" / "steps.jsonl").read_text().splitlines()
+    assert {json.loads(line)["train_step"] for line in lines} == {2}  # sampled at the end
     grpo_weights = load_file(str(tmp_path / "grpo" / "final" / "adapter_model.safetensors"))
     # the GRPO run went on training the SFT adapter (same tensors, started from its values)
     assert set(grpo_weights) == set(sft_weights)
