@@ -249,6 +249,46 @@ def _num(value: float) -> float:
 
 
 @app.command()
+def compare(
+    runs: Annotated[list[Path], typer.Argument(help="evaluate run folders holding both agents.")],
+    a: Annotated[str, typer.Option("--a", help="Agent a (as in the leaderboard).")],
+    b: Annotated[str, typer.Option("--b", help="Agent b, the reference.")],
+    metrics: Annotated[
+        str, typer.Option(help="Comma-separated episode metrics.")
+    ] = "em,f1,recall,full_recall,searches",
+    confidence: Annotated[float, typer.Option(help="Interval level.")] = 0.95,
+    resamples: Annotated[int, typer.Option(help="Bootstrap resamples.")] = 10_000,
+    seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Also write the comparison here.")
+    ] = None,
+) -> None:
+    """Agent a against agent b, question by question (paired bootstrap intervals)."""
+    import json
+
+    from rag_gym.compare import CompareError, compare, comparison_markdown
+
+    try:
+        result = compare(
+            runs,
+            a,
+            b,
+            metrics=[m.strip() for m in metrics.split(",") if m.strip()],
+            confidence=confidence,
+            n_resamples=resamples,
+            seed=seed,
+        )
+    except CompareError as exc:
+        _fail(str(exc))
+    except ValueError as exc:  # bad confidence or resamples
+        _fail(str(exc))
+    typer.echo(comparison_markdown(result), nl=False)
+    if json_out is not None:
+        json_out.write_text(json.dumps(result, indent=2) + "\n")
+        typer.echo(f"wrote {json_out}")
+
+
+@app.command()
 def agents() -> None:
     """List the agents (baselines and the papers' methods)."""
     from rich.table import Table
