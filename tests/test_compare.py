@@ -140,7 +140,7 @@ def test_compare_errors_name_the_fix(tmp_path):
         compare([run], "x", "z")
     with pytest.raises(CompareError, match="two different agents"):
         compare([run], "x", "x")
-    with pytest.raises(CompareError, match="episodes.jsonl"):
+    with pytest.raises(CompareError, match=r"episodes\.jsonl"):
         compare([tmp_path], "x", "y")
     twice = _run(tmp_path / "r2", [_episode("x", "q1", 1.0)])
     with pytest.raises(CompareError, match="more than one run"):
