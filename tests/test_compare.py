@@ -166,3 +166,25 @@ def test_cli_compare_prints_and_writes_json(tmp_path):
     assert "| em | 1.000" in res.output
     bad = CliRunner().invoke(app, ["compare", str(run), "--a", "x", "--b", "nobody"])
     assert bad.exit_code == 2 and "unknown agent 'nobody'" in bad.output
+
+
+def test_leaderboard_row_carries_the_em_interval():
+    from rag_gym.evaluate import COLUMNS, leaderboard_markdown, summarise
+
+    def episode(em):
+        return {
+            "prediction": "x", "answers": ["x"], "answerable": True, "em": em, "f1": em,
+            "cover_em": em, "judge": None, "recall": None, "full_recall": None, "ap": None,
+            "searches": 1, "steps": 2, "refused": False, "prompt_tokens": 0,
+            "completion_tokens": 0, "error": None,
+        }  # fmt: skip
+
+    row = summarise("a", [episode(float(i < 12)) for i in range(40)], 1.0)
+    low, high = (float(v) for v in row["em_ci"].split("–"))
+    assert low < row["em"] == 0.3 < high
+    assert (low, high) == tuple(
+        round(v, 2) for v in bootstrap_ci([float(i < 12) for i in range(40)])
+    )
+    assert "EM 95% CI" in [h for _, h, _ in COLUMNS]
+    assert row["em_ci"] in leaderboard_markdown([row])
+    assert summarise("b", [episode(float("nan"))], 1.0)["em_ci"] is None
