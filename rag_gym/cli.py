@@ -607,6 +607,9 @@ def train_sft(
     epochs: Annotated[float, typer.Option(help="Passes over the demonstrations.")] = 1.0,
     max_steps: Annotated[int, typer.Option(help="Optimiser steps (-1: from --epochs).")] = -1,
     batch_size: Annotated[int, typer.Option(help="Transcripts per step.")] = 8,
+    micro_batch_size: Annotated[
+        int, typer.Option(help="Transcripts per forward pass (memory grows with it).")
+    ] = 2,
     eval_n: Annotated[int, typer.Option(help="Held-out (validation) questions for EM.")] = 100,
     eval_before: Annotated[bool, typer.Option(help="Also evaluate the untrained model.")] = True,
     seed: Annotated[int, typer.Option()] = 0,
@@ -630,6 +633,7 @@ def train_sft(
             epochs=epochs,
             max_steps=max_steps,
             batch_size=batch_size,
+            micro_batch_size=micro_batch_size,
             eval_n=eval_n,
             eval_before=eval_before,
             seed=seed,

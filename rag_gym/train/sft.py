@@ -59,7 +59,12 @@ class SFTConfig:
     max_steps: int = -1
     """Optimiser steps; ``-1`` derives them from ``epochs``."""
     batch_size: int = 8
-    """Transcripts per optimiser step (``per_device_train_batch_size``)."""
+    """Transcripts per optimiser step."""
+    micro_batch_size: int = 2
+    """Transcripts per forward/backward pass; ``batch_size / micro_batch_size`` passes are
+    accumulated into one step (the same update: TRL normalises the loss by the step's trained
+    tokens). Peak memory grows with it: the logits alone take ``micro_batch_size × length ×
+    49,152 × 4`` bytes on SmolLM2, and 8 transcripts in one pass went past 14 GB."""
     max_length: int = 1024
     """Tokens per transcript at most (longer ones are dropped, never cut)."""
     eval_split: str = "validation"
@@ -75,7 +80,7 @@ class SFTConfig:
     exp_name: str = "sft"
     run_dir: str | None = None
     """Exact folder to write into; default ``output_dir/<run name>``."""
-    save_steps: int = 100
+    save_steps: int = 10
     track: bool = False
     """Log to W&B (offline unless configured); TensorBoard is always on."""
     seed: int = 0
@@ -83,10 +88,22 @@ class SFTConfig:
     def __post_init__(self) -> None:
         if self.n_demos is not None and (not isinstance(self.n_demos, int) or self.n_demos < 1):
             raise ValueError(f"expected n_demos >= 1 or None, got {self.n_demos!r}")
-        for name in ("batch_size", "max_length", "lora_r", "max_turns", "max_turn_tokens"):
+        for name in (
+            "batch_size",
+            "micro_batch_size",
+            "max_length",
+            "lora_r",
+            "max_turns",
+            "max_turn_tokens",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"expected {name} to be an int >= 1, got {value!r}")
+        if self.batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"expected batch_size to be a multiple of micro_batch_size, got "
+                f"{self.batch_size} and {self.micro_batch_size}"
+            )
         if not self.learning_rate > 0 or not math.isfinite(self.learning_rate):
             raise ValueError(f"expected learning_rate > 0, got {self.learning_rate!r}")
         if self.eval_n is not None and (not isinstance(self.eval_n, int) or self.eval_n < 0):
@@ -215,8 +232,8 @@ def build_trainer(
     args = trl.SFTConfig(
         output_dir=str(run_dir),
         run_name=run_dir.name,
-        per_device_train_batch_size=cfg.batch_size,
-        gradient_accumulation_steps=1,
+        per_device_train_batch_size=cfg.micro_batch_size,
+        gradient_accumulation_steps=cfg.batch_size // cfg.micro_batch_size,
         learning_rate=cfg.learning_rate,
         lr_scheduler_type="linear",
         warmup_steps=0.05,
