@@ -133,7 +133,7 @@ def main() -> None:
         run_dir=str(run_dir),
     )
     model, tokenizer = load_policy(args.model)
-    test = rollout_engine(cfg, "test", tokenizer)
+    test = rollout_engine(cfg, tokenizer, "test")
 
     started = time.time()
     # scored under the Refinement weights: the objective the curriculum ends on

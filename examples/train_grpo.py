@@ -76,7 +76,7 @@ def parse() -> Args:
 
 def main() -> None:
     args = parse()
-    from rag_gym.train.grpo import build_trainer, evaluate_policy
+    from rag_gym.train.grpo import build_trainer, evaluate_policy, rollout_engine
     from rag_gym.train.models import load_policy
     from rag_gym.train.recipes import recipe
     from rag_gym.train.tracking import run_name
@@ -107,14 +107,15 @@ def main() -> None:
     model, tokenizer = load_policy(args.model)
 
     started = time.time()
-    before = evaluate_policy(model, tokenizer, cfg, split="validation", n=args.eval_n)
+    validation = rollout_engine(cfg, tokenizer, "validation")
+    before = evaluate_policy(model, tokenizer, validation, n=args.eval_n)
     print(f"before: {before}", flush=True)
 
     trainer, _ = build_trainer(cfg, model, tokenizer, run_dir=run_dir)
     trainer.train()
     trainer.save_model(str(run_dir / "final"))
 
-    after = evaluate_policy(trainer.model, tokenizer, cfg, split="validation", n=args.eval_n)
+    after = evaluate_policy(trainer.model, tokenizer, validation, n=args.eval_n)
     print(f"after:  {after}", flush=True)
     results = {
         "args": dataclasses.asdict(args),

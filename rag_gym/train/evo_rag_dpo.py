@@ -73,7 +73,8 @@ from typing import Any
 import numpy as np
 
 from rag_gym.rewards.core import EVO_RAG_TERMS
-from rag_gym.train.rollout import Episode, RolloutEngine, make_generator
+from rag_gym.train.episodes import TextEnvSpec, evaluate_policy, rollout_engine
+from rag_gym.train.rollout import Episode, RolloutEngine, generation_info, make_generator
 
 #: The action types a sibling can take (§3.1); the rollout's own action is one branch, these the
 #: others.
@@ -88,14 +89,11 @@ _TOL = 1e-9  # returns are sums of floats: 0.5 − 0.2 must count as a gap of 0.
 
 
 def _require_trl():
-    try:
-        import peft
-        import trl
-    except ImportError as exc:
-        raise ImportError(
-            "EVO-RAG DPO training needs trl, peft and datasets: pip install torch==2.13.0 && "
-            "pip install 'rag-gym[train]'"
-        ) from exc
+    from rag_gym.train.trl_compat import require_trl
+
+    trl = require_trl()
+    import peft
+
     return trl, peft
 
 
@@ -254,6 +252,20 @@ class EvoRagDPOConfig:
             raise TypeError(
                 f"expected encoder to be None or a model id / path, got {type(self.encoder).__name__}"
             )
+
+    def text_env(self) -> TextEnvSpec:
+        """The ``evo_rag`` text-action env (reward preset and tags) with this run's horizon and
+        token budgets; a turn per env step, T_max turns at most."""
+        return TextEnvSpec(
+            env_id=self.env_id,
+            env_kwargs=self.env_kwargs,
+            reward_preset="evo_rag",
+            tags="evo_rag",
+            max_episode_steps=self.max_episode_steps,
+            max_turns=self.max_turns or self.max_episode_steps or 20,
+            max_turn_tokens=self.max_turn_tokens,
+            max_completion_tokens=self.max_completion_tokens,
+        )
 
 
 def _check_int(name: str, value: Any, minimum: int = 1) -> None:
@@ -861,28 +873,6 @@ def policy_pairs(
 
 
 # ==================================== the policy epoch =========================================
-def _dpo_trainer_class():
-    trl, _ = _require_trl()
-
-    class TokenDPOTrainer(trl.DPOTrainer):
-        """TRL's ``DPOTrainer`` on pairs that are already token ids (``prompt_ids``,
-        ``chosen_ids``, ``rejected_ids``): the prompt is the exact token context of the rollout
-        (with the env's passages inline), which no chat template would reproduce. With
-        ``ref_chosen_logps`` / ``ref_rejected_logps`` columns in the data (reference-free: 0),
-        those are the reference log-probabilities."""
-
-        def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
-            return dataset
-
-        def _precompute_ref_logps(self, dataset, name, batch_size):
-            if "ref_chosen_logps" in dataset.column_names:
-                return dataset
-            return super()._precompute_ref_logps(dataset, name, batch_size)
-
-    TokenDPOTrainer.__module__ = __name__
-    return TokenDPOTrainer
-
-
 def policy_epoch(
     model: Any,
     tokenizer: Any,
@@ -932,7 +922,9 @@ def policy_epoch(
             if on_log is not None and logs:
                 on_log(dict(logs), int(state.global_step), int(state.max_steps))
 
-    trainer = _dpo_trainer_class()(
+    from rag_gym.train.trl_compat import drop_dpo_state, token_dpo_trainer_class
+
+    trainer = token_dpo_trainer_class()(
         model=model,
         args=args,
         train_dataset=Dataset.from_dict(columns),
@@ -943,12 +935,7 @@ def policy_epoch(
     try:
         trainer.train()
     finally:
-        # TRL adds a frozen "ref" copy of the adapter to a PeftModel it is given, and a fused LM
-        # head to the base model's forward; drop both so the next epoch starts clean.
-        if "ref" in model.peft_config:
-            model.delete_adapter("ref")
-        model.set_adapter("default")
-        vars(model.get_base_model()).pop("forward", None)
+        drop_dpo_state(model)  # so the next epoch starts from the same model
     return list(trainer.state.log_history)
 
 
@@ -1015,52 +1002,6 @@ def _mean(values: Any) -> float:
     return float(np.mean(values)) if values else 0.0
 
 
-def rollout_engine(cfg: EvoRagDPOConfig, split: str, tokenizer: Any) -> RolloutEngine:
-    """A :class:`~rag_gym.train.rollout.RolloutEngine` over ``cfg``'s env on ``split``:
-    the ``evo_rag`` reward preset and tags, ``cfg``'s horizon and token budgets."""
-    from rag_gym.train.grpo import env_factory
-
-    make = env_factory(
-        cfg.env_id,
-        split=split,
-        reward_preset="evo_rag",
-        tags="evo_rag",
-        max_episode_steps=cfg.max_episode_steps,
-        **cfg.env_kwargs,
-    )
-    return RolloutEngine(
-        make,
-        tokenizer,
-        max_turns=cfg.max_turns or cfg.max_episode_steps or 20,
-        max_turn_tokens=cfg.max_turn_tokens,
-        max_completion_tokens=cfg.max_completion_tokens,
-    )
-
-
-def evaluate_policy(
-    model: Any,
-    tokenizer: Any,
-    engine: RolloutEngine,
-    n: int,
-    batch_size: int = 32,
-    stage: str | None = None,
-) -> dict[str, float]:
-    """Greedy episodes on the first ``n`` questions of ``engine``'s split: mean EM, return (under
-    ``stage``'s weights) and searches (the dev check of §3.4)."""
-    generate = make_generator(model, tokenizer, temperature=0.0, batch_size=batch_size)
-    total = min(n, engine.n_questions)
-    episodes: list[Episode] = []
-    for start in range(0, total, batch_size):
-        chunk = list(range(start, min(total, start + batch_size)))
-        env_copies(engine, len(chunk), stage)
-        episodes += engine.play(generate, chunk)
-    return {
-        "em": _mean(e.em for e in episodes),
-        "return": _mean(e.episode_return for e in episodes),
-        "num_searches": _mean(e.num_searches for e in episodes),
-    }
-
-
 def _load_adapter(model: Any, folder: Path) -> None:
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
@@ -1084,7 +1025,9 @@ def train(
     and ``history.json``.
 
     Returns ``{"run_dir", "history", "stages": {stage: {best_cycle, best, cycles, checkpoint}},
-    "final", "model"}`` (``model``: the PEFT policy, holding the final adapter).
+    "final", "generation", "model"}`` (``generation``:
+    :func:`~rag_gym.train.rollout.generation_info` of the roll-outs' generator; ``model``: the
+    PEFT policy, holding the final adapter).
     """
     _, peft = _require_trl()
     import torch
@@ -1113,18 +1056,19 @@ def train(
     (run_dir / "config.json").write_text(json.dumps(asdict(cfg), indent=2, default=str))
 
     brancher = SiblingBrancher(
-        rollout_engine(cfg, cfg.split, tokenizer),
+        rollout_engine(cfg, tokenizer, cfg.split),
         cfg.sibling_actions,
         cfg.max_branch_states,
         batch_size=cfg.batch_size,
         seed=cfg.seed,
     )
-    dev = rollout_engine(cfg, cfg.eval_split, tokenizer)
+    dev = rollout_engine(cfg, tokenizer, cfg.eval_split)
     reward_model = PreferenceModel(cfg.encoder, learning_rate=cfg.rm_learning_rate, seed=cfg.seed)
     tracker = _Tracker(run_dir, cfg.track, name, asdict(cfg))
     order = random.Random(cfg.seed)
     queue: list[int] = []
     n_train = brancher.engine.n_questions
+    generation: dict[str, Any] | None = None
     policy_step = 0
     cycle_no = 0
     stages: dict[str, Any] = {}
@@ -1144,6 +1088,7 @@ def train(
                     top_p=cfg.top_p,
                     batch_size=cfg.batch_size,
                 )
+                generation = generation_info(generate)
                 indices = []
                 for _ in range(cfg.episodes_per_cycle):
                     if not queue:
@@ -1239,5 +1184,6 @@ def train(
         "history": tracker.rows,
         "stages": stages,
         "final": str(final),
+        "generation": generation,
         "model": model,
     }

@@ -471,12 +471,27 @@ def make_generator(
     batch_size: int = 16,
 ) -> EngineGenerator | HFGenerator:
     """The generator for rollouts: :class:`EngineGenerator` when the engine runs ``model`` and
-    no ``top_k`` is asked, else :class:`HFGenerator`."""
+    no ``top_k`` is asked, else :class:`HFGenerator`. When the engine cannot run the model, the
+    engine warns and the :class:`HFGenerator` keeps the reason in ``engine_fallback``
+    (:func:`generation_info` reports it)."""
+    fallback = None
     if not top_k:
         engine = EngineGenerator(model, tokenizer, temperature, top_p, batch_size)
         if engine.usable:
             return engine
-    return HFGenerator(model, tokenizer, temperature, top_p, top_k, batch_size)
+        fallback = engine.lm.engine_fallback
+    hf = HFGenerator(model, tokenizer, temperature, top_p, top_k, batch_size)
+    hf.engine_fallback = fallback
+    return hf
+
+
+def generation_info(generator: Any) -> dict[str, Any]:
+    """What a run records about how it generated: ``{"generator": class name,
+    "engine_fallback": why the continuous-batching engine was not used, or None}``."""
+    return {
+        "generator": type(generator).__name__,
+        "engine_fallback": getattr(generator, "engine_fallback", None),
+    }
 
 
 class HFGenerator:
@@ -508,6 +523,8 @@ class HFGenerator:
         self.top_k = int(top_k)
         self.batch_size = batch_size
         self.tokens_generated = 0
+        self.engine_fallback: str | None = None
+        """Why :func:`make_generator` did not use the engine (``None``: not asked for it)."""
         self._criteria: dict[tuple[str, ...], Any] = {}
 
     def _stopping(self, stop: Sequence[str]) -> Any:
