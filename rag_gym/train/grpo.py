@@ -76,14 +76,15 @@ class EnvGRPOConfig:
 
     env_id: str = "rag_gym/SynthHop-v0"
     """A registered id (``rag-gym envs`` lists them)."""
-    env_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Extra ``gym.make`` keyword arguments (``dataset_kwargs``, ``k``, ``data_path``…)."""
+    env_kwargs: dict[str, Any] | str | None = field(default_factory=dict)
+    """Extra ``gym.make`` keyword arguments (``dataset_kwargs``, ``k``, ``data_path``…); a JSON
+    object on a command line."""
     split: str = "train"
     """The split whose questions are trained on."""
     reward_preset: str = "eval_rar"
     """A reward preset of :mod:`rag_gym.wrappers.presets` (``none`` keeps the env's reward)."""
-    reward_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Options of the preset (``stage``, ``encoder``…)."""
+    reward_kwargs: dict[str, Any] | str | None = field(default_factory=dict)
+    """Options of the preset (``stage``, ``encoder``…); a JSON object on a command line."""
     tags: str | None = None
     """The :class:`~rag_gym.wrappers.TextActions` tag preset of a search env; default: the
     reward preset's own (``eval_rar``, ``evo_rag``), else ``search_r1``."""
@@ -126,8 +127,9 @@ class EnvGRPOConfig:
     """Train LoRA adapters (peft) instead of all weights."""
     lora_r: int = 16
     lora_alpha: int = 32
-    stages: tuple[tuple[Any, float], ...] = ()
-    """Curriculum: ``((stage, until_fraction), …)``, e.g. LWTS ``((1, 0.5), (2, 1.0))``;
+    stages: tuple[tuple[Any, float], ...] | str | None = ()
+    """Curriculum: ``((stage, until_fraction), …)``, e.g. LWTS ``((1, 0.5), (2, 1.0))`` (JSON
+    ``[[1, 0.5], [2, 1.0]]`` on a command line);
     each stage is set on every env (:func:`~rag_gym.wrappers.presets.set_stage`) until that
     fraction of ``max_steps``."""
     output_dir: str = "runs"
@@ -144,8 +146,18 @@ class EnvGRPOConfig:
     """Exact folder to write into; default ``output_dir/<run name>``."""
 
     def __post_init__(self) -> None:
+        from rag_gym.train.options import dict_option, json_option
         from rag_gym.wrappers.presets import check_preset
 
+        self.env_kwargs = dict_option("env_kwargs", self.env_kwargs)
+        self.reward_kwargs = dict_option("reward_kwargs", self.reward_kwargs)
+        stages = json_option("stages", self.stages, "'[[1, 0.5], [2, 1.0]]'") or ()
+        try:
+            self.stages = tuple((stage, float(until)) for stage, until in stages)
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"expected stages as (stage, until_fraction) pairs, got {self.stages!r}"
+            ) from None
         check_preset(self.reward_preset)
         if self.algorithm not in ALGORITHMS:
             from rag_gym._names import unknown_name

@@ -39,8 +39,9 @@ class SFTConfig:
 
     env_id: str = "rag_gym/SynthHop-v0"
     """A SynthHop search env id (the expert needs its decompositions)."""
-    env_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Extra ``gym.make`` kwargs (``dataset_kwargs`` for a larger world or more questions)."""
+    env_kwargs: dict[str, Any] | str | None = field(default_factory=dict)
+    """Extra ``gym.make`` kwargs (``dataset_kwargs`` for a larger world or more questions); a
+    JSON object on a command line."""
     split: str = "train"
     """The split the demonstrations come from."""
     tags: str = "search_r1"
@@ -81,6 +82,9 @@ class SFTConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        from rag_gym.train.options import dict_option
+
+        self.env_kwargs = dict_option("env_kwargs", self.env_kwargs)
         if self.n_demos is not None and (not isinstance(self.n_demos, int) or self.n_demos < 1):
             raise ValueError(f"expected n_demos >= 1 or None, got {self.n_demos!r}")
         for name in ("batch_size", "max_length", "lora_r", "max_turns", "max_turn_tokens"):

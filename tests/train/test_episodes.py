@@ -92,3 +92,41 @@ def test_evaluate_policy_plays_n_greedy_episodes_and_records_the_generator():
     assert again["return"] == pytest.approx(out["return"])  # greedy: batching does not matter
     with pytest.raises(ValueError, match="expected n to be an int >= 0"):
         evaluate_policy(model, tok, engine, n=-1)
+
+
+def test_configs_take_json_text_for_their_dict_and_tuple_fields():
+    """What TRL's TrlParser hands over for ``dict | str`` fields (the examples' command lines)."""
+    from rag_gym.train.evo_rag_dpo import EvoRagDPOConfig
+    from rag_gym.train.grpo import EnvGRPOConfig
+    from rag_gym.train.sft import SFTConfig
+
+    cfg = EnvGRPOConfig(env_kwargs='{"k": 3}', reward_kwargs=None, stages="[[1, 0.5], [2, 1]]")
+    assert cfg.env_kwargs == {"k": 3} and cfg.reward_kwargs == {}
+    assert cfg.stages == ((1, 0.5), (2, 1.0))
+    assert SFTConfig(env_kwargs='{"k": 2}').env_kwargs == {"k": 2}
+    dpo = EvoRagDPOConfig(sibling_actions='["SEARCH", "ANSWER"]')
+    assert dpo.sibling_actions == ("SEARCH", "ANSWER")
+    with pytest.raises(TypeError, match="JSON object such as"):
+        EnvGRPOConfig(env_kwargs="k=3")
+    with pytest.raises(TypeError, match="expected stages as"):
+        EnvGRPOConfig(stages="[1, 2]")
+    with pytest.raises(TypeError, match="JSON such as"):
+        EnvGRPOConfig(stages="1,0.5")
+
+
+def test_trl_parser_builds_the_configs_from_a_command_line():
+    pytest.importorskip("trl")
+    from trl import TrlParser
+
+    from rag_gym.train.evo_rag_dpo import EvoRagDPOConfig
+    from rag_gym.train.grpo import EnvGRPOConfig
+
+    (cfg,) = TrlParser(EnvGRPOConfig).parse_args_and_config(
+        ["--max-steps", "3", "--env_kwargs", '{"k": 3}', "--no_lora", "--algorithm", "dapo"]
+    )
+    assert (cfg.max_steps, cfg.env_kwargs, cfg.lora) == (3, {"k": 3}, False)
+    assert cfg.epsilon_high == 0.28  # __post_init__ ran: DAPO's default
+    (dpo,) = TrlParser(EvoRagDPOConfig).parse_args_and_config(
+        ["--sibling_actions", '["SEARCH", "REFUSE"]']
+    )
+    assert dpo.sibling_actions == ("SEARCH", "REFUSE")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from rag_gym.train.episodes import TextEnvSpec
+from rag_gym.train.options import dict_option
 
 #: The action types a sibling can take (§3.1); the rollout's own action is one branch, these the
 #: others.
@@ -25,8 +28,9 @@ class EvoRagDPOConfig:
 
     env_id: str = "rag_gym/SynthHop-v0"
     """A registered search-env id (``rag-gym envs`` lists them)."""
-    env_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Extra ``gym.make`` keyword arguments (``dataset_kwargs``, ``k``, ``data_path``…)."""
+    env_kwargs: dict[str, Any] | str | None = field(default_factory=dict)
+    """Extra ``gym.make`` keyword arguments (``dataset_kwargs``, ``k``, ``data_path``…); a JSON
+    object on a command line."""
     split: str = "train"
     """The split whose questions are rolled out."""
     eval_split: str = "validation"
@@ -45,8 +49,9 @@ class EvoRagDPOConfig:
     max_branch_states: int | None = None
     """Visited states branched per episode, drawn at random; ``None`` branches every state
     (Algorithm 1). A cap bounds the cost: each branch is a further episode."""
-    sibling_actions: tuple[str, ...] = SIBLING_ACTIONS
-    """The action types tried as siblings at a state (besides the policy's own action)."""
+    sibling_actions: tuple[str, ...] | str | None = SIBLING_ACTIONS
+    """The action types tried as siblings at a state (besides the policy's own action); a JSON
+    list such as ``["SEARCH", "ANSWER"]`` on a command line."""
     rm_margin: float = RM_MARGIN
     """Δ (§3.3): reward-model pairs need ``|R(x⁺) − R(x⁻)| ≥ Δ``."""
     policy_margin: float = POLICY_MARGIN
@@ -112,10 +117,10 @@ class EvoRagDPOConfig:
                 raise TypeError(
                     f"expected {name} to be a str, got {type(getattr(self, name)).__name__}"
                 )
-        if not isinstance(self.env_kwargs, dict):
-            raise TypeError(
-                f"expected env_kwargs to be a dict, got {type(self.env_kwargs).__name__}"
-            )
+        self.env_kwargs = dict_option("env_kwargs", self.env_kwargs)
+        if isinstance(self.sibling_actions, str):  # a JSON list on a command line
+            with contextlib.suppress(json.JSONDecodeError):  # else refused below
+                self.sibling_actions = json.loads(self.sibling_actions)
         for name in (
             "episodes_per_cycle",
             "rm_batch_size",
