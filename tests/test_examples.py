@@ -122,7 +122,8 @@ def test_train_dpo_evo_rag_example_runs(tmp_path):
         [
             sys.executable,
             str(ROOT / "examples" / "train_dpo_evo_rag.py"),
-            f"--config={config}",
+            "--config",  # TrlParser reads it as two words
+            str(config),
             "--model=tiny",
             "--seed=0",
             '--env_kwargs={"dataset_kwargs": {"n_passages": 2000, "n_questions": [60, 30, 30]}}',

@@ -6,11 +6,11 @@ TRL supplies the loss and the trainer loop; this module supplies what it lacks:
   (:class:`~rag_gym.train.rollout.RolloutEngine`): generate until an action tag closes,
   step the env, append the observation, go on until the episode ends. Env-written tokens
   (retrieved passages, messages) get ``env_mask = 0`` and are left out of the loss, the
-  Search-R1 / Eval-RAR practice (``003-eval-rar.txt`` §3.2 "retrieved token masking");
+  Search-R1 / Eval-RAR practice (Eval-RAR, "Evaluation-Driven Retrieval-Augmented Reasoning via Reinforcement Learning", §3.2 "retrieved token masking");
 * the trajectory reward: the episode's return under the chosen reward preset, with every
   reward term logged on its own (``rewards/<term>/mean``, weight 0 so only the return trains);
 * DAPO's *dynamic sampling* (Yu et al. 2025; R²AG's "std > 0" constraint,
-  ``002-r2ag.md`` §2.4): a group whose returns all agree has zero advantage and teaches
+  R²AG, "Learning to Reason, Retrieve, and Self-Evolve through a Multi-Branch Retrieval Tree", §2.4): a group whose returns all agree has zero advantage and teaches
   nothing, so it is dropped and refilled with another question, up to ``max_resample_rounds``
   times (``episode/groups_resampled`` logs how many);
 * ARENA's stabilised KL estimator (``kl_estimator="stabilized"``, :class:`~rag_gym.train.trl_compat.StabilizedKLGRPOTrainer`);
@@ -91,7 +91,7 @@ class EnvGRPOConfig:
     max_episode_steps: int | None = None
     """The env's horizon; ``None`` keeps the preset's (20 steps, 5 tree expansions)."""
     step_cost: float = 0.0
-    """Weight of EVO-RAG's step-cost term r_step = −1 per env step (``000-evo-rag.txt`` §3.2),
+    """Weight of EVO-RAG's step-cost term r_step = −1 per env step (EVO-RAG, arXiv:2505.17391, §3.2),
     added on top of the preset's reward; 0 leaves it out."""
     model: str = "embedded"
     """``embedded`` (SmolLM2-135M-Instruct), ``tiny`` (a random 2-layer model for smoke tests),
@@ -528,7 +528,7 @@ def train(cfg: EnvGRPOConfig) -> dict[str, Any]:
 def train_forest(
     cfg: EnvGRPOConfig, iterations: int = 5, steps_per_iteration: int | None = None
 ) -> dict[str, Any]:
-    """R²AG's iterative forest training (``002-r2ag.md`` appendix B.1–B.2) on a tree env.
+    """R²AG's iterative forest training (R²AG, appendix B.1–B.2) on a tree env.
 
     Round 1 trains on the roots (each question with no evidence). After each round the policy
     expands every context once; expansions that hit a gold document and neither stop nor end

@@ -1,5 +1,6 @@
-"""EVO-RAG's preference training (``000-evo-rag.txt`` §3.3–3.5, Algorithm 1): sibling branches,
-a multi-head preference model and DPO on LoRA adapters, over two curriculum stages.
+"""EVO-RAG's preference training (EVO-RAG, "Curriculum-Guided Reinforcement Learning for Efficient
+Multi-Hop Retrieval-Augmented Generation", arXiv:2505.17391, §3.3–3.5, Algorithm 1): sibling
+branches, a multi-head preference model and DPO on LoRA adapters, over two curriculum stages.
 
 One *cycle* (§3.4 "Policy learning alternates three steps", Algorithm 1 lines 3–12):
 
