@@ -339,9 +339,11 @@ class VLLMGenerator:
     ) -> list[list[int]]:
         from vllm import SamplingParams
 
-        llm = self.trainer.vllm_generation.llm
+        from rag_gym.train.trl_compat import colocated_vllm
+
+        llm = colocated_vllm(self.trainer)
         params = SamplingParams(
-            temperature=self.trainer.temperature,
+            temperature=self.trainer.args.temperature,
             top_p=self.trainer.args.top_p,
             max_tokens=max_new_tokens,
             stop=list(stop) or None,

@@ -20,6 +20,8 @@ live here:
 * **Undoing what a DPO epoch leaves on a PEFT model** (:func:`drop_dpo_state`): the frozen
   ``"ref"`` adapter copy TRL adds, and the fused LM head it binds to the base model's
   ``forward``, so the next epoch starts from the same model.
+* **Multi-turn generation on TRL's colocated vLLM engine** (:func:`colocated_vllm`): the
+  ``LLM`` object TRL keeps at ``trainer.vllm_generation.llm``.
 
 :data:`SUPPORTED` is the TRL range these were written and tested against (the floor also has
 ``rollout_func`` and ``env_mask``). :func:`require_trl` refuses another version with the fix;
@@ -235,3 +237,16 @@ def drop_dpo_state(model: Any) -> None:
         model.delete_adapter("ref")
     model.set_adapter("default")
     vars(model.get_base_model()).pop("forward", None)
+
+
+def colocated_vllm(trainer: Any) -> Any:
+    """The vLLM ``LLM`` of a GRPO ``trainer`` run with ``use_vllm=True, vllm_mode="colocate"``
+    (TRL keeps it at ``trainer.vllm_generation.llm``)."""
+    llm = getattr(getattr(trainer, "vllm_generation", None), "llm", None)
+    if llm is None:
+        raise TRLVersionError(
+            "expected TRL's colocated vLLM engine at trainer.vllm_generation.llm (use_vllm=True, "
+            f"vllm_mode='colocate'), found none; install trl{SUPPORTED}: "
+            f"pip install 'trl{SUPPORTED}'"
+        )
+    return llm

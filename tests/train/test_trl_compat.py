@@ -166,3 +166,11 @@ def test_drop_dpo_state_removes_the_ref_adapter_and_the_fused_head():
     trl_compat.drop_dpo_state(lora)
     assert list(lora.peft_config) == ["default"] and lora.active_adapter == "default"
     assert "forward" not in vars(lora.get_base_model())
+
+
+def test_colocated_vllm_names_what_is_missing():
+    engine = object()
+    trainer = SimpleNamespace(vllm_generation=SimpleNamespace(llm=engine))
+    assert trl_compat.colocated_vllm(trainer) is engine
+    with pytest.raises(trl_compat.TRLVersionError, match="vllm_mode='colocate'"):
+        trl_compat.colocated_vllm(SimpleNamespace())
