@@ -100,6 +100,10 @@ class TextEnvSpec:
     max_completion_tokens: int = 1024
     """Model + env tokens per episode at most."""
 
+    def text_env(self) -> TextEnvSpec:
+        """Itself (so :func:`rollout_engine` takes a spec as it takes a trainer config)."""
+        return self
+
     @property
     def tags_or_default(self) -> str:
         return self.tags or default_tags(self.reward_preset)

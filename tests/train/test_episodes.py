@@ -70,6 +70,28 @@ def test_rollout_engine_names_what_it_needs():
 
 
 @requires_policy
+def test_a_spec_and_its_config_build_the_same_engine():
+    from rag_gym.train.episodes import TextEnvSpec, rollout_engine
+    from rag_gym.train.grpo import EnvGRPOConfig
+    from rag_gym.train.models import tiny_policy
+
+    _, tok = tiny_policy()
+    cfg = EnvGRPOConfig(env_kwargs=ENV, reward_preset="evo_rag", max_episode_steps=3, max_turns=3)
+    a = rollout_engine(cfg, tok, "validation")
+    b = rollout_engine(cfg.text_env(), tok, "validation")
+    assert isinstance(cfg.text_env(), TextEnvSpec)
+    assert (a.max_turns, a.stop, a.n_questions) == (b.max_turns, b.stop, b.n_questions)
+    assert a.max_turns == 3 and a.n_questions == 30
+    obs_a, _ = a.envs[0].reset(options={"index": 4})
+    obs_b, _ = b.envs[0].reset(options={"index": 4})
+    assert obs_a == obs_b
+    from rag_gym.wrappers.evo_rag import find_wrapper
+    from rag_gym.wrappers.text_actions import TextActions
+
+    assert find_wrapper(a.envs[0], TextActions).tags.name == "evo_rag"  # the preset's own tags
+
+
+@requires_policy
 def test_evaluate_policy_plays_n_greedy_episodes_and_records_the_generator():
     from rag_gym.train.episodes import TextEnvSpec, evaluate_policy
     from rag_gym.train.models import tiny_policy
