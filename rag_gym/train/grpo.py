@@ -13,7 +13,7 @@ TRL supplies the loss and the trainer loop; this module supplies what it lacks:
   R²AG, "Learning to Reason, Retrieve, and Self-Evolve through a Multi-Branch Retrieval Tree", §2.4): a group whose returns all agree has zero advantage and teaches
   nothing, so it is dropped and refilled with another question, up to ``max_resample_rounds``
   times (``episode/groups_resampled`` logs how many);
-* ARENA's stabilised KL estimator (``kl_estimator="stabilized"``, :class:`~rag_gym.train.trl_compat.StabilizedKLGRPOTrainer`);
+* ARENA's stabilised KL estimator (``kl_estimator="stabilized"``, :func:`~rag_gym.train.trl_compat.stabilized_kl_trainer_class`);
 * curriculum stages (LWTS's stage 1 then stage 2 answer reward) switched at fractions of
   training, and R²AG's iterative forest training (:func:`train_forest`).
 
@@ -105,7 +105,7 @@ class EnvGRPOConfig:
     beta: float = 0.001
     """KL coefficient (0 disables the reference model)."""
     kl_estimator: str = "k3"
-    """``k3`` (TRL's, GRPO's) or ``stabilized`` (ARENA's; see :class:`~rag_gym.train.trl_compat.StabilizedKLGRPOTrainer`)."""
+    """``k3`` (TRL's, GRPO's) or ``stabilized`` (ARENA's; see :func:`~rag_gym.train.trl_compat.stabilized_kl_trainer_class`)."""
     epsilon: float = 0.2
     """Lower clipping bound ε (ε_low)."""
     epsilon_high: float | None = None
@@ -393,7 +393,7 @@ def build_trainer(
     extra_rewards: Sequence[tuple[Callable, float]] = (),
 ) -> tuple[Any, EnvRollout]:
     """TRL's ``GRPOTrainer`` for ``cfg`` (with ``rollout_func`` and ``env_mask``; the
-    :class:`~rag_gym.train.trl_compat.StabilizedKLGRPOTrainer` for ``kl_estimator="stabilized"``)
+    :func:`~rag_gym.train.trl_compat.stabilized_kl_trainer_class` for ``kl_estimator="stabilized"``)
     and its rollout function.
 
     ``model``/``tokenizer`` default to :func:`~rag_gym.train.models.load_policy` of

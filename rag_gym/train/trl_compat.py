@@ -31,6 +31,7 @@ test also pins, so an upgrade fails loudly instead of training wrong.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 from typing import Any
@@ -139,11 +140,9 @@ def aggregate(trainer: Any, x: Any, mask: Any, inputs: dict[str, Any]) -> Any:
     return (x * mask).sum() / normalizer
 
 
+@functools.cache
 def stabilized_kl_trainer_class() -> type:
-    """:class:`StabilizedKLGRPOTrainer` (built on first use: it subclasses ``trl.GRPOTrainer``)."""
-    cached = globals().get("_STABILIZED")
-    if cached is not None:
-        return cached
+    """``StabilizedKLGRPOTrainer``, built on first use (it subclasses ``trl.GRPOTrainer``)."""
     trl = require_trl()
     check_private_api(trl)
 
@@ -194,16 +193,12 @@ def stabilized_kl_trainer_class() -> type:
             return loss
 
     StabilizedKLGRPOTrainer.__module__ = __name__
-    globals()["_STABILIZED"] = StabilizedKLGRPOTrainer
-    globals()["StabilizedKLGRPOTrainer"] = StabilizedKLGRPOTrainer
     return StabilizedKLGRPOTrainer
 
 
+@functools.cache
 def token_dpo_trainer_class() -> type:
-    """:class:`TokenDPOTrainer` (built on first use: it subclasses ``trl.DPOTrainer``)."""
-    cached = globals().get("_TOKEN_DPO")
-    if cached is not None:
-        return cached
+    """``TokenDPOTrainer``, built on first use (it subclasses ``trl.DPOTrainer``)."""
     trl = require_trl()
     check_private_api(trl)
 
@@ -223,8 +218,6 @@ def token_dpo_trainer_class() -> type:
             return super()._precompute_ref_logps(dataset, name, batch_size)
 
     TokenDPOTrainer.__module__ = __name__
-    globals()["_TOKEN_DPO"] = TokenDPOTrainer
-    globals()["TokenDPOTrainer"] = TokenDPOTrainer
     return TokenDPOTrainer
 
 
