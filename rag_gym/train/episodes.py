@@ -18,7 +18,8 @@ from typing import Any
 
 import gymnasium as gym
 
-from rag_gym.train.rollout import Episode, RolloutEngine, generation_info, make_generator
+from rag_gym.train.generators import generation_info, make_generator
+from rag_gym.train.rollout import Episode, RolloutEngine
 
 
 def default_tags(reward_preset: str) -> str:
@@ -158,7 +159,7 @@ def evaluate_policy(
     ``stage`` sets a curriculum stage on every env copy first (EVO-RAG's ``"discovery"`` /
     ``"refinement"`` weights, LWTS's 1 / 2). Returns the means of ``em``, ``return``,
     ``num_searches`` and ``turns``, the number of episodes ``n``, and ``generation``
-    (:func:`~rag_gym.train.rollout.generation_info`: whether the continuous-batching engine
+    (:func:`~rag_gym.train.generators.generation_info`: whether the continuous-batching engine
     generated, and why not).
     """
     if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 0):

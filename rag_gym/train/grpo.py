@@ -40,14 +40,13 @@ from rag_gym.train.episodes import (
     evaluate_policy,
     rollout_engine,
 )
-from rag_gym.train.rollout import (
+from rag_gym.train.generators import (
     EngineGenerator,
-    Episode,
     HFGenerator,
-    RolloutEngine,
     generation_info,
     make_generator,
 )
+from rag_gym.train.rollout import Episode, RolloutEngine
 
 __all__ = [
     "EnvGRPOConfig",

@@ -65,8 +65,8 @@ def test_linear_forwards_patch_instances_only_and_restore_them():
 @requires_policy
 def test_a_model_the_engine_cannot_run_falls_back_with_a_warning_and_a_record(monkeypatch):
     from rag_gym.generation import transformers_lm
+    from rag_gym.train.generators import HFGenerator, generation_info, make_generator
     from rag_gym.train.models import tiny_policy
-    from rag_gym.train.rollout import HFGenerator, generation_info, make_generator
 
     model, tok = tiny_policy()
     with warnings.catch_warnings():

@@ -17,7 +17,7 @@ from rag_gym.train.evo_rag_dpo.config import STAGES, EvoRagDPOConfig
 from rag_gym.train.evo_rag_dpo.dpo import _require_trl, policy_epoch
 from rag_gym.train.evo_rag_dpo.preference import PreferenceModel, policy_pairs, reward_model_pairs
 from rag_gym.train.evo_rag_dpo.tracking import _dpo_logger, _mean, _Tracker
-from rag_gym.train.rollout import generation_info, make_generator
+from rag_gym.train.generators import generation_info, make_generator
 
 
 def _load_adapter(model: Any, folder: Path) -> None:
@@ -44,7 +44,7 @@ def train(
 
     Returns ``{"run_dir", "history", "stages": {stage: {best_cycle, best, cycles, checkpoint}},
     "final", "generation", "model"}`` (``generation``:
-    :func:`~rag_gym.train.rollout.generation_info` of the roll-outs' generator; ``model``: the
+    :func:`~rag_gym.train.generators.generation_info` of the roll-outs' generator; ``model``: the
     PEFT policy, holding the final adapter).
     """
     _, peft = _require_trl()
