@@ -3,7 +3,8 @@
 :class:`EngineGenerator` generates with ``transformers`` on rag-gym's continuous-batching engine
 (:class:`~rag_gym.generation.transformers_lm.TransformersLM`), each episode's keys and values kept
 from turn to turn; :class:`HFGenerator` with ``model.generate`` on left-padded batches (any model,
-``top_k``); :func:`make_generator` picks, and :func:`generation_info` records which one ran and
+``top_k``); :class:`VLLMGenerator` on TRL's colocated vLLM engine (a GPU);
+:func:`make_generator` picks between the first two, and :func:`generation_info` records which one ran and
 why the engine did not.
 """
 
@@ -311,3 +312,32 @@ class HFGenerator:
             else:
                 lo = mid + 1
         return tokens[:lo]
+
+
+class VLLMGenerator:
+    """Multi-turn generation through TRL's vLLM engine (``use_vllm=True``, colocate mode).
+
+    Untested in CI (no GPU there); it calls the same engine TRL uses for single-turn GRPO.
+    """
+
+    def __init__(self, trainer: Any, tokenizer: Any) -> None:
+        self.trainer = trainer
+        self.tokenizer = tokenizer
+
+    def __call__(
+        self, sequences: list[list[int]], max_new_tokens: int, stop: Sequence[str]
+    ) -> list[list[int]]:
+        from vllm import SamplingParams
+
+        from rag_gym.train.trl_compat import colocated_vllm
+
+        llm = colocated_vllm(self.trainer)
+        params = SamplingParams(
+            temperature=self.trainer.args.temperature,
+            top_p=self.trainer.args.top_p,
+            max_tokens=max_new_tokens,
+            stop=list(stop) or None,
+            include_stop_str_in_output=True,
+        )
+        outputs = llm.generate([{"prompt_token_ids": s} for s in sequences], params, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outputs]

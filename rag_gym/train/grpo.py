@@ -43,6 +43,7 @@ from rag_gym.train.episodes import (
 from rag_gym.train.generators import (
     EngineGenerator,
     HFGenerator,
+    VLLMGenerator,
     generation_info,
     make_generator,
 )
@@ -321,35 +322,6 @@ class EnvRollout:
             "reward_terms": [dict(e.reward_terms) for e in episodes],
             "num_searches": [e.num_searches for e in episodes],
         }
-
-
-class VLLMGenerator:
-    """Multi-turn generation through TRL's vLLM engine (``use_vllm=True``, colocate mode).
-
-    Untested in CI (no GPU there); it calls the same engine TRL uses for single-turn GRPO.
-    """
-
-    def __init__(self, trainer: Any, tokenizer: Any) -> None:
-        self.trainer = trainer
-        self.tokenizer = tokenizer
-
-    def __call__(
-        self, sequences: list[list[int]], max_new_tokens: int, stop: Sequence[str]
-    ) -> list[list[int]]:
-        from vllm import SamplingParams
-
-        from rag_gym.train.trl_compat import colocated_vllm
-
-        llm = colocated_vllm(self.trainer)
-        params = SamplingParams(
-            temperature=self.trainer.args.temperature,
-            top_p=self.trainer.args.top_p,
-            max_tokens=max_new_tokens,
-            stop=list(stop) or None,
-            include_stop_str_in_output=True,
-        )
-        outputs = llm.generate([{"prompt_token_ids": s} for s in sequences], params, use_tqdm=False)
-        return [list(o.outputs[0].token_ids) for o in outputs]
 
 
 def _mean(values: Any) -> float:
