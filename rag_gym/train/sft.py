@@ -39,8 +39,9 @@ class SFTConfig:
 
     env_id: str = "rag_gym/SynthHop-v0"
     """A SynthHop search env id (the expert needs its decompositions)."""
-    env_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Extra ``gym.make`` kwargs (``dataset_kwargs`` for a larger world or more questions)."""
+    env_kwargs: dict[str, Any] | str | None = field(default_factory=dict)
+    """Extra ``gym.make`` kwargs (``dataset_kwargs`` for a larger world or more questions); a
+    JSON object on a command line."""
     split: str = "train"
     """The split the demonstrations come from."""
     tags: str = "search_r1"
@@ -86,6 +87,9 @@ class SFTConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        from rag_gym.train.options import dict_option
+
+        self.env_kwargs = dict_option("env_kwargs", self.env_kwargs)
         if self.n_demos is not None and (not isinstance(self.n_demos, int) or self.n_demos < 1):
             raise ValueError(f"expected n_demos >= 1 or None, got {self.n_demos!r}")
         for name in (
@@ -109,12 +113,25 @@ class SFTConfig:
         if self.eval_n is not None and (not isinstance(self.eval_n, int) or self.eval_n < 0):
             raise ValueError(f"expected eval_n >= 0 or None, got {self.eval_n!r}")
 
+    def text_env(self):
+        """The env the transcripts are played in and the policy is evaluated on (no reward
+        preset: held-out EM is the env's own score)."""
+        from rag_gym.train.episodes import TextEnvSpec
+
+        return TextEnvSpec(
+            env_id=self.env_id,
+            env_kwargs=self.env_kwargs,
+            tags=self.tags,
+            max_turns=self.max_turns,
+            max_turn_tokens=self.max_turn_tokens,
+            max_completion_tokens=self.max_completion_tokens,
+        )
+
 
 def make_text_env(cfg: SFTConfig, split: str):
-    """The text-action env of ``cfg`` on ``split`` (the RL trainers' :func:`env_factory`)."""
-    from rag_gym.train.grpo import env_factory
-
-    return env_factory(cfg.env_id, split=split, tags=cfg.tags, **cfg.env_kwargs)()
+    """The text-action env of ``cfg`` on ``split`` (the env the RL trainers play:
+    :meth:`SFTConfig.text_env`)."""
+    return cfg.text_env().make_env(split)()
 
 
 def demonstrations(cfg: SFTConfig) -> list[Demonstration]:
@@ -174,28 +191,15 @@ def tokenize_demonstration(
     return {"input_ids": ids, "completion_mask": mask}
 
 
-def _eval_config(cfg: SFTConfig):
-    from rag_gym.train.grpo import EnvGRPOConfig
-
-    return EnvGRPOConfig(
-        env_id=cfg.env_id,
-        env_kwargs=cfg.env_kwargs,
-        reward_preset="none",
-        tags=cfg.tags,
-        max_turns=cfg.max_turns,
-        max_turn_tokens=cfg.max_turn_tokens,
-        max_completion_tokens=cfg.max_completion_tokens,
-        model=cfg.model,
-    )
-
-
-def held_out(model: Any, tokenizer: Any, cfg: SFTConfig) -> dict[str, float] | None:
-    """Greedy EM, searches and turns of ``model`` on ``cfg.eval_n`` questions of ``eval_split``."""
+def held_out(model: Any, tokenizer: Any, cfg: SFTConfig) -> dict[str, Any] | None:
+    """Greedy EM, searches and turns of ``model`` on ``cfg.eval_n`` questions of ``eval_split``
+    (:func:`~rag_gym.train.episodes.evaluate_policy`)."""
     if cfg.eval_n == 0:
         return None
-    from rag_gym.train.grpo import evaluate_policy
+    from rag_gym.train.episodes import evaluate_policy, rollout_engine
 
-    return evaluate_policy(model, tokenizer, _eval_config(cfg), split=cfg.eval_split, n=cfg.eval_n)
+    engine = rollout_engine(cfg, tokenizer, cfg.eval_split)
+    return evaluate_policy(model, tokenizer, engine, n=cfg.eval_n)
 
 
 def build_trainer(
@@ -203,11 +207,11 @@ def build_trainer(
 ) -> tuple[Any, Path, dict[str, Any]]:
     """TRL's ``SFTTrainer`` over ``cfg``'s demonstrations; returns it, the run folder and
     statistics of the data (demonstrations, tokens, trained tokens)."""
-    from rag_gym.train.grpo import _require_trl
     from rag_gym.train.models import load_policy, lora_config
     from rag_gym.train.tracking import report_to, run_dir_for
+    from rag_gym.train.trl_compat import require_trl
 
-    trl = _require_trl()
+    trl = require_trl()
     import torch
     from datasets import Dataset
 
