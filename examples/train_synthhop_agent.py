@@ -5,7 +5,7 @@ The whole pipeline, top to bottom, on a CPU:
 1. **SFT** on the scripted expert's transcripts (:mod:`rag_gym.train.sft`): LoRA on every linear
    layer, loss on the model-written tokens only;
 2. **GRPO** from that checkpoint (:func:`rag_gym.train.grpo.train_from`), the adapter going on
-   training in the same env (skipped with ``--grpo-steps 0``);
+   training in the same env (skipped with ``--grpo_steps 0``);
 3. **ship** the adapter as a checkpoint folder (:func:`rag_gym.train.ship.package_adapter`:
    PEFT weights, the llama.cpp GGUF adapter and a model card);
 4. **evaluate** it with ``rag-gym evaluate``'s protocol on the held-out test split through
