@@ -282,6 +282,46 @@ def _num(value: float) -> float:
 
 
 @app.command()
+def compare(
+    runs: Annotated[list[Path], typer.Argument(help="evaluate run folders holding both agents.")],
+    a: Annotated[str, typer.Option("--a", help="Agent a (as in the leaderboard).")],
+    b: Annotated[str, typer.Option("--b", help="Agent b, the reference.")],
+    metrics: Annotated[
+        str, typer.Option(help="Comma-separated episode metrics.")
+    ] = "em,f1,recall,full_recall,searches",
+    confidence: Annotated[float, typer.Option(help="Interval level.")] = 0.95,
+    resamples: Annotated[int, typer.Option(help="Bootstrap resamples.")] = 10_000,
+    seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Also write the comparison here.")
+    ] = None,
+) -> None:
+    """Agent a against agent b, question by question (paired bootstrap intervals)."""
+    import json
+
+    from rag_gym.compare import CompareError, compare, comparison_markdown
+
+    try:
+        result = compare(
+            runs,
+            a,
+            b,
+            metrics=[m.strip() for m in metrics.split(",") if m.strip()],
+            confidence=confidence,
+            n_resamples=resamples,
+            seed=seed,
+        )
+    except CompareError as exc:
+        _fail(str(exc))
+    except ValueError as exc:  # bad confidence or resamples
+        _fail(str(exc))
+    typer.echo(comparison_markdown(result), nl=False)
+    if json_out is not None:
+        json_out.write_text(json.dumps(result, indent=2) + "\n")
+        typer.echo(f"wrote {json_out}")
+
+
+@app.command()
 def agents() -> None:
     """List the agents (baselines and the papers' methods)."""
     from rich.table import Table
@@ -600,6 +640,9 @@ def train_sft(
     epochs: Annotated[float, typer.Option(help="Passes over the demonstrations.")] = 1.0,
     max_steps: Annotated[int, typer.Option(help="Optimiser steps (-1: from --epochs).")] = -1,
     batch_size: Annotated[int, typer.Option(help="Transcripts per step.")] = 8,
+    micro_batch_size: Annotated[
+        int, typer.Option(help="Transcripts per forward pass (memory grows with it).")
+    ] = 2,
     eval_n: Annotated[int, typer.Option(help="Held-out (validation) questions for EM.")] = 100,
     eval_before: Annotated[bool, typer.Option(help="Also evaluate the untrained model.")] = True,
     seed: Annotated[int, typer.Option()] = 0,
@@ -623,6 +666,7 @@ def train_sft(
             epochs=epochs,
             max_steps=max_steps,
             batch_size=batch_size,
+            micro_batch_size=micro_batch_size,
             eval_n=eval_n,
             eval_before=eval_before,
             seed=seed,

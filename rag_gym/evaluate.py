@@ -54,11 +54,13 @@ import rag_gym
 from rag_gym import metrics, traces
 from rag_gym.agents.base import Agent
 from rag_gym.baselines import agent_class, check_agent_name
+from rag_gym.stats import bootstrap_ci
 
 #: leaderboard columns: (key, header, format)
 COLUMNS = (
     ("agent", "agent", "{}"),
     ("em", "EM", "{:.3f}"),
+    ("em_ci", "EM 95% CI", "{}"),
     ("f1", "F1", "{:.3f}"),
     ("cover_em", "cover-EM", "{:.3f}"),
     ("sub_em", "sub-EM", "{:.3f}"),
@@ -691,6 +693,19 @@ def _sub_em(episodes: list[dict[str, Any]]) -> float:
     return float(np.mean(vals)) if vals else float("nan")
 
 
+def _em_interval(episodes: list[dict[str, Any]]) -> str | None:
+    """The 95% percentile-bootstrap interval of the mean EM over questions, as ``low–high``."""
+    vals = [
+        e["em"]
+        for e in episodes
+        if e["em"] is not None and not (isinstance(e["em"], float) and np.isnan(e["em"]))
+    ]
+    if not vals:
+        return None
+    low, high = bootstrap_ci(vals)
+    return f"{low:.2f}–{high:.2f}"
+
+
 def summarise(agent: str, episodes: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
     """One leaderboard row from an agent's episodes."""
 
@@ -708,6 +723,7 @@ def summarise(agent: str, episodes: list[dict[str, Any]], seconds: float) -> dic
     return {
         "agent": agent,
         "em": mean("em"),
+        "em_ci": _em_interval(episodes),
         "f1": mean("f1"),
         "cover_em": mean("cover_em"),
         "sub_em": _sub_em(episodes),

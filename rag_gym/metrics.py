@@ -147,7 +147,8 @@ def full_recall(retrieved: Sequence[str], gold: Iterable[str], k: int | None = N
 def average_precision(retrieved: Sequence[str], gold: Iterable[str], k: int | None = None) -> float:
     """Average precision normalised by the number of gold documents, as R²AG defines it.
 
-    R²AG (``002-r2ag.md`` §2.4, eq. 5):
+    R²AG ("R²AG: Learning to Reason, Retrieve, and Self-Evolve through a Multi-Branch Retrieval
+    Tree", §2.4, eq. 5):
     ``AP = 1/|g| * sum_{u=1..t} P@u * 1{r_u in g}``, with ``P@u`` the precision of the first
     ``u`` results. Dividing by ``|g|`` (not by the number of hits) means a missed gold document
     lowers AP. Duplicate retrieved ids count once, at their first rank.

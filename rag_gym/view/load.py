@@ -169,7 +169,7 @@ def _leaderboard(
         )
     if not rows and (path / "leaderboard.csv").is_file():
         rows = _leaderboard_csv(path, warnings)
-    clean = [{k: (_num(v) if k != "agent" else v) for k, v in r.items()} for r in rows]
+    clean = [{k: (v if isinstance(v, str) else _num(v)) for k, v in r.items()} for r in rows]
     return {"columns": columns, "rows": clean}
 
 
@@ -188,7 +188,7 @@ def _leaderboard_csv(path: Path, warnings: list[str]) -> list[dict[str, Any]]:
                 try:
                     conv[k] = float(v)
                 except (TypeError, ValueError):
-                    conv[k] = None
+                    conv[k] = v or None  # a text cell (the EM interval), or empty
             rows.append(conv)
     return rows
 

@@ -169,3 +169,45 @@ def test_init_errors(tmp_path):
         SFTConfig(n_demos=0)
     with pytest.raises(ValueError, match="learning_rate"):
         SFTConfig(learning_rate=float("nan"))
+
+
+def test_micro_batches_accumulate_to_the_same_update(tmp_path):
+    """``batch_size=4`` in one pass and in four passes of one transcript give the same step:
+    the loss is normalised by the step's trained tokens, not averaged per pass."""
+    import torch
+
+    from rag_gym.train.models import tiny_policy
+    from rag_gym.train.sft import SFTConfig, build_trainer
+
+    weights = {}
+    for micro in (4, 1):
+        model, tok = tiny_policy()
+        torch.manual_seed(0)
+        cfg = SFTConfig(
+            env_kwargs=ENV,
+            model="tiny",
+            n_demos=8,
+            batch_size=4,
+            micro_batch_size=micro,
+            max_steps=2,  # the first step is the warm-up's, at learning rate 0
+            eval_n=0,
+            learning_rate=1.0,
+            run_dir=str(tmp_path / f"micro{micro}"),
+        )
+        trainer, _, _ = build_trainer(cfg, model, tok)
+        assert trainer.args.per_device_train_batch_size == micro
+        assert trainer.args.gradient_accumulation_steps == 4 // micro
+        # plain SGD: the update is the gradient itself (Adam's first step is about its sign)
+        trainer.args.optim = "sgd"
+        trainer.train()
+        assert type(trainer.optimizer.optimizer).__name__ == "SGD"
+        weights[micro] = {
+            k: v.detach().clone() for k, v in trainer.model.named_parameters() if "lora_" in k
+        }
+    assert weights[4].keys() == weights[1].keys() and weights[4]
+    # lora_B starts at zero: the step moved it, by the same amount both ways
+    assert any(v.abs().max() > 1e-3 for k, v in weights[4].items() if "lora_B" in k)
+    for k, v in weights[4].items():
+        assert torch.allclose(v, weights[1][k], rtol=1e-4, atol=1e-6), k
+    with pytest.raises(ValueError, match="multiple of micro_batch_size"):
+        SFTConfig(batch_size=6, micro_batch_size=4)
