@@ -7,7 +7,8 @@
   preference model, branching, the DPO epoch, tracking, the loop);
 * :mod:`~rag_gym.train.episodes`: the one env set-up (:class:`~rag_gym.train.episodes.TextEnvSpec`)
   and :func:`~rag_gym.train.episodes.evaluate_policy` they all use; :mod:`~rag_gym.train.rollout`
-  plays the episodes;
+  plays the episodes; :mod:`~rag_gym.train.rollout_log` saves a sample of them every N steps
+  in the step-trace schema (``rag-gym view`` shows them);
 * :mod:`~rag_gym.train.trl_compat`: the only module that reaches into TRL's private methods,
   with the TRL range it is tested with;
 * :mod:`~rag_gym.train.sb3`: classic RL with Stable-Baselines3; :mod:`~rag_gym.train.ship`:
