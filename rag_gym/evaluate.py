@@ -18,9 +18,9 @@ step of every episode and each passage touched, once; schema in :mod:`rag_gym.tr
 ``rag-gym evaluate`` then writes ``report.html`` (:mod:`rag_gym.view`).
 
 Nothing finished is lost: ``protocol.json`` is written before the first episode, and each episode
-is appended to ``episodes.jsonl`` (and flushed) as soon as it ends, its trace just before. A failing episode (an agent or
-backend error, an env error in ``reset`` or ``step``) is recorded with its ``error`` and the run
-goes on; an ``OSError`` from the env (an unreachable retrieval server, a missing file) stops the
+is appended to ``episodes.jsonl`` (and flushed) as soon as it ends, its trace just before. A
+failing episode (an agent or backend error, an env error in ``reset`` or ``step``) is recorded
+with its ``error`` and the run goes on; an ``OSError`` from the env (an unreachable retrieval server, a missing file) stops the
 run, as Ctrl-C or SIGTERM do (:class:`RunInterrupted`). A stopped run has a partial leaderboard
 and goes on with ``evaluate(..., resume=True)`` (``rag-gym evaluate --resume RUN``): only the
 missing episodes are played, each with the seed it would have had, so the final leaderboard is
