@@ -1,10 +1,24 @@
 """rag-gym: the Gymnasium of multi-hop retrieval QA.
 
-``import rag_gym`` registers the environments, so ``gym.make("rag_gym/SynthHop-v0")`` works.
+``import rag_gym`` registers the environments, so ``gym.make("rag_gym/SynthHop-v0")`` works;
+``rag_gym.make(id, reward_preset=...)`` adds a paper's reward stack around it.
 """
+
+from __future__ import annotations
+
+from typing import Any
 
 __version__ = "0.1.0"
 
 from rag_gym.envs.registration import register_envs as _register_envs
 
 _register_envs()
+
+
+def make(env_id: Any, reward_preset: str = "none", **kwargs: Any) -> Any:
+    """``gym.make(env_id, **kwargs)`` in the reward stack of ``reward_preset`` (see
+    :func:`rag_gym.wrappers.presets.make`, which takes ``reward_kwargs`` and
+    ``max_episode_steps`` too)."""
+    from rag_gym.wrappers.presets import make as make_with_preset
+
+    return make_with_preset(env_id, reward_preset=reward_preset, **kwargs)

@@ -43,8 +43,14 @@ def evaluate(
     corpus: Annotated[
         str | None, typer.Option(help="Corpus JSONL to search (required for Bamboogle).")
     ] = None,
+    index: Annotated[
+        str | None,
+        typer.Option(
+            help="A saved index directory to search (rag-gym index build): the env's index=."
+        ),
+    ] = None,
     retriever: Annotated[
-        str | None, typer.Option(help="A saved BM25 index directory to search.")
+        str | None, typer.Option(hidden=True, help="Deprecated alias of --index.")
     ] = None,
     k: Annotated[int | None, typer.Option(help="Passages per search (env default 3).")] = None,
     env_kwargs: Annotated[
@@ -114,7 +120,17 @@ def evaluate(
             _fail(f"expected --env-kwargs to be a JSON object, got {env_kwargs!r} ({exc})")
         if not isinstance(extra, dict):
             _fail(f"expected --env-kwargs to be a JSON object, got {env_kwargs!r}")
-    options = {"data_path": data_path, "corpus": corpus, "index": retriever, "k": k}
+    if retriever is not None:
+        typer.secho(
+            "warning: --retriever is deprecated: use --index DIR (a saved index directory, the "
+            "env's index=; the env's retriever= is a server URL or a retriever object)",
+            fg=typer.colors.YELLOW,
+            err=True,
+        )
+        if index is not None and index != retriever:
+            _fail(f"expected one index directory, got --index {index} and --retriever {retriever}")
+        index = retriever
+    options = {"data_path": data_path, "corpus": corpus, "index": index, "k": k}
     env_kwargs_ = {**extra, **{key: val for key, val in options.items() if val is not None}}
     agent_names = tuple(a.strip() for a in agents.split(",") if a.strip())
     try:
@@ -138,7 +154,8 @@ def evaluate(
             config = EvalConfig.from_run(
                 resume, out_dir=str(resume.parent), run_name=resume.name, **given_
             )
-            names = {"data_path": "data_path", "corpus": "corpus", "retriever": "index", "k": "k"}
+            names = {"data_path": "data_path", "corpus": "corpus", "index": "index", "k": "k"}
+            names["retriever"] = "index"  # the deprecated alias of --index
             if given("env_kwargs") or any(given(o) for o in names):
                 base = extra if given("env_kwargs") else config.env_kwargs
                 config.env_kwargs = {
@@ -474,7 +491,7 @@ def index_build(
             retriever = DenseRetriever(passages, DenseConfig(model=model), show_progress=True)
         path = retriever.save(out, force=force)
         if verify:
-            from rag_gym.retrieval.persist import load_index
+            from rag_gym.retrieval import load_index
 
             load_index(path, verify=True)
     except (TypeError, ValueError, OSError, ImportError) as exc:
@@ -543,13 +560,8 @@ def serve(
     """Serve an index over HTTP (Search-R1's /retrieve API, micro-batched)."""
     import os
 
-    from rag_gym.retrieval.server import (
-        ServerLimits,
-        VerbatimContents,
-        create_app,
-        load_index,
-        run_server,
-    )
+    from rag_gym.retrieval import load_index
+    from rag_gym.retrieval.server import ServerLimits, VerbatimContents, create_app, run_server
 
     if (index is None) == (faiss_index is None):
         _fail("give --index DIR (rag-gym index build) or --faiss-index FILE, one of them")

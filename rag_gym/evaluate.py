@@ -795,7 +795,8 @@ def evaluate(
         "retriever": type(unwrapped.retriever).__name__,
         "k": unwrapped.k,
         "corpus_mode": unwrapped.corpus_mode,
-        "corpus_size": len(unwrapped.corpus),
+        # a server's size (None when it does not say), not the passages received so far
+        "corpus_size": getattr(unwrapped.corpus, "server_size", len(unwrapped.corpus)),
         "answer_metric": unwrapped.answer_metric,
         "max_episode_steps": base_env.spec.max_episode_steps if base_env.spec else None,
         "agents": {name: a.describe() for name, a in agents.items()},

@@ -144,22 +144,31 @@ def full_recall(retrieved: Sequence[str], gold: Iterable[str], k: int | None = N
     return float(gold_set.issubset(top))
 
 
-def average_precision(retrieved: Sequence[str], gold: Iterable[str], k: int | None = None) -> float:
+def average_precision(
+    retrieved: Sequence[str], gold: Iterable[str], k: int | None = None, distinct: bool = True
+) -> float:
     """Average precision normalised by the number of gold documents, as R²AG defines it.
 
     R²AG ("R²AG: Learning to Reason, Retrieve, and Self-Evolve through a Multi-Branch Retrieval
     Tree", §2.4, eq. 5):
     ``AP = 1/|g| * sum_{u=1..t} P@u * 1{r_u in g}``, with ``P@u`` the precision of the first
-    ``u`` results. Dividing by ``|g|`` (not by the number of hits) means a missed gold document
-    lowers AP. Duplicate retrieved ids count once, at their first rank.
+    ``u`` results and ``t = k``. Dividing by ``|g|`` (not by the number of hits) means a missed
+    gold document lowers AP. With ``distinct`` (the default, a ranking's AP) duplicate
+    retrieved ids count once, at their first rank; ``distinct=False`` takes the formula
+    literally over a list with repeats, as R²AG's reward does over the documents of a step's
+    branches (two branches hitting the same gold document both count, so AP can pass 1).
 
     >>> average_precision(["x", "a"], ["a", "b"])  # (1/2) / 2
     0.25
+    >>> average_precision(["g1", "x", "g2"], ["g1", "g2"], k=4, distinct=False)  # (1/1 + 2/3) / 2
+    0.8333333333333333
+    >>> average_precision(["g", "g"], ["g"], distinct=False), average_precision(["g", "g"], ["g"])
+    (2.0, 1.0)
     """
     gold_set = set(gold)
     if not gold_set:
         return 0.0
-    top = _top(retrieved, k)
+    top = _top(retrieved, k) if distinct else list(retrieved if k is None else retrieved[:k])
     hits, total = 0, 0.0
     for u, doc in enumerate(top, 1):
         if doc in gold_set:

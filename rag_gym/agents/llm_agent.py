@@ -4,7 +4,8 @@ A subclass writes three methods:
 
 * ``start(obs, info) -> dict``: the per-episode state, made at the episode's first step;
 * ``decide(state, obs, info) -> Action | Prompt``: either the action outright (no LLM needed,
-  e.g. a first search with the question) or a prompt (a chat message list or a string);
+  e.g. a first search with the question; a text action as a :class:`TextAction`) or a prompt
+  (a chat message list or a string);
 * ``parse(state, text, obs, info) -> Action``: the action for the model's reply. It must always
   return a valid action (falling back on something sensible), so a garbage or empty reply never
   breaks an episode; it sets ``state["bad_reply"] = True`` when it had to fall back (an empty
@@ -95,7 +96,14 @@ class LLMAgent(Agent):
         }
 
 
+class TextAction(str):
+    """A text action (for an agent that plays through ``TextActions``) decided without the
+    model: ``decide`` may return one, where a plain ``str`` would be a prompt."""
+
+
 def _is_prompt(decision: Any) -> bool:
+    if isinstance(decision, TextAction):
+        return False
     return isinstance(decision, str) or (
         isinstance(decision, list)
         and decision

@@ -11,9 +11,9 @@
 | ``react`` | search | ≤ 6 | Thought / Search[...] / Finish[...] |
 | ``iter_retgen`` | search | 3 | three rounds of search with the previous answer draft |
 | ``oracle`` | search | 1 | reads the gold passages (an upper bound for the reader) |
-| ``evo_rag`` | search | ≤ 8 | EVO-RAG's four-action query rewriter |
-| ``eval_rar`` | search | ≤ 5 | Eval-RAR's search, evaluate, answer |
-| ``lwts`` | search | ≤ 4 | LWTS: internal knowledge first, search when needed |
+| ``evo_rag`` | text | ≤ 8 | EVO-RAG's four-action query rewriter |
+| ``eval_rar`` | text | ≤ 5 | Eval-RAR's search, evaluate, answer |
+| ``lwts`` | text | ≤ 4 | LWTS: internal knowledge first, search when needed |
 | ``r2ag`` | tree | ≤ 5 | R²AG's base / predicted queries with Top-Survivor |
 | ``arena`` | reader | 1 | ARENA's relevance / analysis / answer reader |
 | ``search_r1`` | text | ≤ 8 | the trained-policy protocol: tags through ``TextActions`` |

@@ -2,6 +2,10 @@
 
 Each prompt is written in our own words after the paper's; each parses the paper's output
 format with :mod:`rag_gym.envs.tags` and falls back to a sensible action on unparsable output.
+The three search-env agents act through :class:`~rag_gym.wrappers.TextActions` (their
+``env_kind`` is ``"text"``, with the paper's tag preset): they write tags, and read retrieved
+passages as ``<information>Doc 1(Title: …) …</information>``, the parser and renderer a policy
+trained in the env has, so an agent evaluated here and a policy trained there see the same text.
 
 * ``evo_rag`` — EVO-RAG's query-rewriting agent (``000-evo-rag.txt`` §3.1): each step it sees
   the question, its previous sub-queries and the evidence in context, and picks one of four
@@ -25,15 +29,29 @@ from __future__ import annotations
 
 from typing import Any
 
-from rag_gym.agents.llm_agent import LLMAgent, answer, first_line, note, search
+from rag_gym.agents.llm_agent import LLMAgent, TextAction, answer, first_line, note, search
 from rag_gym.envs.search import ActionType
 from rag_gym.envs.tags import parse
 
 
-def _information(passages) -> str:
-    """Retrieved passages the way Search-R1, Eval-RAR and LWTS show them."""
-    docs = " ".join(f"Doc {i}(Title: {p['title']}) {p['text']}" for i, p in enumerate(passages, 1))
-    return f"<information>{docs}</information>\n"
+def _turn(*parts: tuple[str, str]) -> TextAction:
+    """The text of one turn: ``<name>content</name>`` per part (``<name/>`` for an empty
+    backtrack or refuse); angle brackets inside a content become parentheses, so the text
+    parses back into exactly these parts."""
+    out = []
+    for name, content in parts:
+        if name in ("backtrack", "refuse"):
+            out.append(f"<{name}/>")
+        else:
+            safe = content.replace("<", "(").replace(">", ")")
+            out.append(f"<{name}>{safe}</{name}>")
+    return TextAction("".join(out))
+
+
+def _observed(state: dict[str, Any], obs: str) -> str:
+    """What the env showed after the agent's last turn (``""`` at the first step, whose
+    observation is TextActions' instructions, which the paper's own prompt replaces)."""
+    return obs.strip() if state.get("steps", 0) and isinstance(obs, str) else ""
 
 
 def _close(text: str, names: tuple[str, ...]) -> str:
@@ -50,18 +68,27 @@ def _tags(text: str, names: set[str], self_closing: set[str] = frozenset()):
 
 class EvoRagAgent(LLMAgent):
     name = "evo_rag"
+    env_kind = "text"
+    tags = "evo_rag"
+    prompt_version = "v2"
     max_tokens = 64
     max_searches = 8
 
     def start(self, obs, info):
-        return {"question": info["question"], "steps": 0, "queries": []}
+        return {"question": info["question"], "steps": 0, "queries": [], "evidence": []}
 
     def decide(self, state, obs, info):
+        shown = _observed(state, obs)
+        actions = info.get("actions") or []
+        if actions and actions[-1] == "SEARCH" and not info.get("invalid_action"):
+            state["evidence"].append(shown)  # this search's <information> block
+        elif actions and actions[-1] == "BACKTRACK" and not info.get("invalid_action"):
+            state["evidence"] = state["evidence"][:-1]  # the env dropped that search
         if info.get("query"):
             state["queries"].append(info["query"])
         if info.get("num_searches", 0) == 0:
-            return search(state["question"])
-        context = obs.split("\n\n", 1)[1] if "\n\n" in obs else "(none)"
+            return _turn(("search", search(state["question"])["text"]))
+        context = "\n".join(state["evidence"]) or "(none)"
         return [
             {
                 "role": "user",
@@ -85,31 +112,33 @@ class EvoRagAgent(LLMAgent):
                 and tag.content
                 and info.get("num_searches", 0) < self.max_searches
             ):
-                return search(tag.content)
+                return _turn(("search", search(tag.content)["text"]))
             if tag.name == "answer" and tag.content:
-                return answer(tag.content)
+                return _turn(("answer", answer(tag.content)["text"]))
             if tag.name == "backtrack" and info.get("action_mask", [1] * 5)[ActionType.BACKTRACK]:
-                return {"type": ActionType.BACKTRACK, "text": ""}
+                return _turn(("backtrack", ""))
             if tag.name == "refuse":
-                return {"type": ActionType.REFUSE, "text": ""}
+                return _turn(("refuse", ""))
         state["bad_reply"] = True
-        return answer(first_line(text))
+        return _turn(("answer", answer(first_line(text))["text"]))
 
 
 class EvalRarAgent(LLMAgent):
     name = "eval_rar"
+    env_kind = "text"
+    tags = "eval_rar"
+    prompt_version = "v2"
     max_tokens = 128
     stop = ("</search>", "</answer>")
     max_searches = 5
 
     def start(self, obs, info):
-        return {"question": info["question"], "steps": 0, "trajectory": "", "queue": []}
+        return {"question": info["question"], "steps": 0, "trajectory": ""}
 
     def decide(self, state, obs, info):
-        if state["queue"]:
-            return state["queue"].pop(0)
-        if info.get("passages"):
-            state["trajectory"] += _information(info["passages"])
+        shown = _observed(state, obs)
+        if shown:
+            state["trajectory"] += shown + "\n"
         return [
             {
                 "role": "user",
@@ -125,29 +154,31 @@ class EvalRarAgent(LLMAgent):
     def parse(self, state, text, obs, info):
         text = _close(text, ("search", "answer"))
         state["trajectory"] += text + "\n"
-        actions: list[dict[str, Any]] = []
+        parts: list[tuple[str, str]] = []
         for tag in _tags(text, {"evaluate", "search", "answer"}):
             if tag.name == "evaluate" and tag.content:
-                actions.append(note(tag.content))
+                parts.append(("evaluate", note(tag.content)["text"]))
             elif (
                 tag.name == "search"
                 and tag.content
                 and info.get("num_searches", 0) < self.max_searches
             ):
-                actions.append(search(tag.content))
+                parts.append(("search", search(tag.content)["text"]))
                 break
             elif tag.name in ("search", "answer"):
-                actions.append(answer(tag.content or first_line(text)))
+                parts.append(("answer", answer(tag.content or first_line(text))["text"]))
                 break
-        if not actions or actions[-1]["type"] == ActionType.EVALUATE:
+        if not parts or parts[-1][0] == "evaluate":
             state["bad_reply"] = True
-            actions.append(answer(first_line(text)))
-        state["queue"] = actions[1:]
-        return actions[0]
+            parts.append(("answer", answer(first_line(text))["text"]))
+        return _turn(*parts)  # TextActions steps the evaluations, then the search or answer
 
 
 class LWTSAgent(LLMAgent):
     name = "lwts"
+    env_kind = "text"
+    tags = "when_to_search"
+    prompt_version = "v2"
     max_tokens = 128
     stop = ("</search>", "</answer>")
     max_searches = 3
@@ -156,8 +187,9 @@ class LWTSAgent(LLMAgent):
         return {"question": info["question"], "steps": 0, "trajectory": ""}
 
     def decide(self, state, obs, info):
-        if info.get("passages"):
-            state["trajectory"] += _information(info["passages"])
+        shown = _observed(state, obs)
+        if shown:
+            state["trajectory"] += shown + "\n"
         return [
             {
                 "role": "user",
@@ -179,11 +211,11 @@ class LWTSAgent(LLMAgent):
                 and tag.content
                 and info.get("num_searches", 0) < self.max_searches
             ):
-                return search(tag.content)
+                return _turn(("search", search(tag.content)["text"]))
             if tag.content:
-                return answer(tag.content)
+                return _turn(("answer", answer(tag.content)["text"]))
         state["bad_reply"] = True
-        return answer(first_line(text))
+        return _turn(("answer", answer(first_line(text))["text"]))
 
 
 class R2AGAgent(LLMAgent):

@@ -4,6 +4,10 @@
 searches (the SynthHop world, the split's pooled passages, or a corpus file) and a BM25 index
 over it, and draws a question per episode with ``self.np_random``.
 
+The data arguments (which questions, which corpus, which index) are one
+:class:`DataConfig`, shared by every env class: pass ``data=DataConfig(...)`` or its fields as
+keyword arguments (``SearchEnv(dataset="hotpotqa", data_path=...)``, as ``gym.make`` does).
+
 Environments built with the same data arguments (and the same ``retriever=`` URL or ``index=``)
 in one process share the loaded questions, corpus and index (a read-only cache of weak references, so copies made by
 ``gym.make_vec(..., vectorization_mode="sync")`` cost one index, and nothing outlives its
@@ -12,21 +16,149 @@ last env).
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import threading
 import weakref
-from collections.abc import Sequence
-from typing import Any, ClassVar
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, NamedTuple
 
 import gymnasium as gym
 import numpy as np
 
 from rag_gym import metrics
+from rag_gym._names import unknown_name
 from rag_gym.data import Corpus, QAExample, canonical_name, pooled_corpus
 from rag_gym.data import load as load_dataset
-from rag_gym.retrieval import BM25Retriever, Retriever
+from rag_gym.retrieval import BM25Retriever, Retriever, load_index
+from rag_gym.retrieval.base import corpus_size
 
 ANSWER_METRICS = ("em", "f1", "em_f1")
+CORPUS_MODES = (None, "pool", "corpus")
+
+#: Make-time arguments that belong to the wrappers, not to an env: the fix to name for each.
+_WRAPPER_ARGUMENTS = {
+    "reward_preset": (
+        "a reward preset is a stack of wrappers around the env and its TimeLimit, not an env "
+        "argument: use rag_gym.make(env_id, reward_preset=..., reward_kwargs=..., "
+        "max_episode_steps=...) or rag_gym.wrappers.presets.apply(gym.make(env_id), preset)"
+    ),
+    "reward_kwargs": (
+        "reward_kwargs are the options of a reward preset: use rag_gym.make(env_id, "
+        "reward_preset=..., reward_kwargs=...)"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """The data an env is built on: its questions, the corpus it searches and the index over it.
+
+    Every rag-gym env class takes one (``data=``) or its fields as keyword arguments; the
+    registry's kwargs are these fields, so they stay plain JSON values. ``retriever`` (an
+    object) and ``examples`` are live objects for direct construction, not for registration.
+
+    >>> DataConfig.from_kwargs(dataset="hotpotqa", data_path="dev.json").split
+    'train'
+    >>> DataConfig.from_kwargs(datset="hotpotqa")
+    Traceback (most recent call last):
+    ...
+    TypeError: expected a data argument in ['corpus', 'corpus_mode', 'data_path', 'dataset', 'dataset_kwargs', 'examples', 'index', 'retriever', 'split'], got 'datset'; did you mean 'dataset'?
+    """
+
+    dataset: str = "synthhop"
+    """Dataset name: ``synthhop``, ``hotpotqa``, ``2wikimultihopqa``, ``musique``,
+    ``bamboogle`` or ``flashrag``."""
+    split: str = "train"
+    """The split questions are drawn from."""
+    data_path: str | None = None
+    """A file in the dataset's official format (``None``: SynthHop, or the hub for HotpotQA)."""
+    dataset_kwargs: Mapping[str, Any] | None = None
+    """Loader options, e.g. ``{"preset": "hard"}`` for SynthHop."""
+    corpus: str | None = None
+    """A corpus JSONL to search instead of the questions' own pools."""
+    corpus_mode: str | None = None
+    """``"pool"`` (each question's own passages), ``"corpus"`` (the whole corpus) or ``None``
+    (``"corpus"`` for SynthHop or with ``corpus``/``index``/``retriever``, else ``"pool"``)."""
+    index: str | None = None
+    """A directory written by ``BM25Retriever.save`` (or ``rag-gym index build``), memory-mapped
+    read-only, so the workers of an async vector env share one copy."""
+    retriever: Retriever | str | None = None
+    """A retrieval server URL (``"http://127.0.0.1:8000"``, see ``rag-gym serve``) or a live
+    retriever object, searched instead of a built BM25 index."""
+    examples: Sequence[QAExample] | None = None
+    """Questions to pose instead of a loaded split (live objects)."""
+
+    def __post_init__(self) -> None:
+        for name in ("dataset", "split"):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(
+                    f"expected {name} to be a str, got {type(getattr(self, name)).__name__}"
+                )
+        for name in ("data_path", "corpus", "index"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (str, os.PathLike)):
+                raise TypeError(
+                    f"expected {name} to be a path (str) or None, got {type(value).__name__}"
+                )
+        if self.dataset_kwargs is not None and not isinstance(self.dataset_kwargs, Mapping):
+            raise TypeError(
+                f"expected dataset_kwargs to be a dict or None, got {type(self.dataset_kwargs).__name__}"
+            )
+        if self.corpus_mode not in CORPUS_MODES:
+            raise ValueError(
+                f"expected corpus_mode 'pool', 'corpus' or None, got {self.corpus_mode!r}"
+            )
+
+    @classmethod
+    def fields(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def from_kwargs(cls, data: DataConfig | None = None, /, **kwargs: Any) -> DataConfig:
+        """``data`` with ``kwargs`` (data fields) replaced; a ``TypeError`` names an unknown
+        argument (with "did you mean") or a wrapper's argument given to an env."""
+        for name in kwargs:
+            if name in _WRAPPER_ARGUMENTS:
+                raise TypeError(f"{name}= is not an env argument: {_WRAPPER_ARGUMENTS[name]}")
+            if name not in cls.fields():
+                raise TypeError(str(unknown_name("data argument", name, cls.fields())))
+        if data is None:
+            return cls(**kwargs)
+        if not isinstance(data, DataConfig):
+            raise TypeError(f"expected data to be a DataConfig or None, got {type(data).__name__}")
+        return dataclasses.replace(data, **kwargs) if kwargs else data
+
+
+class SearchRequest(NamedTuple):
+    """One query's retrieval: top ``k`` ids, never one of ``exclude``, among ``within`` (a
+    question's pool) or the whole corpus."""
+
+    query: str
+    k: int
+    exclude: list[str] | None
+    within: list[str] | None
+
+
+def retrieve_all(
+    retriever: Retriever, requests: Sequence[SearchRequest]
+) -> list[tuple[list[str], list[float]]]:
+    """The ids and scores of every request, in one ``retriever.retrieve`` call per distinct ``k``
+    (one call for the searches of every env of a vector env's step)."""
+    out: list[tuple[list[str], list[float]]] = [([], []) for _ in requests]
+    groups: dict[int, list[int]] = {}
+    for i, request in enumerate(requests):
+        groups.setdefault(request.k, []).append(i)
+    for k, rows in groups.items():
+        batch = [requests[i] for i in rows]
+        exclude = [r.exclude for r in batch] if any(r.exclude for r in batch) else None
+        within = [r.within for r in batch] if any(r.within is not None for r in batch) else None
+        result = retriever.retrieve([r.query for r in batch], k, exclude=exclude, within=within)
+        for i, ids, scores in zip(rows, result.ids, result.scores, strict=True):
+            out[i] = (list(ids), [float(x) for x in scores])
+    return out
 
 
 class _SharedData:
@@ -52,20 +184,15 @@ class QAEnv(gym.Env):
 
     def __init__(
         self,
-        dataset: str = "synthhop",
-        split: str = "train",
-        data_path: str | None = None,
-        dataset_kwargs: dict[str, Any] | None = None,
-        corpus: str | None = None,
-        corpus_mode: str | None = None,
+        data: DataConfig | None = None,
+        *,
         k: int = 3,
         answer_metric: str = "em",
         max_obs_chars: int = 16384,
         render_mode: str | None = None,
-        retriever: Retriever | None = None,
-        examples: Sequence[QAExample] | None = None,
-        index: str | None = None,
+        **data_kwargs: Any,
     ) -> None:
+        data = DataConfig.from_kwargs(data, **data_kwargs)
         check_int("k", k, 1)
         check_int("max_obs_chars", max_obs_chars, 256)
         if answer_metric not in ANSWER_METRICS:
@@ -74,22 +201,23 @@ class QAEnv(gym.Env):
             raise ValueError(
                 f"expected render_mode in {self.metadata['render_modes']} or None, got {render_mode!r}"
             )
-        if corpus_mode not in (None, "pool", "corpus"):
-            raise ValueError(f"expected corpus_mode 'pool', 'corpus' or None, got {corpus_mode!r}")
-        self.dataset = canonical_name(dataset)
-        self.split = split
+        self.data = data
+        self.dataset = canonical_name(data.dataset)
+        self.split = data.split
         self.k = k
         self.answer_metric = answer_metric
         self.max_obs_chars = max_obs_chars
         self.render_mode = render_mode
 
-        dataset_kwargs = dict(dataset_kwargs or {})
+        dataset_kwargs = dict(data.dataset_kwargs or {})
+        data_path, corpus, corpus_mode = data.data_path, data.corpus, data.corpus_mode
+        index, retriever, examples = data.index, data.retriever, data.examples
         if examples is None and (retriever is None or isinstance(retriever, str)):
             key = json.dumps(
                 [
                     type(self).__name__,
                     self.dataset,
-                    split,
+                    self.split,
                     data_path,
                     dataset_kwargs,
                     corpus,
@@ -117,7 +245,7 @@ class QAEnv(gym.Env):
         self.corpus_mode = shared.corpus_mode
         self.retriever = shared.retriever
         if not self.examples:
-            raise ValueError(f"dataset {self.dataset!r} split {split!r} has no questions")
+            raise ValueError(f"dataset {self.dataset!r} split {self.split!r} has no questions")
         self._by_id = {ex.id: i for i, ex in enumerate(self.examples)}
         if len(self._by_id) != len(self.examples):  # one question would be posed twice, one never
             first: dict[str, int] = {}
@@ -147,8 +275,6 @@ class QAEnv(gym.Env):
         if index is not None:
             if retriever is not None or corpus_path is not None:
                 raise ValueError("pass one of index=, corpus= and retriever=, not several")
-            from rag_gym.retrieval.persist import load_index
-
             retriever, _ = load_index(index)
         if retriever is not None:
             return _SharedData(examples, retriever.corpus, corpus_mode or "corpus", retriever)
@@ -226,22 +352,21 @@ class QAEnv(gym.Env):
         self._example = example
         return example
 
+    def _request(self, query: str, k: int, exclude: list[str] | None = None) -> SearchRequest:
+        """The retrieval of ``query`` in this episode: within the question's pool in pool mode,
+        ``k`` capped at the candidates there are."""
+        if self._pool is not None:
+            return SearchRequest(query, min(k, len(self._pool)), exclude, self._pool)
+        return SearchRequest(query, min(k, corpus_size(self.retriever)), exclude, None)
+
     def _retrieve(
         self, queries: list[str], k: int, exclude: list[str] | None = None
     ) -> list[list[str]]:
         """Top-k ids per query, within the question's pool in pool mode; k is capped at the pool.
         Their scores are kept in ``self._last_scores`` (one list per query)."""
-        if not queries:
-            return []
-        excl = [exclude] * len(queries) if exclude else None
-        if self._pool is not None:
-            result = self.retriever.retrieve(
-                queries, min(k, len(self._pool)), exclude=excl, within=[self._pool] * len(queries)
-            )
-        else:
-            result = self.retriever.retrieve(queries, min(k, len(self.corpus)), exclude=excl)
-        self._last_scores = [[float(x) for x in row] for row in result.scores]
-        return result.ids
+        results = retrieve_all(self.retriever, [self._request(q, k, exclude) for q in queries])
+        self._last_scores = [scores for _, scores in results]
+        return [ids for ids, _ in results]
 
     def _answer_reward(self, scores: dict[str, float]) -> float:
         if self.answer_metric == "em":

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
 from rag_gym.data import QAExample
-from rag_gym.envs.base import QAEnv, check_int, clip_text, read_text_action
+from rag_gym.envs.base import DataConfig, QAEnv, check_int, clip_text, read_text_action
 from rag_gym.envs.spaces import UnicodeText, sanitize
 from rag_gym.envs.tags import parse
 
@@ -98,8 +99,9 @@ class ReaderEnv(QAEnv):
 
     ## Arguments
 
-    The data arguments of :class:`~rag_gym.envs.SearchEnv` (``dataset``, ``split``,
-    ``data_path``, ``dataset_kwargs``, ``answer_metric``, ``max_obs_chars``, ``examples``) and
+    The data arguments (:class:`~rag_gym.envs.DataConfig`: ``dataset``, ``split``,
+    ``data_path``, ``dataset_kwargs``, ``examples``; no ``corpus``, ``index`` or ``retriever``,
+    as the reader reads each question's own pool), ``answer_metric``, ``max_obs_chars`` and
     ``max_action_chars`` (16,384). Questions without a passage pool, or unanswerable ones, are
     skipped (ARENA's setting has neither).
 
@@ -122,27 +124,32 @@ class ReaderEnv(QAEnv):
 
     def __init__(
         self,
-        dataset: str = "synthhop",
-        split: str = "train",
-        data_path: str | None = None,
-        dataset_kwargs: dict[str, Any] | None = None,
+        data: DataConfig | None = None,
+        *,
         answer_metric: str = "em",
         max_obs_chars: int = 32768,
         max_action_chars: int = 16384,
         render_mode: str | None = None,
-        examples: list[QAExample] | None = None,
+        **data_kwargs: Any,
     ) -> None:
         check_int("max_action_chars", max_action_chars, 1)
+        data = DataConfig.from_kwargs(data, **data_kwargs)
+        searched = [f for f in ("corpus", "index", "retriever") if getattr(data, f) is not None]
+        if searched:
+            raise ValueError(
+                f"expected no {'/'.join(searched)} argument for a ReaderEnv, got one: it reads "
+                "each question's own passage pool; drop it (or use a search env id to search a corpus)"
+            )
+        if data.corpus_mode == "corpus":
+            raise ValueError(
+                "expected corpus_mode 'pool' or None for a ReaderEnv, got 'corpus': it reads "
+                "each question's own passage pool"
+            )
         super().__init__(
-            dataset=dataset,
-            split=split,
-            data_path=data_path,
-            dataset_kwargs=dataset_kwargs,
-            corpus_mode="pool",
+            dataclasses.replace(data, corpus_mode="pool"),
             answer_metric=answer_metric,
             max_obs_chars=max_obs_chars,
             render_mode=render_mode,
-            examples=examples,
         )
         self.max_action_chars = max_action_chars
         self.observation_space = UnicodeText(max_length=max_obs_chars)

@@ -3,7 +3,14 @@
 Three kinds per dataset: the search env (``-v0``, :class:`~rag_gym.envs.SearchEnv`), R²AG's
 retrieval-tree env (``-Tree-v0``, :class:`~rag_gym.envs.TreeSearchEnv`) and ARENA's reader env
 (``-Reader-v0``, :class:`~rag_gym.envs.ReaderEnv`, where the dataset has passages).
-Registration kwargs are plain JSON values, so ``gym.spec(id).to_json()`` round-trips. Ids of
+The entry points are the env classes themselves and registration kwargs are plain JSON values,
+so ``gym.spec(id).to_json()`` round-trips and ``gym.make(id, max_episode_steps=N)`` puts the
+one ``TimeLimit`` of the env where Gymnasium puts it. A reward preset is a stack of wrappers
+outside that limit (:func:`rag_gym.make`, :func:`rag_gym.wrappers.presets.apply`), so it shows in
+``env.spec.additional_wrappers`` and ``gym.make(env.spec)`` builds it again. The search ids
+have a native vector entry point (:class:`~rag_gym.envs.vector.SearchVectorEnv`, one process,
+one batched ``retrieve`` per step): ``gym.make_vec(id, num_envs=N,
+vectorization_mode="vector_entry_point")``. Ids of
 real datasets need a local file (``data_path=...``) unless the dataset is on the hub (HotpotQA);
 Bamboogle also needs ``corpus=...``.
 """
@@ -19,11 +26,11 @@ NAMESPACE = "rag_gym"
 MAX_EPISODE_STEPS = 20  # EVO-RAG's horizon T_max (000-evo-rag.txt §3.2)
 TREE_MAX_STEPS = 5  # R²AG's L_MAX-I (002-r2ag.md §4.1, appendix B.2)
 
-# Entry points build the env class and apply an optional ``reward_preset=`` (a string
-# reference, imported only when an env is made).
-_SEARCH = "rag_gym.wrappers.presets:search_env"
-_TREE = "rag_gym.wrappers.presets:tree_env"
-_READER = "rag_gym.wrappers.presets:reader_env"
+# The env classes (string references, imported only when an env is made).
+_SEARCH = "rag_gym.envs.search:SearchEnv"
+_TREE = "rag_gym.envs.tree:TreeSearchEnv"
+_READER = "rag_gym.envs.reader:ReaderEnv"
+_SEARCH_VECTOR = "rag_gym.envs.vector:SearchVectorEnv"
 
 
 @dataclass(frozen=True)
@@ -34,6 +41,7 @@ class EnvEntry:
     kwargs: dict[str, Any]
     max_episode_steps: int | None
     description: str
+    vector_entry_point: str | None = None
 
 
 _DATASETS = [
@@ -88,6 +96,7 @@ def _entries() -> list[EnvEntry]:
                 kwargs,
                 MAX_EPISODE_STEPS,
                 f"search/answer/refuse, k=3 — {desc}",
+                _SEARCH_VECTOR,
             )
         )
         out.append(
@@ -129,6 +138,7 @@ def register_envs() -> None:
             entry_point=entry.entry_point,
             kwargs=entry.kwargs,
             max_episode_steps=entry.max_episode_steps,
+            vector_entry_point=entry.vector_entry_point,
         )
 
 

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from gymnasium import spaces
 
-from rag_gym.data import QAExample
-from rag_gym.envs.base import QAEnv, check_int
+from rag_gym.envs.base import DataConfig, QAEnv, SearchRequest, check_int
 from rag_gym.envs.spaces import UnicodeText, sanitize
-from rag_gym.retrieval import Retriever
 
 
 class ActionType(enum.IntEnum):
@@ -33,6 +30,8 @@ class _Hop:
     kind: str  # "search" or "evaluate"
     text: str
     ids: list[str] = field(default_factory=list)
+    #: ``(position, sanitised block)``: a hop's rendering, made once per position in the context
+    rendered: tuple[int, str] | None = field(default=None, repr=False, compare=False)
 
 
 class SearchEnv(QAEnv):
@@ -120,16 +119,12 @@ class SearchEnv(QAEnv):
 
     ## Arguments
 
-    * ``dataset``: ``"synthhop"``, ``"hotpotqa"``, ``"2wikimultihopqa"``, ``"musique"``,
-      ``"bamboogle"`` or ``"flashrag"``; ``split``; ``data_path`` (a file in the dataset's
-      official format, ``None`` for SynthHop or the hub); ``dataset_kwargs`` (loader options,
-      e.g. ``{"preset": "hard"}`` for SynthHop).
-    * ``corpus``: a corpus JSONL path to search instead of the questions' own pools.
-    * ``index``: a directory written by ``BM25Retriever.save``; it is memory-mapped read-only,
-      so the workers of ``gym.make_vec(..., vectorization_mode="async")`` share one copy.
-    * ``corpus_mode``: ``"pool"`` (each question's own distractor pool) or ``"corpus"`` (the
-      whole corpus: SynthHop's world, the split's pooled passages, or ``corpus``). Default:
-      ``"corpus"`` for SynthHop or when ``corpus`` is given, else ``"pool"``.
+    * The data arguments (:class:`~rag_gym.envs.DataConfig`, as ``data=`` or as keywords):
+      ``dataset``, ``split``, ``data_path``, ``dataset_kwargs`` (e.g. ``{"preset": "hard"}``
+      for SynthHop), ``corpus`` (a JSONL to search instead of the questions' own pools),
+      ``corpus_mode`` (``"pool"`` or ``"corpus"``), ``index`` (a saved BM25 index directory,
+      memory-mapped, so the workers of an async vector env share one copy), ``retriever`` (a
+      server URL or a live retriever object) and ``examples`` (live questions).
     * ``k`` (3): passages per search, capped at the candidates there are (the question's pool
       in pool mode, else the corpus): a ``k`` above them returns every candidate, ranked.
       ``exclude_seen`` (False): never return a passage already retrieved this episode.
@@ -138,10 +133,6 @@ class SearchEnv(QAEnv):
       ``max_obs_chars`` (16384).
     * ``invalid_action_penalty`` (0.0): reward of an invalid action (finite: NaN and
       infinities are a ``ValueError``).
-    * ``retriever``: a retrieval server URL (``"http://127.0.0.1:8000"``, see ``rag-gym serve``),
-      or a live retriever object that replaces the built BM25 index.
-    * ``retriever``, ``examples``: live objects that replace the built ones (not for
-      registration kwargs, which stay plain JSON).
 
     ## Registered Configurations
 
@@ -171,12 +162,8 @@ class SearchEnv(QAEnv):
 
     def __init__(
         self,
-        dataset: str = "synthhop",
-        split: str = "train",
-        data_path: str | None = None,
-        dataset_kwargs: dict[str, Any] | None = None,
-        corpus: str | None = None,
-        corpus_mode: str | None = None,
+        data: DataConfig | None = None,
+        *,
         k: int = 3,
         exclude_seen: bool = False,
         answer_metric: str = "em",
@@ -185,9 +172,7 @@ class SearchEnv(QAEnv):
         max_obs_chars: int = 16384,
         invalid_action_penalty: float = 0.0,
         render_mode: str | None = None,
-        retriever: Retriever | None = None,
-        examples: Sequence[QAExample] | None = None,
-        index: str | None = None,
+        **data_kwargs: Any,
     ) -> None:
         check_int("max_query_chars", max_query_chars, 1)
         check_int("max_text_chars", max_text_chars, max_query_chars)
@@ -203,19 +188,12 @@ class SearchEnv(QAEnv):
                 "a NaN or infinite reward poisons every return it is summed into"
             )
         super().__init__(
-            dataset=dataset,
-            split=split,
-            data_path=data_path,
-            dataset_kwargs=dataset_kwargs,
-            corpus=corpus,
-            corpus_mode=corpus_mode,
+            data,
             k=k,
             answer_metric=answer_metric,
             max_obs_chars=max_obs_chars,
             render_mode=render_mode,
-            retriever=retriever,
-            examples=examples,
-            index=index,
+            **data_kwargs,
         )
         self.exclude_seen = bool(exclude_seen)
         self.max_query_chars = max_query_chars
@@ -254,6 +232,26 @@ class SearchEnv(QAEnv):
         return self._render_obs(), info
 
     def step(self, action: dict[str, Any]) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        return self._step(action, None)
+
+    def search_request(self, action: dict[str, Any]) -> SearchRequest | None:
+        """The retrieval ``step(action)`` will make, or ``None`` when the action retrieves
+        nothing (no SEARCH, or an invalid one). A malformed action raises as ``step`` does. The
+        native vector env (:class:`~rag_gym.envs.vector.SearchVectorEnv`) batches these."""
+        if self._example is None or self._done:
+            return None
+        atype, text = self._validate(action)
+        query = text.strip()
+        if atype != ActionType.SEARCH or not query or len(query) > self.max_query_chars:
+            return None
+        exclude = list(self._seen) if self.exclude_seen and self._seen else None
+        return self._request(query, self.k, exclude)
+
+    def _step(
+        self, action: dict[str, Any], prefetched: tuple[list[str], list[float]] | None
+    ) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """``step``, with the ids and scores of :meth:`search_request`'s retrieval when already
+        made."""
         if self._example is None:
             raise RuntimeError("call reset() before step()")
         if self._done:
@@ -282,7 +280,11 @@ class SearchEnv(QAEnv):
                 invalid = True
                 self._last_message = f"Invalid action: the query has {len(query)} characters; the limit is {self.max_query_chars}."
             else:
-                retrieved = self._search(query)
+                if prefetched is None:
+                    retrieved = self._search(query)
+                else:
+                    retrieved, scores = prefetched
+                    self._last_scores = [scores]
                 hop = _Hop(self._step_count, "search", query, retrieved)
                 self._context.append(hop)
                 self._history.append(hop)
@@ -430,9 +432,14 @@ class SearchEnv(QAEnv):
     def _render_obs(self) -> str:
         ex = self._example
         assert ex is not None
-        head = f"Question: {ex.question}"
-        blocks = []
-        for n, hop in enumerate(self._context, 1):
+        blocks = [self._block(n, hop) for n, hop in enumerate(self._context, 1)]
+        if self._last_message:
+            blocks.append(sanitize(f"Note: {self._last_message}"))
+        return _clip(sanitize(f"Question: {ex.question}"), blocks, self.max_obs_chars)
+
+    def _block(self, n: int, hop: _Hop) -> str:
+        """Hop ``hop`` rendered at position ``n`` of the context (kept: a hop never changes)."""
+        if hop.rendered is None or hop.rendered[0] != n:
             if hop.kind == "search":
                 lines = [f"[{n}] Search: {hop.text}"]
                 for r, pid in enumerate(hop.ids, 1):
@@ -440,12 +447,11 @@ class SearchEnv(QAEnv):
                     lines.append(f"  ({r}) {p.title}: {p.text}" if p.title else f"  ({r}) {p.text}")
                 if not hop.ids:
                     lines.append("  (no new passages)")
-                blocks.append("\n".join(lines))
+                text = "\n".join(lines)
             else:
-                blocks.append(f"[{n}] Evaluation: {hop.text}")
-        if self._last_message:
-            blocks.append(f"Note: {self._last_message}")
-        return _clip(sanitize(head), [sanitize(b) for b in blocks], self.max_obs_chars)
+                text = f"[{n}] Evaluation: {hop.text}"
+            hop.rendered = (n, sanitize(text))
+        return hop.rendered[1]
 
 
 def _clip(head: str, blocks: list[str], limit: int) -> str:

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from rag_gym.data import QAExample
-from rag_gym.envs.base import QAEnv, check_int, clip_text, read_text_action
+from rag_gym.envs.base import DataConfig, QAEnv, check_int, clip_text, read_text_action
 from rag_gym.envs.spaces import UnicodeText, sanitize
 from rag_gym.envs.tags import parse
-from rag_gym.retrieval import Retriever
+from rag_gym.metrics import average_precision
 
 STOP_MARKER = "stop retrieval"
 NO_PREDICTION = "none"
@@ -23,26 +22,6 @@ INSTRUCTIONS = (
     "<base-Q>stop retrieval</base-Q>. If you know enough to foresee a later hop, write each predicted "
     "question inside <predicted-Q>...</predicted-Q>, or <predicted-Q>none</predicted-Q>."
 )
-
-
-def r2ag_average_precision(docs: list[str], gold: set[str], t: int) -> float:
-    """R²AG's top-t AP over branch documents (``002-r2ag.md`` §2.4, eq. 5).
-
-    ``AP = 1/|g| * sum_{u=1..t} (1/u * sum_{z<=u} 1{r_z in g}) * 1{r_u in g}``, taken literally:
-    the documents of the first ``t`` branches in order, one per branch, *not* deduplicated (two
-    branches hitting the same gold document both count, as the formula sums over branches).
-
-    >>> r2ag_average_precision(["g1", "x", "g2"], {"g1", "g2"}, t=4)  # (1/1 + 2/3) / 2
-    0.8333333333333333
-    """
-    if not gold:
-        return 0.0
-    hits, total = 0, 0.0
-    for u, doc in enumerate(docs[:t], 1):
-        if doc in gold:
-            hits += 1
-            total += hits / u
-    return total / len(gold)
 
 
 class TreeSearchEnv(QAEnv):
@@ -99,7 +78,7 @@ class TreeSearchEnv(QAEnv):
     | ``branches`` | this step's branches: ``{depth, kind, query, ids, gold_hits, new_gold}`` |
     | ``new_gold_base``, ``new_gold_predicted`` | R_MH^b, R_MH^p: over this step's base / predicted branches, the number of retrieved gold documents not retrieved in earlier steps |
     | ``newly_found_gold`` | the distinct gold ids first found this step |
-    | ``ap_base``, ``ap_predicted`` | R_AP^b, R_AP^p: :func:`r2ag_average_precision` over the first ``t`` base (4) / predicted (2) branches |
+    | ``ap_base``, ``ap_predicted`` | R_AP^b, R_AP^p: :func:`rag_gym.metrics.average_precision` (``distinct=False``) over the documents of the first ``t`` base (4) / predicted (2) branches |
     | ``all_gold_found`` | every gold id retrieved so far (including the starting context) |
     | ``stop``, ``premature_stop`` | the stop signal, and whether it came before all gold was found |
     | ``think_ok`` | a ``<think>`` block precedes the first query block |
@@ -114,12 +93,10 @@ class TreeSearchEnv(QAEnv):
 
     ## Arguments
 
-    Data arguments as :class:`~rag_gym.envs.SearchEnv`; ``k`` (1); ``prune`` (``"gold"`` or
+    The data arguments (:class:`~rag_gym.envs.DataConfig`, as for the search env); ``k`` (1); ``prune`` (``"gold"`` or
     ``"none"``); ``max_base`` (8), ``max_predicted`` (8); ``top_t_base`` (4) and
     ``top_t_predicted`` (2), R²AG's top-t/x setting (appendix B.2); ``max_query_chars`` (512),
-    ``max_action_chars`` (16,384), ``max_obs_chars`` (16,384); ``index`` (a saved BM25 index
-    directory, memory-mapped); ``retriever``, ``examples``
-    (live objects, as for the search env). ``reset(options={"context_ids":
+    ``max_action_chars`` (16,384), ``max_obs_chars`` (16,384). ``reset(options={"context_ids":
     [...]})`` starts from given evidence (the previous round's pruned tree).
 
     ## References
@@ -142,12 +119,8 @@ class TreeSearchEnv(QAEnv):
 
     def __init__(
         self,
-        dataset: str = "synthhop",
-        split: str = "train",
-        data_path: str | None = None,
-        dataset_kwargs: dict[str, Any] | None = None,
-        corpus: str | None = None,
-        corpus_mode: str | None = None,
+        data: DataConfig | None = None,
+        *,
         k: int = 1,
         prune: str = "gold",
         max_base: int = 8,
@@ -158,9 +131,7 @@ class TreeSearchEnv(QAEnv):
         max_action_chars: int = 16384,
         max_obs_chars: int = 16384,
         render_mode: str | None = None,
-        retriever: Retriever | None = None,
-        examples: list[QAExample] | None = None,
-        index: str | None = None,
+        **data_kwargs: Any,
     ) -> None:
         if prune not in ("gold", "none"):
             raise ValueError(f"expected prune 'gold' or 'none', got {prune!r}")
@@ -174,18 +145,7 @@ class TreeSearchEnv(QAEnv):
         ):
             check_int(name, value, 1)
         super().__init__(
-            dataset=dataset,
-            split=split,
-            data_path=data_path,
-            dataset_kwargs=dataset_kwargs,
-            corpus=corpus,
-            corpus_mode=corpus_mode,
-            k=k,
-            max_obs_chars=max_obs_chars,
-            render_mode=render_mode,
-            retriever=retriever,
-            examples=examples,
-            index=index,
+            data, k=k, max_obs_chars=max_obs_chars, render_mode=render_mode, **data_kwargs
         )
         self.prune = prune
         self.max_base, self.max_predicted = max_base, max_predicted
@@ -298,15 +258,17 @@ class TreeSearchEnv(QAEnv):
                 len(b["new_gold"]) for b in branches if b["kind"] == "predicted"
             ),
             "newly_found_gold": [g for g in self._gold if g in self._seen and g not in prior],
-            "ap_base": r2ag_average_precision(
+            "ap_base": average_precision(
                 [b["ids"][0] for b in branches if b["kind"] == "base" and b["ids"]],
                 gold,
                 self.top_t_base,
+                distinct=False,
             ),
-            "ap_predicted": r2ag_average_precision(
+            "ap_predicted": average_precision(
                 [b["ids"][0] for b in branches if b["kind"] == "predicted" and b["ids"]],
                 gold,
                 self.top_t_predicted,
+                distinct=False,
             ),
             "think_ok": think_ok,
             "blocks_after_think": after_think,

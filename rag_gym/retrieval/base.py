@@ -12,6 +12,7 @@ ranking never depends on corpus order or on the selection algorithm.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -47,6 +48,17 @@ class Retriever(Protocol):
         exclude: Sequence[Iterable[str] | None] | None = None,
         within: Sequence[Sequence[str] | None] | None = None,
     ) -> RetrievalResult: ...
+
+
+def corpus_size(retriever: Retriever) -> int:
+    """How many passages ``retriever`` searches: ``len(retriever.corpus)``, or for a server's
+    corpus (which holds only the passages received so far) the server's size, ``sys.maxsize``
+    when the server does not say."""
+    corpus = retriever.corpus
+    if hasattr(corpus, "server_size"):
+        size = corpus.server_size
+        return sys.maxsize if size is None else int(size)
+    return len(corpus)
 
 
 def check_queries(queries: Sequence[str]) -> list[str]:

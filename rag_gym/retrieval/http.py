@@ -107,9 +107,10 @@ class HttpRetriever:
     the module doc for what is checked and derived). Each call is one ``POST /retrieve``
     (timeout, retries with backoff on connection errors and 5xx); a 4xx raises ``ValueError``
     with the server's message. The token defaults to ``$RAG_GYM_TOKEN`` (empty: none).
-    ``corpus`` holds the passages received so far, which is what an env renders; its length is
-    the server's corpus size, or ``corpus_size=`` when the server does not say, or else
-    ``sys.maxsize`` (unknown).
+    ``corpus`` holds the passages received so far, which is what an env renders, and ``len``
+    counts them; ``corpus_size`` is the server's corpus size, or ``corpus_size=`` when the server
+    does not say, or else ``None`` (unknown; :func:`~rag_gym.retrieval.base.corpus_size` then
+    reports ``sys.maxsize``, never a reason to lower ``k``).
 
     Args:
         url: the server, with or without the ``/retrieve`` path.
@@ -187,10 +188,10 @@ class HttpRetriever:
 
     @property
     def corpus(self) -> Corpus:
-        """The passages this client has received so far (``len``: the server's corpus size)."""
+        """The passages this client has received so far (``len`` counts them; the server's
+        size is ``corpus_size``)."""
         if self._corpus is None:
-            size = self.corpus_size if self.corpus_size is not None else sys.maxsize
-            self._corpus = _RemoteCorpus(size, name=self.url)
+            self._corpus = _RemoteCorpus(self.corpus_size, name=self.url)
         return self._corpus
 
     def index(self, corpus: Corpus) -> None:
@@ -285,13 +286,12 @@ class HttpRetriever:
 
 
 class _RemoteCorpus(Corpus):
-    """A corpus that holds the passages a server has returned; its length is the server's."""
+    """The passages a server has returned so far: ``len`` counts them; ``server_size`` is the
+    server's corpus size (``None`` when unknown), what :func:`~rag_gym.retrieval.base.corpus_size`
+    reports."""
 
-    __slots__ = ("size",)
+    __slots__ = ("server_size",)
 
-    def __init__(self, size: int, name: str) -> None:
+    def __init__(self, server_size: int | None, name: str) -> None:
         super().__init__(name=name)
-        self.size = size
-
-    def __len__(self) -> int:
-        return self.size
+        self.server_size = server_size

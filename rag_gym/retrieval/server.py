@@ -52,6 +52,7 @@ import numpy as np
 from rag_gym.data.types import Corpus
 from rag_gym.retrieval.base import Retriever
 from rag_gym.retrieval.http import HttpRetriever, dumps, loads
+from rag_gym.retrieval.persist import load_index  # re-exported: it lives in retrieval.persist
 
 __all__ = [
     "HttpRetriever",
@@ -744,12 +745,3 @@ class _MicroBatcher:
         if self.task is not None:
             self.task.cancel()
         self.executor.shutdown(wait=False, cancel_futures=True)
-
-
-def load_index(path: str, verify: bool = False):
-    """Load a saved index directory of any kind (``params.json`` says which); every file is
-    checked against its checksum (sampled, or in full with ``verify``), and a damaged or
-    mismatched one is a ``ValueError`` naming it (:func:`rag_gym.retrieval.persist.load_index`)."""
-    from rag_gym.retrieval.persist import load_index as load
-
-    return load(path, verify=verify)

@@ -1,10 +1,11 @@
 """Reward presets: each paper's reward stack, by name.
 
-``apply(env, name)`` wraps an env made with ``gym.make``; ``gym.make(id, reward_preset=name,
-reward_kwargs={...})`` does the same at make time (the registry's entry points call
-:func:`make_env`), with the papers' horizons (T_max = 20 steps, 5 tree expansions) as the step
-limit inside the reward stack. To use another horizon with a preset, ``apply`` it to
-``gym.make(id, max_episode_steps=N)``.
+``apply(env, name)`` wraps an env made with ``gym.make``; :func:`make` (also
+``rag_gym.make``) does both: ``rag_gym.make(id, reward_preset=name, reward_kwargs={...},
+max_episode_steps=N)``. The stack goes outside the env's one ``TimeLimit`` (the registered
+horizon, the papers' T_max = 20 steps and 5 tree expansions, or ``max_episode_steps``), so the
+reward terms see truncation, read their T_max from ``env.spec.max_episode_steps``, and are listed
+in ``env.spec.additional_wrappers``: ``gym.make(env.spec)`` builds the same stack again.
 
 | preset | env kind | total reward |
 |---|---|---|
@@ -55,7 +56,10 @@ def check_preset(name: str) -> str:
 
 
 def apply(env: gym.Env, name: str, t_max: int | None = None, **kwargs: Any) -> gym.Env:
-    """Wrap ``env`` in the reward stack of preset ``name`` (see the module table)."""
+    """Wrap ``env`` in the reward stack of preset ``name`` (see the module table).
+
+    ``t_max`` (the horizon of EVO-RAG's time-dependent terms) defaults to the env's
+    ``spec.max_episode_steps``, the ``TimeLimit`` inside the stack."""
     check_preset(name)
     if name == "none":
         if kwargs:
@@ -123,49 +127,28 @@ def apply(env: gym.Env, name: str, t_max: int | None = None, **kwargs: Any) -> g
     )
 
 
-def make_env(
-    env_class: type,
-    reward_preset: str | None = None,
+def make(
+    env_id: str | gym.envs.registration.EnvSpec,
+    reward_preset: str = "none",
     reward_kwargs: dict[str, Any] | None = None,
+    max_episode_steps: int | None = None,
     **kwargs: Any,
 ) -> gym.Env:
-    """Build ``env_class(**kwargs)`` and apply ``reward_preset`` (the registry's entry point)."""
-    env = env_class(**kwargs)
-    if reward_preset is None or reward_preset == "none":
-        if reward_kwargs:
-            raise TypeError("reward_kwargs needs a reward_preset")
-        return env
-    from gymnasium.wrappers import TimeLimit
+    """``gym.make(env_id, max_episode_steps=..., **kwargs)`` wrapped in ``reward_preset``'s stack.
 
-    from rag_gym.envs.registration import MAX_EPISODE_STEPS, TREE_MAX_STEPS
-
-    # The reward terms must see truncation (LWTS scores at the episode's end) and use the same
-    # T_max as the step limit, so the limit goes inside the reward stack; gym.make's own
-    # TimeLimit outside then never fires first.
-    t_max = TREE_MAX_STEPS if env_class is TreeSearchEnv else MAX_EPISODE_STEPS
-    if env_class is not ReaderEnv:
-        env = TimeLimit(env, max_episode_steps=t_max)
-    return apply(env, reward_preset, t_max=t_max, **(reward_kwargs or {}))
-
-
-def search_env(**kwargs: Any) -> gym.Env:
-    """Entry point of the ``-v0`` ids: a SearchEnv, with ``reward_preset=`` applied."""
-    return make_env(SearchEnv, **kwargs)
-
-
-def tree_env(**kwargs: Any) -> gym.Env:
-    """Entry point of the ``-Tree-v0`` ids."""
-    return make_env(TreeSearchEnv, **kwargs)
-
-
-def reader_env(**kwargs: Any) -> gym.Env:
-    """Entry point of the ``-Reader-v0`` ids."""
-    return make_env(ReaderEnv, **kwargs)
-
-
-search_env.metadata = SearchEnv.metadata  # type: ignore[attr-defined]
-tree_env.metadata = TreeSearchEnv.metadata  # type: ignore[attr-defined]
-reader_env.metadata = ReaderEnv.metadata  # type: ignore[attr-defined]
+    >>> import rag_gym
+    >>> env = rag_gym.make("rag_gym/SynthHop-v0", reward_preset="eval_rar", max_episode_steps=7,
+    ...                    dataset_kwargs={"n_passages": 2000, "n_questions": [40, 10, 10]})
+    >>> env.spec.max_episode_steps, [w.name for w in env.spec.additional_wrappers]
+    (7, ['DropBaseReward', 'AnswerCorrectnessReward', 'EvaluationReward'])
+    """
+    check_preset(reward_preset)
+    if reward_kwargs is not None and not isinstance(reward_kwargs, dict):
+        raise TypeError(f"expected reward_kwargs to be a dict, got {type(reward_kwargs).__name__}")
+    if reward_kwargs and reward_preset == "none":
+        raise TypeError("reward_kwargs needs a reward_preset; pass reward_preset='<name>'")
+    env = gym.make(env_id, max_episode_steps=max_episode_steps, **kwargs)
+    return apply(env, reward_preset, **(reward_kwargs or {}))
 
 
 def set_stage(env: gym.Env, stage: str | int) -> None:

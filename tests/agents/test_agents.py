@@ -21,13 +21,18 @@ KW = {"dataset_kwargs": SMALL_WORLD}
 
 def play(agent, env_id="rag_gym/SynthHop-v0", seed=0, max_steps=25):
     env = gym.make(env_id, split="validation", **KW)
+    if agent.env_kind == "text":  # as the evaluator plays it
+        env = TextActions(env, tags=agent.tags)
     obs, info = env.reset(seed=seed)
     agent.reset(seed)
     trace = []
     for _ in range(max_steps):
         action = agent.act(obs, info)
         obs, _reward, term, trunc, info = env.step(action)
-        trace.append((info.get("action_type"), action))
+        if agent.env_kind == "text":  # the env steps of the turn
+            trace.extend((kind, action) for kind in info["actions"])
+        else:
+            trace.append((info.get("action_type"), action))
         if term or trunc:
             return trace, info, env
     raise AssertionError("the episode did not end")
@@ -123,7 +128,8 @@ def test_lwts_answers_from_knowledge_or_searches():
         ["<think>no idea</think><search>book author", "<reflect>it says</reflect><answer>Lusk"]
     )
     trace, info, _ = play(make_agent("lwts", lm=EchoLM(reply=lambda p: next(replies))))
-    assert [t[0] for t in trace] == ["SEARCH", "ANSWER"] and trace[0][1]["text"] == "book author"
+    assert [t[0] for t in trace] == ["SEARCH", "ANSWER"]
+    assert trace[0][1] == "<search>book author</search>"
 
 
 def test_r2ag_top_survivor_limits_and_stop():
@@ -272,3 +278,25 @@ def test_bad_replies_are_counted_in_the_leaderboard(tmp_path):
     assert rows["naive_rag"]["bad_replies"] == 3 and rows["naive_rag"]["errors"] == 0
     assert rows["evo_rag"]["bad_replies"] >= 3
     assert "bad replies" in (tmp_path / "bad" / "leaderboard.md").read_text()
+
+
+@pytest.mark.parametrize("name", ["eval_rar", "lwts", "evo_rag"])
+def test_paper_agents_read_what_a_trained_policy_reads(name):
+    """They act through TextActions: each observation the env renders (the <information>
+    block a policy sees in training) is what the next prompt shows."""
+    replies = iter(["<search>Ada Vell birthplace</search>", "<answer>Orrin</answer>"])
+    lm = EchoLM(reply=lambda p: next(replies))
+    agent = make_agent(name, lm=lm)
+    assert agent.env_kind == "text"
+    env = TextActions(gym.make("rag_gym/SynthHop-v0", split="validation", **KW), tags=agent.tags)
+    obs, info = env.reset(seed=0)
+    agent.reset(0)
+    shown = []
+    for _ in range(6):
+        obs, _, term, trunc, info = env.step(agent.act(obs, info))
+        if term or trunc:
+            break
+        shown.append(obs)
+    assert term and info["prediction"] == "Orrin"
+    assert shown and all(o.startswith("<information>Doc 1(Title: ") for o in shown)
+    assert all(o in last_user(lm.calls[-1][0]) for o in shown)

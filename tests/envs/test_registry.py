@@ -132,3 +132,42 @@ def test_seeded_determinism_50_steps(env_id, tmp_path_factory):
     else:
         assert any(info["prediction"] for info in steps)
     assert any(t[0] == "reset" for t in first[1:])
+
+
+def test_registered_entry_points_are_the_env_classes():
+    from rag_gym.envs import SearchEnv
+
+    kinds = {"search": SearchEnv, "tree": TreeSearchEnv, "reader": ReaderEnv}
+    for kind, cls in kinds.items():
+        for env_id in env_ids(kind):
+            entry = gym.spec(env_id).entry_point
+            assert entry == f"{cls.__module__}:{cls.__name__}"
+    env = gym.make("rag_gym/SynthHop-v0", max_episode_steps=2, dataset_kwargs=SMALL_WORLD)
+    assert type(env.unwrapped) is SearchEnv and env.spec.max_episode_steps == 2
+    env.reset(seed=0)
+    ends = [env.step({"type": ActionType.EVALUATE, "text": "x"})[3] for _ in range(2)]
+    assert ends == [False, True]
+    # the spec's kwargs build the same env again
+    again = gym.make(env.spec)
+    assert again.spec == env.spec
+    assert again.reset(seed=3)[0] == env.reset(seed=3)[0]
+
+
+def test_data_config_is_shared_by_every_env_class():
+    from rag_gym.envs import DataConfig, SearchEnv
+
+    data = DataConfig(dataset_kwargs=SMALL_WORLD, split="validation")
+    by_config = SearchEnv(data, k=2)
+    by_keywords = SearchEnv(dataset_kwargs=SMALL_WORLD, split="validation", k=2)
+    assert by_config.data == by_keywords.data == data
+    assert by_config.reset(seed=5)[0] == by_keywords.reset(seed=5)[0]
+    tree = TreeSearchEnv(data, split="train")  # a keyword replaces that field of data=
+    assert tree.split == "train" and tree.data.dataset_kwargs == SMALL_WORLD
+    with pytest.raises(TypeError, match="did you mean 'dataset_kwargs'"):
+        SearchEnv(dataset_kwarg=SMALL_WORLD)
+    with pytest.raises(ValueError, match="expected corpus_mode 'pool', 'corpus' or None"):
+        DataConfig(corpus_mode="full")
+    with pytest.raises(TypeError, match="expected data to be a DataConfig"):
+        SearchEnv({"dataset": "synthhop"})
+    with pytest.raises(ValueError, match="expected no index argument for a ReaderEnv"):
+        ReaderEnv(data, index="some/dir")

@@ -6,7 +6,7 @@ import pytest
 
 from rag_gym.data import Corpus, Passage, QAExample
 from rag_gym.envs import TreeSearchEnv
-from rag_gym.envs.tree import r2ag_average_precision
+from rag_gym.metrics import average_precision
 from rag_gym.retrieval import BM25Retriever
 
 PASSAGES = [
@@ -129,9 +129,11 @@ def test_context_from_a_previous_round_and_limits():
 
 def test_r2ag_ap_is_literal():
     # duplicates are not removed: the formula sums over branches
-    assert r2ag_average_precision(["g", "g"], {"g"}, t=4) == pytest.approx(2.0)
-    assert r2ag_average_precision(["x", "g1", "g2"], {"g1", "g2"}, t=2) == pytest.approx(0.25)
-    assert r2ag_average_precision([], set(), t=4) == 0.0
+    assert average_precision(["g", "g"], {"g"}, 4, distinct=False) == pytest.approx(2.0)
+    assert average_precision(["x", "g1", "g2"], {"g1", "g2"}, 2, distinct=False) == pytest.approx(
+        0.25
+    )
+    assert average_precision([], set(), 4, distinct=False) == 0.0
 
 
 def test_errors():

@@ -97,3 +97,109 @@ def test_shared_text_view_decodes_current_memory():
     assert copy.deepcopy(view) == ("first", "é 漢\n")
     write_to_shared_memory(space, 0, "second", memory)
     assert view[0] == "second" and len(view) == 2 and view[-1] == "é 漢\n"
+
+
+def _canon(x) -> str:
+    import json
+
+    return json.dumps(
+        x,
+        sort_keys=True,
+        default=lambda o: o.tolist() if isinstance(o, np.ndarray) else repr(o),
+    )
+
+
+def _random_actions(rng: np.random.Generator, info: dict, n: int, t: int) -> dict:
+    """A mix of every action type: searches of the question's words, notes, backtracks,
+    answers, refusals, and invalid (empty) ones."""
+    types, texts = [], []
+    for j in range(n):
+        question = str(info["question"][j]) if "question" in info else "x"
+        words = question.split() or ["x"]
+        kind = int(rng.choice([0, 0, 0, 4, 2, 1, 3]))
+        text = " ".join(words[int(i)] for i in rng.integers(0, len(words), size=3))
+        if rng.random() < 0.1:
+            text = ""  # an invalid SEARCH / EVALUATE / ANSWER
+        types.append(kind)
+        texts.append(text)
+    return {"type": np.array(types, dtype=np.int64), "text": tuple(texts)}
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"corpus_mode": "pool", "exclude_seen": True, "k": 4}],
+    ids=["corpus", "pool-exclude"],
+)
+def test_native_vector_env_matches_sync_episode_for_episode(extra):
+    n, steps = 4, 40
+    kwargs = {**KW, **extra, "max_episode_steps": 5}
+    runs = {}
+    for mode in ("sync", "vector_entry_point"):
+        venv = gym.make_vec("rag_gym/SynthHop-v0", num_envs=n, vectorization_mode=mode, **kwargs)
+        rng = np.random.default_rng(0)
+        obs, info = venv.reset(seed=11)
+        trace = [_canon([obs, info])]
+        for t in range(steps):
+            obs, reward, term, trunc, info = venv.step(_random_actions(rng, info, n, t))
+            trace.append(_canon([obs, reward, term, trunc, info]))
+        venv.close()
+        runs[mode] = trace
+    for t, (sync, native) in enumerate(zip(runs["sync"], runs["vector_entry_point"], strict=True)):
+        assert sync == native, f"step {t} differs"
+    # the rollout ended episodes each way, and the autoreset step followed
+    import json
+
+    ends = [json.loads(s) for s in runs["sync"][1:]]
+    assert any(any(e[2]) for e in ends) and any(any(e[3]) for e in ends)
+
+
+def test_native_vector_env_batches_one_retrieve_per_step():
+    n = 5
+    venv = gym.make_vec(
+        "rag_gym/SynthHop-v0", num_envs=n, vectorization_mode="vector_entry_point", **KW
+    )
+    retriever = venv.unwrapped.envs[0].retriever
+    assert all(e.retriever is retriever for e in venv.unwrapped.envs)  # one shared index
+    calls = []
+    original = retriever.retrieve
+
+    def counting(queries, k, exclude=None, within=None):
+        calls.append(len(queries))
+        return original(queries, k, exclude=exclude, within=within)
+
+    retriever.retrieve = counting
+    try:
+        _, info = venv.reset(seed=0)
+        types = np.array([0, 0, 4, 0, 0])  # four searches and a note
+        _, _, _, _, info = venv.step({"type": types, "text": tuple(info["question"])})
+        assert calls == [4]
+        assert [len(ids) for ids in info["retrieved_ids"]] == [3, 3, 0, 3, 3]
+    finally:
+        retriever.retrieve = original
+        venv.close()
+    assert venv.metadata["autoreset_mode"] == gym.vector.AutoresetMode.NEXT_STEP
+    assert venv.spec.kwargs["vectorization_mode"] == "vector_entry_point"
+
+
+def test_native_vector_env_errors_name_the_fix():
+    from rag_gym.envs.vector import SearchVectorEnv
+
+    with pytest.raises(ValueError, match="expected num_envs >= 1, got 0"):
+        SearchVectorEnv(0, **KW)
+    with pytest.raises(TypeError, match="reward_preset= is not an env argument"):
+        gym.make_vec(
+            "rag_gym/SynthHop-v0",
+            num_envs=2,
+            vectorization_mode="vector_entry_point",
+            reward_preset="eval_rar",
+            **KW,
+        )
+    venv = SearchVectorEnv(2, **KW)
+    with pytest.raises(ValueError, match="expected 2 seeds"):
+        venv.reset(seed=[1, 2, 3])
+    with pytest.raises(TypeError, match="reset_mask"):
+        venv.reset(options={"reset_mask": [True, False]})
+    obs, _ = venv.reset(seed=0)
+    again, _ = venv.reset(seed=5, options={"reset_mask": np.array([False, True])})
+    assert again[0] == obs[0]  # only the masked sub-env was reset
+    assert again[1] == SearchVectorEnv(2, **KW).reset(seed=5)[0][1]

@@ -36,6 +36,7 @@ import pytest
 from rag_gym.data import Corpus, Passage
 from rag_gym.data.synthhop import world_for
 from rag_gym.retrieval import BM25Retriever
+from rag_gym.retrieval.base import corpus_size
 from rag_gym.retrieval.http import HttpRetriever, derived_id
 from tests.conftest import SMALL_WORLD
 
@@ -542,8 +543,14 @@ def test_http_retriever_needs_no_health_and_matches_in_process(wiki, standin):
     server = standin()
     client = HttpRetriever(server.url, retries=0)
     assert client.corpus_size is None and not client.honours_filters
-    assert len(client.corpus) == sys.maxsize  # unknown, never the reason to lower k
-    assert len(HttpRetriever(server.url + "/retrieve", corpus_size=2000).corpus) == 2000
+    assert corpus_size(client) == sys.maxsize  # unknown, never the reason to lower k
+    sized = HttpRetriever(server.url + "/retrieve", corpus_size=2000)
+    assert corpus_size(sized) == 2000
+    assert len(sized.corpus) == 0  # it holds no passage yet
+    sized.retrieve(wiki["q"][:2], 3)
+    # len counts the passages it holds, each one it can render
+    assert 3 <= len(sized.corpus) <= 6
+    assert all(sized.corpus[pid].text for pid in sized.corpus.ids)
     queries = wiki["q"][:6]
     got, want = client.retrieve(queries, 4), wiki["bm25"].retrieve(queries, 4)
     assert got.ids == want.ids

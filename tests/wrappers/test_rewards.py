@@ -6,7 +6,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-import rag_gym  # noqa: F401
+import rag_gym
 from rag_gym.data import Corpus, Passage, QAExample
 from rag_gym.envs import ReaderEnv, SearchEnv, TreeSearchEnv
 from rag_gym.retrieval import BM25Retriever
@@ -517,17 +517,17 @@ def stub_encoder_words(texts):
 
 
 def test_preset_arena_r2ag_eval_rar_totals():
-    env = gym.make("rag_gym/SynthHop-Reader-v0", reward_preset="arena", **KW)
+    env = rag_gym.make("rag_gym/SynthHop-Reader-v0", reward_preset="arena", **KW)
     _, info = env.reset(seed=1)
     gold = env.unwrapped.current_example.answer
     assert env.step(ReaderEnv.format_action(info["gold_references"], "x", gold))[1] == 13.0
 
-    env = gym.make("rag_gym/SynthHop-Tree-v0", reward_preset="r2ag", **KW)
+    env = rag_gym.make("rag_gym/SynthHop-Tree-v0", reward_preset="r2ag", **KW)
     env.reset(seed=1)
     _, reward, *_, info = env.step("<base-Q>x</base-Q>")
     assert reward == 0.0 and info["r2ag_gated"]
 
-    env = gym.make("rag_gym/SynthHop-v0", reward_preset="eval_rar", **KW)
+    env = rag_gym.make("rag_gym/SynthHop-v0", reward_preset="eval_rar", **KW)
     env.reset(seed=1)
     gold = env.unwrapped.current_example.answer
     env.step(act(E, f"So it is {gold}."))
@@ -559,11 +559,78 @@ def test_preset_errors():
         apply(env, 3)
 
 
-def test_make_time_preset_spec_round_trips():
-    env = gym.make("rag_gym/SynthHop-v0", reward_preset="eval_rar", **KW)
+def _rewards(env, actions, seed=1):
+    env.reset(seed=seed)
+    out = []
+    for action in actions:
+        _, reward, terminated, truncated, info = env.step(action)
+        out.append((reward, terminated, truncated, info["reward_terms"]))
+        if terminated or truncated:
+            break
+    return out
+
+
+def test_preset_stack_sits_outside_the_one_time_limit():
+    env = rag_gym.make("rag_gym/SynthHop-v0", reward_preset="eval_rar", max_episode_steps=3, **KW)
+    chain, inner = [], env
+    while isinstance(inner, gym.Wrapper):
+        chain.append(type(inner).__name__)
+        inner = inner.env
+    assert chain.count("TimeLimit") == 1
+    assert chain.index("TimeLimit") > chain.index("EvaluationReward")  # the stack is outside it
+    steps = _rewards(env, [act(E, "x")] * 10)
+    assert [s[2] for s in steps] == [False, False, True]  # max_episode_steps=3 is honoured
+    assert env.spec.max_episode_steps == 3
+    assert [w.name for w in env.spec.additional_wrappers] == [
+        "DropBaseReward",
+        "AnswerCorrectnessReward",
+        "EvaluationReward",
+    ]
+
+
+def test_preset_horizon_follows_max_episode_steps():
+    env = rag_gym.make(
+        "rag_gym/SynthHop-v0",
+        reward_preset="evo_rag",
+        max_episode_steps=4,
+        reward_kwargs={"encoder": stub_encoder_words},
+        **KW,
+    )
+    assert env.t_max == 4  # EVO-RAG's T_max is the env's step limit
+    assert rag_gym.make("rag_gym/SynthHop-v0", reward_preset="evo_rag", **KW).t_max == 20
+    lwts = rag_gym.make(
+        "rag_gym/SynthHop-v0",
+        reward_preset="when_to_search",
+        max_episode_steps=2,
+        reward_kwargs={"encoder": stub_encoder_words},
+        **KW,
+    )
+    steps = _rewards(lwts, ["<search>ada vell</search>"] * 5)
+    assert len(steps) == 2 and steps[-1][2]  # truncated at 2
+    assert "format" in steps[-1][3] or any(steps[-1][3].values())  # scored at the episode's end
+
+
+def test_preset_spec_round_trips_through_gym_make():
+    env = rag_gym.make("rag_gym/SynthHop-v0", reward_preset="eval_rar", max_episode_steps=6, **KW)
     spec = env.spec
-    assert spec.kwargs["reward_preset"] == "eval_rar"
+    assert spec.entry_point == "rag_gym.envs.search:SearchEnv"
     assert gym.envs.registration.EnvSpec.from_json(spec.to_json()) == spec
+    again = gym.make(spec)
+    assert again.spec == spec
+    env.reset(seed=1)
+    gold = env.unwrapped.current_example.answer
+    actions = [act(S, "ada vell"), act(E, f"So it is {gold}."), act(A, "nope")]
+    assert _rewards(again, actions) == _rewards(env, actions)
+    assert _rewards(env, actions)[-1][0] == pytest.approx(0.1)  # Eval-RAR's R_eval paid
+
+
+def test_reward_preset_as_env_argument_names_the_fix():
+    with pytest.raises(TypeError, match=r"reward_preset= is not an env argument.*rag_gym\.make"):
+        gym.make("rag_gym/SynthHop-v0", reward_preset="eval_rar", **KW)
+    with pytest.raises(TypeError, match="reward_kwargs are the options of a reward preset"):
+        SearchEnv(examples=[Q], reward_kwargs={})
+    with pytest.raises(TypeError, match="reward_kwargs needs a reward_preset"):
+        rag_gym.make("rag_gym/SynthHop-v0", reward_kwargs={"stage": 1}, **KW)
 
 
 # ---------------------------------------------------------------- TRL-style functions ----------
@@ -634,7 +701,7 @@ def test_query_overlap_with_embedded_minilm():
 
 @requires_dense
 def test_make_time_evo_rag_preset_with_embedded_minilm():
-    env = gym.make("rag_gym/SynthHop-v0", reward_preset="evo_rag", **KW)
+    env = rag_gym.make("rag_gym/SynthHop-v0", reward_preset="evo_rag", **KW)
     _, info = env.reset(seed=0)
     _, r1, *_ = env.step(act(S, info["question"]))
     _, r2, *_, info = env.step(act(S, info["question"]))
@@ -677,10 +744,17 @@ def test_llm_answer_judge_in_lwts():
 def test_set_stage_through_gym_make_and_vector_envs():
     from rag_gym.wrappers.presets import set_stage
 
-    env = gym.make("rag_gym/SynthHop-v0", reward_preset="eval_rar", **KW)
+    env = rag_gym.make("rag_gym/SynthHop-v0", reward_preset="eval_rar", **KW)
     with pytest.raises(ValueError, match="no staged reward in this env"):
         set_stage(env, "refinement")
     env = apply(gym.make("rag_gym/SynthHop-v0", **KW), "evo_rag", encoder=stub_encoder_words)
     env.reset(seed=0)
     set_stage(env, "refinement")
     assert env.step(act(E, "x"))[4]["reward_stage"] == "refinement"
+
+
+def test_make_with_preset_checks_its_arguments():
+    with pytest.raises(TypeError, match="expected reward_kwargs to be a dict, got list"):
+        rag_gym.make("rag_gym/SynthHop-v0", reward_preset="evo_rag", reward_kwargs=[1], **KW)
+    with pytest.raises(ValueError, match="did you mean 'eval_rar'"):
+        rag_gym.make("rag_gym/SynthHop-v0", reward_preset="evalrar", **KW)

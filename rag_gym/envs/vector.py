@@ -1,0 +1,236 @@
+"""``SearchVectorEnv``: N search episodes stepped in one process, their searches retrieved together.
+
+The native vector entry point of every search id (``rag_gym/<Name>-v0``), as Gymnasium's own
+vectorised classic-control envs have one::
+
+    envs = gym.make_vec("rag_gym/SynthHop-v0", num_envs=8, vectorization_mode="vector_entry_point")
+
+It holds ``num_envs`` :class:`~rag_gym.envs.SearchEnv` copies (built with the same data
+arguments, so they share one corpus and index) and, each step, makes the SEARCH queries of all of
+them in one batched ``retrieve`` call. A ``SyncVectorEnv`` calls ``retrieve`` once per sub-env
+and an ``AsyncVectorEnv`` pays inter-process traffic on every step; both cost more than a
+numba-kernel BM25 search of a 100k-passage corpus. ``python benchmarks/vector_envs.py`` compares
+the three.
+
+Episodes are exactly those of ``gym.make(id)`` sub-envs in a ``SyncVectorEnv`` with the same
+seeds and actions (tested): the same observations, rewards, flags and infos, each sub-env's step
+limit applied as ``TimeLimit`` applies it (``max_episode_steps``, default the id's registered
+horizon), and Gymnasium 1.x's next-step autoreset (``AutoresetMode.NEXT_STEP``): the step after
+an episode ends resets that sub-env, ignores its action and returns its first observation with
+reward 0 and both flags false.
+"""
+
+from __future__ import annotations
+
+from copy import deepcopy
+from typing import Any
+
+import numpy as np
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
+
+from rag_gym.envs.base import DataConfig, SearchRequest, check_int, retrieve_all
+from rag_gym.envs.search import SearchEnv
+
+
+class SearchVectorEnv(VectorEnv):
+    """``num_envs`` :class:`~rag_gym.envs.SearchEnv` episodes, batched retrieval per step.
+
+    Observations are a tuple of strings, actions ``{"type": int array, "text": tuple of str}``,
+    infos Gymnasium's batched dicts (each key with its ``_key`` mask), as from
+    ``gym.make_vec(..., vectorization_mode="sync")``.
+
+    Args:
+        num_envs: how many episodes run side by side.
+        max_episode_steps: each sub-env's step limit (``None``: none); ``gym.make_vec`` passes
+            the id's registered one (20).
+        render_mode: as for :class:`~rag_gym.envs.SearchEnv`; ``render()`` returns one
+            rendering per sub-env.
+        data, **kwargs: the :class:`~rag_gym.envs.SearchEnv` arguments, the same for every
+            sub-env.
+
+    >>> import gymnasium as gym, rag_gym
+    >>> envs = gym.make_vec("rag_gym/SynthHop-v0", num_envs=3, vectorization_mode="vector_entry_point",
+    ...                     dataset_kwargs={"n_passages": 2000, "n_questions": [40, 10, 10]})
+    >>> obs, info = envs.reset(seed=0)
+    >>> obs, reward, terminated, truncated, info = envs.step(
+    ...     {"type": np.zeros(3, dtype=np.int64), "text": tuple(info["question"])})
+    >>> [len(ids) for ids in info["retrieved_ids"]], terminated.tolist()
+    ([3, 3, 3], [False, False, False])
+    """
+
+    metadata = {  # noqa: RUF012 (Gymnasium's VectorEnv declares it a plain class attribute)
+        "render_modes": SearchEnv.metadata["render_modes"],
+        "autoreset_mode": AutoresetMode.NEXT_STEP,
+    }
+
+    def __init__(
+        self,
+        num_envs: int,
+        max_episode_steps: int | None = None,
+        render_mode: str | None = None,
+        data: DataConfig | None = None,
+        **kwargs: Any,
+    ) -> None:
+        check_int("num_envs", num_envs, 1)
+        if max_episode_steps is not None:
+            check_int("max_episode_steps", max_episode_steps, 1)
+        self.num_envs = int(num_envs)
+        self.max_episode_steps = max_episode_steps
+        self.render_mode = render_mode
+        self.envs = [
+            SearchEnv(data, render_mode=render_mode, **kwargs) for _ in range(self.num_envs)
+        ]
+        first = self.envs[0]
+        self.single_observation_space = first.observation_space
+        self.single_action_space = first.action_space
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self._env_obs: list[Any] = [None] * self.num_envs
+        self._observations = create_empty_array(
+            self.single_observation_space, n=self.num_envs, fn=np.zeros
+        )
+        self._rewards = np.zeros(self.num_envs, dtype=np.float64)
+        self._terminations = np.zeros(self.num_envs, dtype=np.bool_)
+        self._truncations = np.zeros(self.num_envs, dtype=np.bool_)
+        self._autoreset_envs = np.zeros(self.num_envs, dtype=np.bool_)
+        self._elapsed = np.zeros(self.num_envs, dtype=np.int64)
+
+    def reset(
+        self,
+        *,
+        seed: int | list[int | None] | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> tuple[tuple[str, ...], dict[str, Any]]:
+        """Reset every sub-env (or those of ``options["reset_mask"]``); an int ``seed`` seeds
+        sub-env ``i`` with ``seed + i``, as Gymnasium's vector envs do."""
+        if seed is None:
+            seeds: list[int | None] = [None] * self.num_envs
+        elif isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+            seeds = [int(seed) + i for i in range(self.num_envs)]
+        else:
+            seeds = list(seed)
+            if len(seeds) != self.num_envs:
+                raise ValueError(
+                    f"expected {self.num_envs} seeds (one per sub-env), got {len(seeds)}"
+                )
+        options = dict(options) if options else None
+        mask = np.ones(self.num_envs, dtype=np.bool_)
+        if options is not None and "reset_mask" in options:
+            mask = options.pop("reset_mask")
+            if not isinstance(mask, np.ndarray) or mask.dtype != np.bool_:
+                raise TypeError("expected options['reset_mask'] to be a numpy bool array")
+            if mask.shape != (self.num_envs,) or not mask.any():
+                raise ValueError(
+                    f"expected options['reset_mask'] of shape ({self.num_envs},) with a True"
+                )
+        infos: list[dict[str, Any] | None] = [None] * self.num_envs
+        for i in np.flatnonzero(mask):
+            self._env_obs[i], infos[i] = self.envs[i].reset(seed=seeds[i], options=options)
+            self._elapsed[i] = 0
+        self._terminations[mask] = False
+        self._truncations[mask] = False
+        self._autoreset_envs[mask] = False
+        self._observations = concatenate(
+            self.single_observation_space, self._env_obs, self._observations
+        )
+        return deepcopy(self._observations), self._batch_infos(infos)
+
+    def step(self, actions: dict[str, Any]):
+        """Step every sub-env; the SEARCH queries of the step go to the retriever together."""
+        actions = list(iterate(self.action_space, actions))
+        if len(actions) != self.num_envs:
+            raise ValueError(f"expected {self.num_envs} actions, got {len(actions)}")
+        stepping = [i for i in range(self.num_envs) if not self._autoreset_envs[i]]
+        requests: dict[int, SearchRequest] = {}
+        for i in stepping:
+            request = self.envs[i].search_request(actions[i])
+            if request is not None:
+                requests[i] = request
+        retrieved = dict(
+            zip(
+                requests,
+                retrieve_all(self.envs[0].retriever, list(requests.values())),
+                strict=True,
+            )
+        )
+        infos: list[dict[str, Any] | None] = [None] * self.num_envs
+        for i, env in enumerate(self.envs):
+            if self._autoreset_envs[i]:
+                self._env_obs[i], info = env.reset()
+                self._elapsed[i] = 0
+                self._rewards[i] = 0.0
+                self._terminations[i] = self._truncations[i] = False
+            else:
+                obs, reward, terminated, truncated, info = env._step(actions[i], retrieved.get(i))
+                self._elapsed[i] += 1
+                if (
+                    self.max_episode_steps is not None
+                    and self._elapsed[i] >= self.max_episode_steps
+                ):
+                    truncated = True  # as gymnasium.wrappers.TimeLimit
+                self._env_obs[i] = obs
+                self._rewards[i] = reward
+                self._terminations[i] = terminated
+                self._truncations[i] = truncated
+            infos[i] = info
+        self._observations = concatenate(
+            self.single_observation_space, self._env_obs, self._observations
+        )
+        self._autoreset_envs = np.logical_or(self._terminations, self._truncations)
+        return (
+            deepcopy(self._observations),
+            np.copy(self._rewards),
+            np.copy(self._terminations),
+            np.copy(self._truncations),
+            self._batch_infos(infos),
+        )
+
+    def _batch_infos(self, infos: list[dict[str, Any] | None]) -> dict[str, Any]:
+        """The sub-envs' infos batched as ``VectorEnv._add_info`` batches them one by one (each
+        key an array typed by its first value, with its ``_key`` mask; dicts batched
+        recursively), in one pass per key."""
+        out: dict[str, Any] = {}
+        keys = dict.fromkeys(key for info in infos if info is not None for key in info)
+        for key in keys:
+            rows = [i for i, info in enumerate(infos) if info is not None and key in info]
+            present = set(rows)
+            first = infos[rows[0]][key]  # type: ignore[index]
+            if isinstance(first, dict):
+                array: Any = self._batch_infos(
+                    [infos[i][key] if i in present else None for i in range(self.num_envs)]  # type: ignore[index]
+                )
+            else:
+                if type(first) in (int, float, bool) or isinstance(first, np.number):
+                    array = np.zeros(self.num_envs, dtype=type(first))
+                elif isinstance(first, np.ndarray):
+                    array = np.zeros((self.num_envs, *first.shape), dtype=first.dtype)
+                else:
+                    array = np.full(self.num_envs, fill_value=None, dtype=object)
+                for i in rows:
+                    array[i] = infos[i][key]  # type: ignore[index]
+            mask = np.zeros(self.num_envs, dtype=np.bool_)
+            mask[rows] = True
+            out[key], out[f"_{key}"] = array, mask
+        return out
+
+    def render(self) -> tuple[str | None, ...]:
+        return tuple(env.render() for env in self.envs)
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """``name`` of every sub-env: called with the arguments when callable, else read."""
+        out = []
+        for env in self.envs:
+            attr = getattr(env, name)
+            out.append(attr(*args, **kwargs) if callable(attr) else attr)
+        return tuple(out)
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        return tuple(getattr(env, name) for env in self.envs)
+
+    def close_extras(self, **kwargs: Any) -> None:
+        for env in self.envs:
+            env.close()
+
+
+__all__ = ["SearchVectorEnv"]
