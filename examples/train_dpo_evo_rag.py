@@ -1,5 +1,6 @@
 """EVO-RAG's preference training: sibling branches, a multi-head preference model and DPO on
-LoRA adapters, Discovery stage then Refinement stage (``000-evo-rag.txt`` §3.3–3.5).
+LoRA adapters, Discovery stage then Refinement stage (EVO-RAG, "Curriculum-Guided Reinforcement
+Learning for Efficient Multi-Hop Retrieval-Augmented Generation", arXiv:2505.17391, §3.3–3.5).
 
 Each cycle rolls out episodes in the ``evo_rag`` env (SEARCH / BACKTRACK / ANSWER / REFUSE),
 branches the other action types at visited states and completes them with the policy, keeps
@@ -13,12 +14,26 @@ not learning; ``docs/evo_rag_dpo.md`` has what it printed)::
 
     OMP_NUM_THREADS=1 python examples/train_dpo_evo_rag.py
 
-GPU, the paper's optimisation settings (effective batch 64, learning rate 5e-6, T_max = 20)::
+GPU, the paper's optimisation settings (effective batch 64, learning rate 5e-6, T_max = 20,
+every visited state branched), from a YAML file of :class:`~rag_gym.train.evo_rag_dpo.EvoRagDPOConfig`
+fields (TRL's ``TrlParser``: ``--config``; options on the command line win over it)::
 
-    python examples/train_dpo_evo_rag.py --episodes-per-cycle 64 --max-episode-steps 20 \\
-        --max-branch-states 0 --cycles-per-stage 10 --per-device-batch-size 8 \\
-        --gradient-accumulation-steps 8 --learning-rate 5e-6 --eval-questions 200 \\
-        --max-turn-tokens 128 --max-completion-tokens 4096 --track
+    # paper.yaml
+    episodes_per_cycle: 64
+    max_episode_steps: 20
+    max_branch_states: null
+    cycles_per_stage: 10
+    per_device_batch_size: 8
+    gradient_accumulation_steps: 8
+    learning_rate: 5.0e-6
+    eval_questions: 200
+    max_turn_tokens: 128
+    max_completion_tokens: 4096
+
+    python examples/train_dpo_evo_rag.py --config paper.yaml --test_questions 200 --track
+
+Every field of :class:`~rag_gym.train.evo_rag_dpo.EvoRagDPOConfig` is an option (``--help``);
+:data:`SMALL` holds this example's CPU budget.
 
 Needs ``pip install torch==2.13.0 'rag-gym[train,dense,hf,llama]'`` (and ``'rag-gym[track]'``
 for ``--track``). Writes ``runs/<run name>/``: ``config.json``, each cycle's adapter and
@@ -28,116 +43,61 @@ preference heads, ``final/``, TensorBoard logs (W&B offline with ``--track``),
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import json
 import time
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import asdict, dataclass
+
+#: this example's CPU budget (the embedded SmolLM2-135M, a small SynthHop world)
+SMALL = {
+    "env_kwargs": {"dataset_kwargs": {"n_passages": 2000, "n_questions": [200, 50, 50]}},
+    "exp_name": "train_dpo_evo_rag",
+    "seed": 1,
+    "episodes_per_cycle": 6,
+    "max_episode_steps": 3,
+    "max_branch_states": 2,
+    "cycles_per_stage": 2,
+    "per_device_batch_size": 4,
+    "gradient_accumulation_steps": 1,
+    "learning_rate": 5e-5,
+    "eval_questions": 8,
+    "max_turn_tokens": 32,
+    "max_completion_tokens": 1536,
+}
 
 
 @dataclass
-class Args:
-    exp_name: str = "train_dpo_evo_rag"
-    """the name of this experiment (part of the run name)"""
-    env_id: str = "rag_gym/SynthHop-v0"
-    """a rag-gym search env id"""
-    model: str = "embedded"
-    """embedded (SmolLM2-135M-Instruct) | tiny | a hub id or directory"""
-    seed: int = 1
-    """seed of sampling, question order, the preference model and the trainers"""
-    episodes_per_cycle: int = 6
-    """N: episodes rolled out per cycle"""
-    max_episode_steps: int = 3
-    """T_max of the time-dynamic weights (the paper: 20)"""
-    max_branch_states: int = 2
-    """visited states branched per episode (0: all, as the paper)"""
-    cycles_per_stage: int = 2
-    """cycles per stage at most (a stage also stops when dev EM stalls for two cycles)"""
-    per_device_batch_size: int = 4
-    """policy pairs per forward pass (the paper: 8)"""
-    gradient_accumulation_steps: int = 1
-    """the paper: 8 (effective batch 64)"""
-    learning_rate: float = 5e-5
-    """LoRA learning rate (the paper: 5e-6)"""
-    rm_learning_rate: float = 1e-2
-    """the preference model's (Adam) learning rate"""
-    rm_batch_size: int = 16
-    """pairs per preference-model update"""
-    reference_free: bool = True
-    """§3.4's loss as printed (no reference model); --no-reference-free for standard DPO"""
-    eval_questions: int = 8
-    """dev questions of each cycle's check (greedy)"""
+class ScriptArguments:
+    """What this script adds to :class:`~rag_gym.train.evo_rag_dpo.EvoRagDPOConfig`."""
+
     test_questions: int = 8
-    """test questions scored before and after training (greedy)"""
-    max_turn_tokens: int = 32
-    """new tokens per turn at most"""
-    max_completion_tokens: int = 1536
-    """model + env tokens per episode at most"""
-    temperature: float = 1.0
-    """sampling temperature of roll-outs and branches"""
-    n_passages: int = 2000
-    """SynthHop world size (small: fast index build)"""
-    output_dir: str = "runs"
-    """parent folder of the run folder"""
-    track: bool = False
-    """log to W&B (offline unless WANDB_MODE says otherwise)"""
+    """test questions scored (greedy) before and after training"""
 
 
-def parse() -> Args:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for f in dataclasses.fields(Args):
-        flag = f"--{f.name.replace('_', '-')}"
-        if f.type == "bool":
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
-        else:
-            kind = {"int": int, "float": float}.get(f.type, str)
-            parser.add_argument(flag, type=kind, default=f.default)
-    return Args(**vars(parser.parse_args()))
+def parse():
+    from trl import TrlParser
+
+    from rag_gym.train.evo_rag_dpo import EvoRagDPOConfig
+
+    parser = TrlParser((ScriptArguments, EvoRagDPOConfig))
+    parser.set_defaults(**SMALL)
+    return parser.parse_args_and_config()
 
 
 def main() -> None:
-    args = parse()
-    from rag_gym.train.evo_rag_dpo import (
-        EvoRagDPOConfig,
-        evaluate_policy,
-        rollout_engine,
-        train,
-    )
-    from rag_gym.train.models import load_policy
-    from rag_gym.train.tracking import run_name
+    script, cfg = parse()
+    from pathlib import Path
 
-    world = {"n_passages": args.n_passages, "n_questions": [200, 50, 50]}
-    run_dir = Path(args.output_dir) / run_name(args.env_id, args.exp_name, args.seed)
-    cfg = EvoRagDPOConfig(
-        env_id=args.env_id,
-        env_kwargs={"dataset_kwargs": world},
-        model=args.model,
-        seed=args.seed,
-        episodes_per_cycle=args.episodes_per_cycle,
-        max_episode_steps=args.max_episode_steps,
-        max_branch_states=args.max_branch_states or None,
-        cycles_per_stage=args.cycles_per_stage,
-        per_device_batch_size=args.per_device_batch_size,
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
-        learning_rate=args.learning_rate,
-        rm_learning_rate=args.rm_learning_rate,
-        rm_batch_size=args.rm_batch_size,
-        reference_free=args.reference_free,
-        eval_questions=args.eval_questions,
-        max_turn_tokens=args.max_turn_tokens,
-        max_completion_tokens=args.max_completion_tokens,
-        temperature=args.temperature,
-        exp_name=args.exp_name,
-        track=args.track,
-        run_dir=str(run_dir),
-    )
-    model, tokenizer = load_policy(args.model)
-    test = rollout_engine(cfg, "test", tokenizer)
+    from rag_gym.train.evo_rag_dpo import evaluate_policy, rollout_engine, train
+    from rag_gym.train.models import load_policy
+    from rag_gym.train.tracking import run_dir_for
+
+    cfg.run_dir = str(run_dir_for(cfg))
+    model, tokenizer = load_policy(cfg.model)
+    test = rollout_engine(cfg, tokenizer, "test")
 
     started = time.time()
     # scored under the Refinement weights: the objective the curriculum ends on
-    before = evaluate_policy(model, tokenizer, test, args.test_questions, stage="refinement")
+    before = evaluate_policy(model, tokenizer, test, script.test_questions, stage="refinement")
     print(f"before: {before}", flush=True)
 
     def report(row: dict) -> None:
@@ -152,16 +112,21 @@ def main() -> None:
         )
 
     out = train(cfg, model, tokenizer, on_cycle=report)
-    after = evaluate_policy(out["model"], tokenizer, test, args.test_questions, stage="refinement")
+    after = evaluate_policy(
+        out["model"], tokenizer, test, script.test_questions, stage="refinement"
+    )
     print(f"after:  {after}", flush=True)
     results = {
-        "args": dataclasses.asdict(args),
+        "script": asdict(script),
+        "config": asdict(cfg),
         "before": before,
         "after": after,
         "stages": out["stages"],
+        "generation": out["generation"],
         "seconds": round(time.time() - started, 1),
     }
-    (run_dir / "results.json").write_text(json.dumps(results, indent=2))
+    run_dir = Path(cfg.run_dir)
+    (run_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
     for stage, best in out["stages"].items():
         print(f"{stage}: best cycle {best['best_cycle']} of {best['cycles']} (dev {best['best']})")
     print(

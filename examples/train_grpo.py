@@ -6,131 +6,86 @@ reports EM on held-out validation questions before and after, with the learning 
 
 CPU, a few minutes (the embedded SmolLM2-135M, small budgets; shows the loop, not learning)::
 
-    OMP_NUM_THREADS=2 python examples/train_grpo.py --max-steps 4 --eval-n 8
+    OMP_NUM_THREADS=2 python examples/train_grpo.py --max_steps 4 --eval_n 8
 
 GPU (what the docs report; add ``--use-vllm`` with ``rag-gym[gpu]``)::
 
-    python examples/train_grpo.py --recipe eval_rar --max-steps 200 --prompts-per-step 8 \\
-        --eval-n 200 --track
-    python examples/train_grpo.py --recipe eval_rar --max-steps 200 --prompts-per-step 8 \\
-        --eval-n 200 --step-cost 0.05 --exp-name step_cost      # fewer searches per episode
+    python examples/train_grpo.py --recipe eval_rar --max_steps 200 --prompts_per_step 8 \\
+        --eval_n 200 --track
+    python examples/train_grpo.py --recipe eval_rar --max_steps 200 --prompts_per_step 8 \\
+        --eval_n 200 --step_cost 0.05 --exp_name step_cost      # fewer searches per episode
+
+Every field of :class:`rag_gym.train.grpo.EnvGRPOConfig` is an option (``--help`` lists them;
+dict fields take JSON, e.g. ``--env_kwargs '{"k": 5}'``; ``--config run.yaml`` reads them from
+a file, TRL's ``TrlParser``). ``--recipe`` sets a paper's settings first
+(:data:`rag_gym.train.recipes.RECIPES`); :data:`SMALL` then sets this example's CPU budget;
+options on the command line win over both.
 
 Writes ``runs/<run name>/``: ``config.json``, checkpoints, TensorBoard logs (W&B offline with
-``--track``), ``learning_curve.png`` and ``results.json`` (EM before/after).
+``--track``), ``learning_curve.png``, ``final/`` and ``results.json`` (validation EM before and
+after, :func:`rag_gym.train.grpo.train_from`).
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import json
-import time
 from dataclasses import dataclass
-from pathlib import Path
+
+#: this example's CPU budget (the embedded SmolLM2-135M, a small SynthHop world)
+SMALL = {
+    "env_kwargs": {"dataset_kwargs": {"n_passages": 2000, "n_questions": [200, 50, 50]}},
+    "exp_name": "train_grpo",
+    "seed": 1,
+    "max_steps": 4,
+    "num_generations": 4,
+    "learning_rate": 5e-5,
+    "max_turns": 4,
+    "max_turn_tokens": 48,
+    "max_completion_tokens": 768,
+    "temperature": 0.8,
+}
 
 
 @dataclass
-class Args:
+class ScriptArguments:
+    """What this script adds to :class:`~rag_gym.train.grpo.EnvGRPOConfig`."""
+
     recipe: str = "eval_rar"
     """eval_rar | lwts | arena (r2ag trains with rag_gym.train.recipes.run)"""
-    env_id: str = "rag_gym/SynthHop-v0"
-    """the env to train in (its -Reader-v0 id for arena)"""
-    model: str = "embedded"
-    """embedded (SmolLM2-135M-Instruct) | tiny | a hub id or directory"""
-    exp_name: str = "train_grpo"
-    seed: int = 1
-    max_steps: int = 4
-    num_generations: int = 4
-    prompts_per_step: int = 1
-    learning_rate: float = 5e-5
-    max_turns: int = 4
-    max_turn_tokens: int = 48
-    max_completion_tokens: int = 768
-    temperature: float = 0.8
-    step_cost: float = 0.0
-    """weight of EVO-RAG's step-cost term (0: off)"""
-    lora: bool = True
     eval_n: int = 8
     """validation questions scored (greedy) before and after training"""
-    n_passages: int = 2000
-    """SynthHop world size (small: fast index build)"""
-    output_dir: str = "runs"
-    track: bool = False
-    use_vllm: bool = False
 
 
-def parse() -> Args:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for f in dataclasses.fields(Args):
-        if f.type == "bool":
-            parser.add_argument(
-                f"--{f.name.replace('_', '-')}",
-                action=argparse.BooleanOptionalAction,
-                default=f.default,
-            )
-        else:
-            kind = {"int": int, "float": float}.get(f.type, str)
-            parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=f.default)
-    return Args(**vars(parser.parse_args()))
+def parse():
+    from transformers import HfArgumentParser
+    from trl import TrlParser
+
+    from rag_gym.train.grpo import EnvGRPOConfig
+    from rag_gym.train.recipes import RECIPES, recipe
+
+    # the recipe decides the defaults, so it is read first
+    script, _ = HfArgumentParser(ScriptArguments, add_help=False).parse_args_into_dataclasses(
+        return_remaining_strings=True
+    )
+    recipe(script.recipe)  # an unknown name fails here, with "did you mean"
+    settings = RECIPES[script.recipe]
+    env_kwargs = {**settings.get("env_kwargs", {}), **SMALL["env_kwargs"]}
+    parser = TrlParser((ScriptArguments, EnvGRPOConfig))
+    parser.set_defaults(**{**settings, **SMALL, "env_kwargs": env_kwargs})
+    return parser.parse_args_and_config()
 
 
 def main() -> None:
-    args = parse()
-    from rag_gym.train.grpo import build_trainer, evaluate_policy
-    from rag_gym.train.models import load_policy
-    from rag_gym.train.recipes import recipe
-    from rag_gym.train.tracking import run_name
+    script, cfg = parse()
+    from rag_gym.train.grpo import train_from
 
-    world = {"n_passages": args.n_passages, "n_questions": [200, 50, 50]}
-    run_dir = Path(args.output_dir) / run_name(args.env_id, args.exp_name, args.seed)
-    cfg = recipe(
-        args.recipe,
-        env_id=args.env_id,
-        env_kwargs={"dataset_kwargs": world},
-        model=args.model,
-        seed=args.seed,
-        max_steps=args.max_steps,
-        num_generations=args.num_generations,
-        prompts_per_step=args.prompts_per_step,
-        learning_rate=args.learning_rate,
-        max_turns=args.max_turns,
-        max_turn_tokens=args.max_turn_tokens,
-        max_completion_tokens=args.max_completion_tokens,
-        temperature=args.temperature,
-        step_cost=args.step_cost,
-        lora=args.lora,
-        track=args.track,
-        use_vllm=args.use_vllm,
-        exp_name=args.exp_name,
-        run_dir=str(run_dir),
-    )
-    model, tokenizer = load_policy(args.model)
-
-    started = time.time()
-    before = evaluate_policy(model, tokenizer, cfg, split="validation", n=args.eval_n)
-    print(f"before: {before}", flush=True)
-
-    trainer, _ = build_trainer(cfg, model, tokenizer, run_dir=run_dir)
-    trainer.train()
-    trainer.save_model(str(run_dir / "final"))
-
-    after = evaluate_policy(trainer.model, tokenizer, cfg, split="validation", n=args.eval_n)
-    print(f"after:  {after}", flush=True)
-    results = {
-        "args": dataclasses.asdict(args),
-        "before": before,
-        "after": after,
-        "seconds": round(time.time() - started, 1),
-        "train_log": [
-            {k: v for k, v in row.items() if not k.startswith("profiling")}
-            for row in trainer.state.log_history
-        ],
-    }
-    (run_dir / "results.json").write_text(json.dumps(results, indent=2))
+    results = train_from(cfg, eval_n=script.eval_n)
+    before, after = results["before"], results["after"]
+    print(f"before: {before}\nafter:  {after}", flush=True)
     print(
         f"EM {before['em']:.3f} -> {after['em']:.3f}; searches/episode "
         f"{before['num_searches']:.2f} -> {after['num_searches']:.2f}"
     )
+    run_dir = results["run_dir"]
     print(f"wrote {run_dir}/results.json and {run_dir}/learning_curve.png")
 
 

@@ -5,7 +5,7 @@ The whole pipeline, top to bottom, on a CPU:
 1. **SFT** on the scripted expert's transcripts (:mod:`rag_gym.train.sft`): LoRA on every linear
    layer, loss on the model-written tokens only;
 2. **GRPO** from that checkpoint (:func:`rag_gym.train.grpo.train_from`), the adapter going on
-   training in the same env (skipped with ``--grpo-steps 0``);
+   training in the same env (skipped with ``--grpo_steps 0``);
 3. **ship** the adapter as a checkpoint folder (:func:`rag_gym.train.ship.package_adapter`:
    PEFT weights, the llama.cpp GGUF adapter and a model card);
 4. **evaluate** it with ``rag-gym evaluate``'s protocol on the held-out test split through
@@ -13,12 +13,16 @@ The whole pipeline, top to bottom, on a CPU:
 
 What the docs report (2-core CPU; ``OMP_NUM_THREADS=1`` when the machine is shared)::
 
-    python examples/train_synthhop_agent.py --demos 200 --grpo-steps 0 --test-n 200
+    python examples/train_synthhop_agent.py --n_demos 200 --grpo_steps 0 --test_n 200
 
 A quick smoke run (minutes; the tiny random model learns nothing)::
 
-    python examples/train_synthhop_agent.py --model tiny --demos 8 --sft-steps 2 --grpo-steps 2 \\
-        --eval-n 4 --test-n 0
+    python examples/train_synthhop_agent.py --model tiny --n_demos 8 --max_steps 2 --grpo_steps 2 \\
+        --eval_n 4 --test_n 0
+
+The SFT stage's options are the fields of :class:`rag_gym.train.sft.SFTConfig` (``--help``; TRL's
+``TrlParser``, so ``--config run.yaml`` works too); :class:`PipelineArguments` adds the GRPO
+stage and the final test, whose env, model and turn limits are the SFT stage's.
 
 Writes ``runs/<run name>/``: ``sft/`` and ``grpo/`` (each with ``config.json``, checkpoints,
 ``learning_curve.png``, TensorBoard files and ``results.json``), ``checkpoint/`` (the shipped
@@ -27,7 +31,6 @@ folder) and ``results.json`` (every stage's held-out figures and wall times).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import shlex
@@ -38,119 +41,99 @@ from pathlib import Path
 
 
 @dataclass
-class Args:
-    env_id: str = "rag_gym/SynthHop-v0"
-    """the SynthHop env to train in"""
-    tags: str = "search_r1"
-    """the TextActions tag preset"""
-    model: str = "embedded"
-    """embedded (SmolLM2-135M-Instruct) | tiny (smoke tests)"""
-    seed: int = 0
-    demos: int = 200
-    """expert demonstrations (train split)"""
-    sft_lr: float = 1e-3
-    sft_steps: int = -1
-    """-1: one epoch over the demonstrations"""
-    batch_size: int = 8
+class PipelineArguments:
+    """What the pipeline adds to :class:`~rag_gym.train.sft.SFTConfig`."""
+
     grpo_steps: int = 0
     """GRPO steps from the SFT checkpoint (0: skip GRPO)"""
-    grpo_lr: float = 2e-5
+    grpo_learning_rate: float = 2e-5
+    """GRPO's learning rate"""
     num_generations: int = 4
+    """GRPO's group size"""
     prompts_per_step: int = 2
+    """GRPO's questions per step"""
     step_cost: float = 0.0
     """EVO-RAG step-cost weight in GRPO (0: off)"""
-    eval_n: int = 100
-    """validation questions for each stage's EM (choices are made on validation)"""
     test_n: int = 200
     """test questions for the final llama.cpp evaluation (0: skip)"""
-    output_dir: str = "runs"
-    track: bool = False
 
 
-def parse() -> Args:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for f in dataclasses.fields(Args):
-        flag = f"--{f.name.replace('_', '-')}"
-        if f.type == "bool":
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
-        else:
-            kind = {"int": int, "float": float}.get(f.type, str)
-            parser.add_argument(flag, type=kind, default=f.default)
-    return Args(**vars(parser.parse_args()))
+def parse():
+    from trl import TrlParser
+
+    from rag_gym.train.sft import SFTConfig
+
+    parser = TrlParser((PipelineArguments, SFTConfig))
+    parser.set_defaults(n_demos=200, exp_name="synthhop_agent")
+    return parser.parse_args_and_config()
 
 
 def main() -> None:
-    args = parse()
+    pipeline, sft_cfg = parse()
     from rag_gym.train.grpo import EnvGRPOConfig, train_from
-    from rag_gym.train.sft import SFTConfig
     from rag_gym.train.sft import train as train_sft
     from rag_gym.train.ship import package_adapter
-    from rag_gym.train.tracking import run_name
+    from rag_gym.train.tracking import run_dir_for
 
-    root = Path(args.output_dir) / run_name(args.env_id, "synthhop_agent", args.seed)
+    root = run_dir_for(sft_cfg)
     command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
-    report: dict = {"args": dataclasses.asdict(args), "command": command, "stages": {}}
+    report: dict = {
+        "pipeline": dataclasses.asdict(pipeline),
+        "sft_config": dataclasses.asdict(sft_cfg),
+        "command": command,
+        "stages": {},
+    }
 
     started = time.time()
-    sft = train_sft(
-        SFTConfig(
-            env_id=args.env_id,
-            tags=args.tags,
-            n_demos=args.demos,
-            model=args.model,
-            learning_rate=args.sft_lr,
-            max_steps=args.sft_steps,
-            batch_size=args.batch_size,
-            eval_n=args.eval_n,
-            seed=args.seed,
-            run_dir=str(root / "sft"),
-            track=args.track,
-        )
-    )
+    sft = train_sft(dataclasses.replace(sft_cfg, run_dir=str(root / "sft")))
     report["stages"]["sft"] = {k: sft[k] for k in ("before", "after", "seconds", "data")}
     print(f"SFT: validation EM {sft['before']} -> {sft['after']}", flush=True)
     final = Path(sft["checkpoint"])
 
-    if args.grpo_steps > 0:
+    if pipeline.grpo_steps > 0:
         grpo = train_from(
             EnvGRPOConfig(
-                env_id=args.env_id,
-                tags=args.tags,
+                env_id=sft_cfg.env_id,
+                env_kwargs=sft_cfg.env_kwargs,
+                tags=sft_cfg.tags,
                 reward_preset="none",
-                model=args.model,
-                max_steps=args.grpo_steps,
-                num_generations=args.num_generations,
-                prompts_per_step=args.prompts_per_step,
-                learning_rate=args.grpo_lr,
+                model=sft_cfg.model,
+                max_turns=sft_cfg.max_turns,
+                max_turn_tokens=sft_cfg.max_turn_tokens,
+                max_completion_tokens=sft_cfg.max_completion_tokens,
+                max_steps=pipeline.grpo_steps,
+                num_generations=pipeline.num_generations,
+                prompts_per_step=pipeline.prompts_per_step,
+                learning_rate=pipeline.grpo_learning_rate,
                 beta=0.0,
-                step_cost=args.step_cost,
-                seed=args.seed,
+                step_cost=pipeline.step_cost,
+                seed=sft_cfg.seed,
                 run_dir=str(root / "grpo"),
-                track=args.track,
+                track=sft_cfg.track,
             ),
             init=final,
-            eval_n=args.eval_n,
+            eval_n=sft_cfg.eval_n,
         )
         report["stages"]["grpo"] = {k: grpo[k] for k in ("before", "after", "seconds")}
         print(f"GRPO: validation EM {grpo['before']} -> {grpo['after']}", flush=True)
         final = Path(grpo["checkpoint"])
 
-    if args.model != "embedded":
+    if sft_cfg.model != "embedded":
         print("the tiny model has no llama.cpp base: not shipped, not evaluated with llama.cpp")
     else:
         checkpoint = package_adapter(
             final,
             root / "checkpoint",
             {
-                "name": f"rag-gym SynthHop search agent ({args.tags})",
+                "name": f"rag-gym SynthHop search agent ({sft_cfg.tags})",
                 "command": command,
-                "seed": args.seed,
-                "data": f"{args.demos} expert transcripts of {args.env_id}'s train split",
+                "seed": sft_cfg.seed,
+                "data": f"{sft_cfg.n_demos} expert transcripts of {sft_cfg.env_id}'s train split",
                 "results": [f"{k}: {v['after']}" for k, v in report["stages"].items()],
             },
         )
         print(f"checkpoint: {checkpoint}", flush=True)
-        if args.test_n:
+        if pipeline.test_n:
             from rag_gym.baselines import make_agent
             from rag_gym.evaluate import EvalConfig, evaluate
             from rag_gym.generation.llama_cpp import LlamaCppLM
@@ -158,9 +141,9 @@ def main() -> None:
             lm = LlamaCppLM()
             result = evaluate(
                 EvalConfig(
-                    env_id=args.env_id,
+                    env_id=sft_cfg.env_id,
                     split="test",
-                    n=args.test_n,
+                    n=pipeline.test_n,
                     agents=(f"search_r1:{checkpoint}",),
                     lm_spec="llama_cpp",
                     out_dir=str(root),

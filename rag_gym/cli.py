@@ -1,5 +1,5 @@
-"""The ``rag-gym`` command line: ``evaluate``, ``agents``, ``envs``, ``synth``, ``index build``,
-``serve`` and ``train`` (``sft``, ``grpo``, ``export``)."""
+"""The ``rag-gym`` command line: ``evaluate``, ``view``, ``agents``, ``envs``, ``synth``,
+``index build``, ``serve`` and ``train`` (``sft``, ``grpo``, ``export``)."""
 
 from __future__ import annotations
 
@@ -259,10 +259,83 @@ def evaluate(
         table.add_row(*(format_cell(key, row[key]) for key, _, _ in COLUMNS))
     _console().print(table)
     typer.echo(f"results: {result.run_dir}")
+    try:
+        from rag_gym.view import build_report
+
+        typer.echo(f"report: {build_report(result.run_dir)}")
+    except ImportError as exc:
+        typer.echo(f"report: {exc}; then run: rag-gym view {result.run_dir}", err=True)
+
+
+@app.command()
+def view(
+    run_dir: Annotated[Path, typer.Argument(help="A run folder (rag-gym evaluate or train).")],
+    out: Annotated[
+        Path | None, typer.Option(help="Where to write the report (default RUN_DIR/report.html).")
+    ] = None,
+    serve: Annotated[
+        bool, typer.Option(help="Then serve the report on http://127.0.0.1 until Ctrl-C.")
+    ] = False,
+    port: Annotated[int, typer.Option(help="Port for --serve (0: any free port).")] = 8000,
+) -> None:
+    """Write a self-contained HTML report of a run: leaderboard, plots, every episode step by
+    step, one question across agents, and training curves and rollouts."""
+    from rag_gym.view import NotARunFolder, build_report
+    from rag_gym.view import serve as serve_report
+
+    if not 0 <= port <= 65535:
+        _fail(f"expected --port in 0..65535, got {port}")
+    try:
+        path = build_report(run_dir, out)
+    except (NotARunFolder, ImportError, OSError) as exc:
+        _fail(str(exc))
+    typer.echo(f"report: {path}")
+    if serve:
+        serve_report(path, port)
 
 
 def _num(value: float) -> float:
     return -1.0 if value != value else value  # NaN last
+
+
+@app.command()
+def compare(
+    runs: Annotated[list[Path], typer.Argument(help="evaluate run folders holding both agents.")],
+    a: Annotated[str, typer.Option("--a", help="Agent a (as in the leaderboard).")],
+    b: Annotated[str, typer.Option("--b", help="Agent b, the reference.")],
+    metrics: Annotated[
+        str, typer.Option(help="Comma-separated episode metrics.")
+    ] = "em,f1,recall,full_recall,searches",
+    confidence: Annotated[float, typer.Option(help="Interval level.")] = 0.95,
+    resamples: Annotated[int, typer.Option(help="Bootstrap resamples.")] = 10_000,
+    seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Also write the comparison here.")
+    ] = None,
+) -> None:
+    """Agent a against agent b, question by question (paired bootstrap intervals)."""
+    import json
+
+    from rag_gym.compare import CompareError, compare, comparison_markdown
+
+    try:
+        result = compare(
+            runs,
+            a,
+            b,
+            metrics=[m.strip() for m in metrics.split(",") if m.strip()],
+            confidence=confidence,
+            n_resamples=resamples,
+            seed=seed,
+        )
+    except CompareError as exc:
+        _fail(str(exc))
+    except ValueError as exc:  # bad confidence or resamples
+        _fail(str(exc))
+    typer.echo(comparison_markdown(result), nl=False)
+    if json_out is not None:
+        json_out.write_text(json.dumps(result, indent=2) + "\n")
+        typer.echo(f"wrote {json_out}")
 
 
 @app.command()
@@ -579,6 +652,9 @@ def train_sft(
     epochs: Annotated[float, typer.Option(help="Passes over the demonstrations.")] = 1.0,
     max_steps: Annotated[int, typer.Option(help="Optimiser steps (-1: from --epochs).")] = -1,
     batch_size: Annotated[int, typer.Option(help="Transcripts per step.")] = 8,
+    micro_batch_size: Annotated[
+        int, typer.Option(help="Transcripts per forward pass (memory grows with it).")
+    ] = 2,
     eval_n: Annotated[int, typer.Option(help="Held-out (validation) questions for EM.")] = 100,
     eval_before: Annotated[bool, typer.Option(help="Also evaluate the untrained model.")] = True,
     seed: Annotated[int, typer.Option()] = 0,
@@ -602,6 +678,7 @@ def train_sft(
             epochs=epochs,
             max_steps=max_steps,
             batch_size=batch_size,
+            micro_batch_size=micro_batch_size,
             eval_n=eval_n,
             eval_before=eval_before,
             seed=seed,

@@ -11,14 +11,16 @@ batches concurrent callers (transformers), each episode goes on as soon as its o
 
 The run folder gets ``protocol.json`` (everything needed to re-run: dataset, split, question
 ids, seed, env kwargs, retriever, k, corpus mode, model and backend spec, prompt versions,
-command), ``episodes.jsonl``, ``leaderboard.csv``, ``leaderboard.md`` and two plots
-(``em_f1.png``: EM and F1 per agent; ``accuracy_vs_retrievals.png``: EM against the mean number
-of searches, as LWTS Figure 1).
+command), ``episodes.jsonl``, the step traces ``steps.jsonl`` and ``passages.jsonl`` (every
+step of every episode and each passage touched, once; schema in :mod:`rag_gym.traces`),
+``leaderboard.csv``, ``leaderboard.md`` and two plots (``em_f1.png``: EM and F1 per agent;
+``accuracy_vs_retrievals.png``: EM against the mean number of searches, as LWTS Figure 1).
+``rag-gym evaluate`` then writes ``report.html`` (:mod:`rag_gym.view`).
 
 Nothing finished is lost: ``protocol.json`` is written before the first episode, and each episode
-is appended to ``episodes.jsonl`` (and flushed) as soon as it ends. A failing episode (an agent or
-backend error, an env error in ``reset`` or ``step``) is recorded with its ``error`` and the run
-goes on; an ``OSError`` from the env (an unreachable retrieval server, a missing file) stops the
+is appended to ``episodes.jsonl`` (and flushed) as soon as it ends, its trace just before. A
+failing episode (an agent or backend error, an env error in ``reset`` or ``step``) is recorded
+with its ``error`` and the run goes on; an ``OSError`` from the env (an unreachable retrieval server, a missing file) stops the
 run, as Ctrl-C or SIGTERM do (:class:`RunInterrupted`). A stopped run has a partial leaderboard
 and goes on with ``evaluate(..., resume=True)`` (``rag-gym evaluate --resume RUN``): only the
 missing episodes are played, each with the seed it would have had, so the final leaderboard is
@@ -49,14 +51,16 @@ import gymnasium as gym
 import numpy as np
 
 import rag_gym
-from rag_gym import metrics
+from rag_gym import metrics, traces
 from rag_gym.agents.base import Agent
 from rag_gym.baselines import agent_class, check_agent_name
+from rag_gym.stats import bootstrap_ci
 
 #: leaderboard columns: (key, header, format)
 COLUMNS = (
     ("agent", "agent", "{}"),
     ("em", "EM", "{:.3f}"),
+    ("em_ci", "EM 95% CI", "{}"),
     ("f1", "F1", "{:.3f}"),
     ("cover_em", "cover-EM", "{:.3f}"),
     ("sub_em", "sub-EM", "{:.3f}"),
@@ -480,6 +484,7 @@ def run_agent(
     progress: Callable[[int], None] | None = None,
     orders: list[int] | None = None,
     on_episode: Callable[[dict[str, Any]], None] | None = None,
+    trace: bool = False,
 ) -> tuple[list[dict[str, Any]], float]:
     """Play ``agent`` on every question, ``batch_size`` episodes at a time.
 
@@ -494,6 +499,10 @@ def run_agent(
     fixes its seed: a resumed run plays the missing episodes as the first run would have.
     ``on_episode(record)`` is called as each episode ends (the evaluator appends it to the run
     folder there).
+
+    With ``trace``, each record also holds ``"trace"``: ``{"steps": [...], "passages": {...}}``,
+    its step trace and the passages it touched (retrieved or gold) in the schema of
+    :mod:`rag_gym.traces`.
 
     Returns the episode records (in question order) and the wall time. An agent or backend
     exception ends the episodes of that call as failed episodes (``error`` set), and so does an
@@ -555,6 +564,9 @@ def run_agent(
                 "terminated": False,
                 "truncated": False,
                 "t0": t_start,
+                "steps": [],
+                "passages": {},
+                "tokens": (0, 0),
             }
             return
 
@@ -576,22 +588,50 @@ def run_agent(
         rec["completion_tokens"] = agent.usage_of(slot)["completion_tokens"]
         rec["bad_replies"] = agent.usage_of(slot).get("bad_replies", 0)
         rec["seconds"] = time.perf_counter() - st["t0"]
+        if trace:
+            gold = rec["gold_ids"]
+            missing = [g for g in gold if g not in st["passages"]]
+            st["passages"].update(traces.passages_of({}, _corpus_of(envs[slot]), missing))
+            rec["trace"] = {"steps": st["steps"], "passages": st["passages"]}
         record(st["order"], rec)
 
     def step(slot: int, action: Any) -> None:
         st = active[slot]
+        raw = agent.take_raw_output(slot)
         try:
             obs, reward, terminated, truncated, info = envs[slot].step(action)
         except OSError:
             raise
         except Exception as exc:  # an action outside the env's space, or an env fault
+            if trace:
+                _trace_step(slot, st, action, {"message": f"{type(exc).__name__}: {exc}"}, 0.0, raw)
             finish(slot, f"{type(exc).__name__}: {exc}")
             return
+        if trace:
+            _trace_step(slot, st, action, info, reward, raw)
         st.update(obs=obs, info=info, terminated=terminated, truncated=truncated)
         st["reward"] += float(reward)
         st["actions"].append(info.get("action_type") or kind.upper())
         if terminated or truncated:
             finish(slot)
+
+    def _trace_step(slot, st, action, info, reward, raw) -> None:
+        usage = agent.usage_of(slot)
+        pt, ct = usage["prompt_tokens"], usage["completion_tokens"]
+        step_rec = traces.step_record(
+            len(st["steps"]) + 1,
+            action,
+            info,
+            reward,
+            st["start_info"].get("gold_ids", []),
+            raw,
+            pt - st["tokens"][0],
+            ct - st["tokens"][1],
+        )
+        st["tokens"] = (pt, ct)
+        st["steps"].append(step_rec)
+        ids = [r["id"] for r in step_rec["retrieved"] if r["id"] not in st["passages"]]
+        st["passages"].update(traces.passages_of(info, _corpus_of(envs[slot]), ids))
 
     lm = getattr(agent, "lm", None)
     try:
@@ -637,6 +677,11 @@ def run_agent(
     return [records[i] for i in sorted(records)], time.perf_counter() - t0
 
 
+def _corpus_of(env: gym.Env) -> Any:
+    """The env's corpus (for passage texts), ``None`` when it has none (the reader env)."""
+    return getattr(env.unwrapped, "corpus", None)
+
+
 def _sub_em(episodes: list[dict[str, Any]]) -> float:
     """Mean sub-EM (Search-R1's ``subem_check``, FlashRAG's ``acc``) of the episodes' predictions:
     0.0 for an episode without one, and left out, as cover-EM is, where cover-EM is NaN."""
@@ -646,6 +691,19 @@ def _sub_em(episodes: list[dict[str, Any]]) -> float:
         if not (isinstance(e.get("cover_em"), float) and np.isnan(e["cover_em"]))
     ]
     return float(np.mean(vals)) if vals else float("nan")
+
+
+def _em_interval(episodes: list[dict[str, Any]]) -> str | None:
+    """The 95% percentile-bootstrap interval of the mean EM over questions, as ``low–high``."""
+    vals = [
+        e["em"]
+        for e in episodes
+        if e["em"] is not None and not (isinstance(e["em"], float) and np.isnan(e["em"]))
+    ]
+    if not vals:
+        return None
+    low, high = bootstrap_ci(vals)
+    return f"{low:.2f}–{high:.2f}"
 
 
 def summarise(agent: str, episodes: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
@@ -665,6 +723,7 @@ def summarise(agent: str, episodes: list[dict[str, Any]], seconds: float) -> dic
     return {
         "agent": agent,
         "em": mean("em"),
+        "em_ci": _em_interval(episodes),
         "f1": mean("f1"),
         "cover_em": mean("cover_em"),
         "sub_em": _sub_em(episodes),
@@ -779,6 +838,7 @@ def evaluate(
     new_episodes = 0
     current: dict[str, Any] = {}  # the agent playing: its name, start, prior seconds
     f = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed below, also on interrupts)
+    tracer = traces.TraceWriter(run_dir)
     try:
         for name, agent in agents.items():
             kind = agent_class(name).env_kind
@@ -813,6 +873,9 @@ def evaluate(
                     nonlocal new_episodes
                     rec["agent"] = name
                     rec["env_id"] = env_id
+                    trace = rec.pop("trace", None)
+                    if trace is not None:  # before the episode: a resume replays a lost one
+                        tracer.write(name, rec["question_id"], trace["steps"], trace["passages"])
                     if judge is not None and rec["prediction"] and rec["answerable"]:
                         rec["judge"] = float(
                             judge(rec["question"], rec["prediction"], rec["answers"])
@@ -837,6 +900,7 @@ def evaluate(
                         tick,
                         orders=[i for i, _ in todo],
                         on_episode=on_episode,
+                        trace=True,
                     )
                     _save_timing(run_dir, timing, current)
                 current.clear()
@@ -845,6 +909,7 @@ def evaluate(
             rows.append(summarise(name, [done[(name, q)] for q in qids], timing.get(name, 0.0)))
     except BaseException as exc:
         f.close()
+        tracer.close()
         if current:
             _save_timing(run_dir, timing, current)
         _write_partial(run_dir, config.agents, timing)
@@ -857,6 +922,7 @@ def evaluate(
         )
         raise
     f.close()
+    tracer.close()
     episodes = [done[(name, q)] for name in agents for q in qids_of[name]]
     result = EvalResult(config, run_dir, rows, episodes, protocol)
     write_run(result)
@@ -947,15 +1013,32 @@ def write_leaderboard(run_dir: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def write_run(result: EvalResult) -> None:
-    """The whole run folder: protocol, episodes in protocol order, leaderboard and plots."""
+    """The whole run folder: protocol, episodes and their step traces in protocol order,
+    leaderboard and plots."""
     d = result.run_dir
     _atomic_write(d / "protocol.json", _protocol_text(result.protocol))
     _atomic_write(
         d / "episodes.jsonl",
         "".join(json.dumps(e, ensure_ascii=False, default=str) + "\n" for e in result.episodes),
     )
+    _order_traces(d, result.episodes)
     write_leaderboard(d, result.rows)
     write_plots(result.rows, d)
+
+
+def _order_traces(run_dir: Path, episodes: list[dict[str, Any]]) -> None:
+    """Rewrite ``steps.jsonl`` with one trace per episode, in the episodes' order (a resumed
+    run may hold a trace twice: the last one is its episode's). Episodes without a trace (a
+    run folder written before traces existed) stay without one."""
+    path = run_dir / traces.STEPS_FILE
+    if not path.is_file():
+        return
+    latest: dict[tuple[Any, Any], str] = {}
+    for rec, _ in traces.read_jsonl(path)[0]:
+        if isinstance(rec, dict):
+            latest[(rec.get("agent"), rec.get("question_id"))] = json.dumps(rec, ensure_ascii=False)
+    keys = [(e["agent"], e["question_id"]) for e in episodes]
+    _atomic_write(path, "".join(latest[k] + "\n" for k in keys if k in latest))
 
 
 def write_plots(rows: list[dict[str, Any]], out: Path) -> None:

@@ -149,7 +149,8 @@ def average_precision(
 ) -> float:
     """Average precision normalised by the number of gold documents, as R²AG defines it.
 
-    R²AG (Reasoning-Augmented Retrieval, §2.4, eq. 5):
+    R²AG ("R²AG: Learning to Reason, Retrieve, and Self-Evolve through a Multi-Branch Retrieval
+    Tree", §2.4, eq. 5):
     ``AP = 1/|g| * sum_{u=1..t} P@u * 1{r_u in g}``, with ``P@u`` the precision of the first
     ``u`` results and ``t = k``. Dividing by ``|g|`` (not by the number of hits) means a missed
     gold document lowers AP. With ``distinct`` (the default, a ranking's AP) duplicate

@@ -52,7 +52,9 @@ def test_synth_writes_a_world(tmp_path):
     assert first_q["supporting_ids"] and first_q["meta"]["decomposition"]
 
 
-def test_evaluate_random_prints_leaderboard(tmp_path):
+def test_evaluate_random_writes_a_leaderboard_that_matches_its_episodes(tmp_path):
+    import csv
+
     result = runner.invoke(
         app,
         [
@@ -60,7 +62,7 @@ def test_evaluate_random_prints_leaderboard(tmp_path):
             "--agents",
             "random",
             "--n",
-            "5",
+            "8",
             "--out",
             str(tmp_path),
             "--run-name",
@@ -69,8 +71,36 @@ def test_evaluate_random_prints_leaderboard(tmp_path):
         ],
     )
     assert result.exit_code == 0, result.output
-    assert "random" in result.output and "EM" in result.output
-    assert (tmp_path / "r" / "leaderboard.md").is_file()
+    run = tmp_path / "r"
+    episodes = [json.loads(line) for line in (run / "episodes.jsonl").read_text().splitlines()]
+    # one episode per sampled question, all by the one agent asked for
+    assert len(episodes) == 8 and {e["agent"] for e in episodes} == {"random"}
+    protocol = json.loads((run / "protocol.json").read_text())
+    assert protocol["n"] == 8 and list(protocol["agents"]) == ["random"]
+    assert sorted(protocol["question_ids"]) == sorted(e["question_id"] for e in episodes)
+    # the leaderboard's numbers are the episodes' means
+    with open(run / "leaderboard.csv", newline="") as f:
+        (row,) = list(csv.DictReader(f))
+    assert row["agent"] == "random" and int(row["episodes"]) == 8
+
+    def mean(key, rows=episodes):
+        return sum(float(e[key]) for e in rows) / len(rows)
+
+    for key in ("em", "f1", "searches", "steps"):
+        assert float(row[key]) == pytest.approx(mean(key)), key
+    answerable = [e for e in episodes if e["answerable"]]
+    assert float(row["refusal_answerable"]) == pytest.approx(mean("refused", answerable))
+    assert mean("steps") > 0  # the random agent really acted
+    # the same row is printed and written as markdown
+    table = (run / "leaderboard.md").read_text()
+    line = next(x for x in table.splitlines() if x.startswith("| random"))
+    assert f"{mean('steps'):.2f}" in line and f"{mean('em'):.3f}" in line
+    assert f"{mean('steps'):.2f}" in result.output and "results: " in result.output
+    for name in ("em_f1.png", "accuracy_vs_retrievals.png", "timing.json"):
+        assert (run / name).stat().st_size > 0, name
+    # the report is built at the end and its path printed
+    assert f"report: {run / 'report.html'}" in result.output
+    assert (run / "report.html").stat().st_size > 10_000
 
 
 @pytest.mark.parametrize(

@@ -130,7 +130,7 @@ def test_leaderboard_numbers_and_run_folder(tmp_path):
     with open(run / "leaderboard.csv") as f:
         table = list(csv.DictReader(f))
     assert [r["agent"] for r in table] == ["naive_rag", "random"] and float(table[0]["em"]) == 1.0
-    assert (run / "leaderboard.md").read_text().startswith("| agent | EM | F1 |")
+    assert (run / "leaderboard.md").read_text().startswith("| agent | EM | EM 95% CI | F1 |")
 
 
 def test_same_protocol_same_results(tmp_path):

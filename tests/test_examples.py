@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import subprocess
 import sys
@@ -61,8 +62,10 @@ def test_train_grpo_example_runs(tmp_path):
     (run,) = tmp_path.iterdir()
     results = json.loads((run / "results.json").read_text())
     assert results["before"]["n"] == 2 and results["after"]["n"] == 2
-    assert sum("loss" in row for row in results["train_log"]) == 2
+    losses = [row["loss"] for row in results["log_history"] if "loss" in row]
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
     assert (run / "learning_curve.png").is_file() and (run / "final").is_dir()
+    assert json.loads((run / "config.json").read_text())["max_steps"] == 2  # the option arrived
 
 
 @pytest.mark.slow
@@ -107,31 +110,58 @@ def test_train_sb3_ppo_example_runs(tmp_path):
     not _train_deps(), reason="needs pip install torch==2.13.0 'rag-gym[train,hf,llama]'"
 )
 def test_train_dpo_evo_rag_example_runs(tmp_path):
+    import json
+
+    from safetensors.torch import load_file
+
+    # every visited state branched (null has no command-line spelling: TrlParser's --config)
+    config = tmp_path / "small.yaml"
+    config.write_text("max_branch_states: null\n")
+    out_dir = tmp_path / "runs"
     out = subprocess.run(
         [
             sys.executable,
             str(ROOT / "examples" / "train_dpo_evo_rag.py"),
+            "--config",  # TrlParser reads it as two words
+            str(config),
             "--model=tiny",
+            "--seed=0",
+            '--env_kwargs={"dataset_kwargs": {"n_passages": 2000, "n_questions": [60, 30, 30]}}',
             "--episodes-per-cycle=2",
             "--max-episode-steps=2",
-            "--max-branch-states=1",
             "--cycles-per-stage=1",
             "--eval-questions=2",
             "--test-questions=2",
             "--max-turn-tokens=8",
-            "--max-completion-tokens=256",
-            f"--output-dir={tmp_path}",
+            "--max-completion-tokens=400",
+            "--per-device-batch-size=8",
+            "--learning-rate=0.01",
+            "--rm-learning-rate=0.05",
+            "--rm-batch-size=4",
+            f"--output-dir={out_dir}",
         ],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
         check=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     ).stdout
-    assert "before: " in out and "after: " in out
     assert "discovery cycle 1" in out and "refinement cycle 1" in out
-    (run,) = tmp_path.iterdir()
-    assert (run / "results.json").is_file() and (run / "learning_curve.png").is_file()
+    (run,) = out_dir.iterdir()
+    results = json.loads((run / "results.json").read_text())
+    assert results["config"]["max_branch_states"] is None  # the YAML file arrived
+    assert results["config"]["episodes_per_cycle"] == 2  # and so did the options
+    assert results["before"]["n"] == 2 == results["after"]["n"]
+    assert set(results["stages"]) == {"discovery", "refinement"}
+    history = json.loads((run / "history.json").read_text())
+    dpo = [row["losses/dpo"] for row in history if "losses/dpo" in row]
+    assert dpo and all(math.isfinite(x) for x in dpo)
+    rm = [row["losses/reward_model"] for row in history if "losses/reward_model" in row]
+    assert rm and all(math.isfinite(x) and x > 0 for x in rm)
+    # LoRA's B matrices start at zero: the DPO steps moved them
+    final = load_file(str(run / "final" / "adapter_model.safetensors"))
+    assert any(t.abs().sum() > 0 for name, t in final.items() if "lora_B" in name)
+    assert (run / "learning_curve.png").stat().st_size > 1000
 
 
 @pytest.mark.slow
@@ -146,8 +176,8 @@ def test_train_synthhop_agent_example_runs(tmp_path):
             sys.executable,
             str(ROOT / "examples" / "train_synthhop_agent.py"),
             "--model=tiny",
-            "--demos=8",
-            "--sft-steps=2",
+            "--n-demos=8",
+            "--max-steps=2",
             "--grpo-steps=2",
             "--num-generations=2",
             "--prompts-per-step=1",

@@ -39,7 +39,7 @@ from pathlib import Path
 import pytest
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("_names", "metrics", "traces"),
+    ("_names", "metrics", "stats", "traces"),
     ("data",),
     ("retrieval",),
     ("envs",),
@@ -49,7 +49,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("agents",),
     ("baselines",),
     ("train",),
-    ("evaluate",),
+    ("evaluate", "compare"),
     ("view",),
     ("integrations",),
     ("cli",),

@@ -6,6 +6,8 @@ step many episodes with one call (and LLM agents make one batched generation cal
 ``act(observation, info)`` is the single-episode shortcut (slot 0). ``usage_of(slot)`` counts the
 tokens spent in a slot's current episode and its ``bad_replies`` (empty or unparsable model
 output that the agent replaced by a fallback action); ``usage`` is slot 0's.
+``take_raw_output(slot)`` hands over, once, the model's raw reply behind a slot's last action
+(``None`` when the action needed no model), which the evaluator records in its step traces.
 
 Agents declare the env kind they play (``env_kind``: ``"search"``, ``"tree"`` or ``"reader"``);
 actions are what that env takes (a ``Dict`` for the search env, text for the others).
@@ -26,6 +28,7 @@ class Agent(abc.ABC):
 
     def __init__(self) -> None:
         self._usage: dict[int, dict[str, int]] = {}
+        self._raw_outputs: dict[int, str] = {}
 
     def reset(self, seed: int | None = None, slot: int = 0) -> None:
         """Start a new episode in ``slot`` (clears that slot's state and token counts)."""
@@ -39,6 +42,11 @@ class Agent(abc.ABC):
         return self._usage.setdefault(
             slot, {"prompt_tokens": 0, "completion_tokens": 0, "bad_replies": 0}
         )
+
+    def take_raw_output(self, slot: int) -> str | None:
+        """The model's raw reply behind ``slot``'s last action, once (``None`` when there is
+        none: a rule-based action, or already taken)."""
+        return self.__dict__.get("_raw_outputs", {}).pop(slot, None)
 
     @property
     def usage(self) -> dict[str, int]:

@@ -81,6 +81,7 @@ class LLMAgent(Agent):
                 usage["prompt_tokens"] += gen.prompt_tokens
                 usage["completion_tokens"] += gen.completion_tokens
                 state["bad_reply"] = not (gen.text or "").strip()
+                self._raw_outputs[slots[i]] = gen.text or ""
                 actions[i] = self.parse(state, gen.text or "", observations[i], infos[i])
                 usage["bad_replies"] += int(state.pop("bad_reply"))
         return actions

@@ -142,10 +142,12 @@ class SearchRequest(NamedTuple):
     within: list[str] | None
 
 
-def retrieve_all(retriever: Retriever, requests: Sequence[SearchRequest]) -> list[list[str]]:
-    """The ids of every request, in one ``retriever.retrieve`` call per distinct ``k`` (one call
-    for the searches of every env of a vector env's step)."""
-    out: list[list[str]] = [[] for _ in requests]
+def retrieve_all(
+    retriever: Retriever, requests: Sequence[SearchRequest]
+) -> list[tuple[list[str], list[float]]]:
+    """The ids and scores of every request, in one ``retriever.retrieve`` call per distinct ``k``
+    (one call for the searches of every env of a vector env's step)."""
+    out: list[tuple[list[str], list[float]]] = [([], []) for _ in requests]
     groups: dict[int, list[int]] = {}
     for i, request in enumerate(requests):
         groups.setdefault(request.k, []).append(i)
@@ -154,8 +156,8 @@ def retrieve_all(retriever: Retriever, requests: Sequence[SearchRequest]) -> lis
         exclude = [r.exclude for r in batch] if any(r.exclude for r in batch) else None
         within = [r.within for r in batch] if any(r.within is not None for r in batch) else None
         result = retriever.retrieve([r.query for r in batch], k, exclude=exclude, within=within)
-        for i, ids in zip(rows, result.ids, strict=True):
-            out[i] = ids
+        for i, ids, scores in zip(rows, result.ids, result.scores, strict=True):
+            out[i] = (list(ids), [float(x) for x in scores])
     return out
 
 
@@ -360,8 +362,11 @@ class QAEnv(gym.Env):
     def _retrieve(
         self, queries: list[str], k: int, exclude: list[str] | None = None
     ) -> list[list[str]]:
-        """Top-k ids per query, within the question's pool in pool mode; k is capped at the pool."""
-        return retrieve_all(self.retriever, [self._request(q, k, exclude) for q in queries])
+        """Top-k ids per query, within the question's pool in pool mode; k is capped at the pool.
+        Their scores are kept in ``self._last_scores`` (one list per query)."""
+        results = retrieve_all(self.retriever, [self._request(q, k, exclude) for q in queries])
+        self._last_scores = [scores for _, scores in results]
+        return [ids for ids, _ in results]
 
     def _answer_reward(self, scores: dict[str, float]) -> float:
         if self.answer_metric == "em":

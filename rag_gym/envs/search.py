@@ -105,6 +105,7 @@ class SearchEnv(QAEnv):
     | ``action_type`` | name of this step's action (``None`` after reset) |
     | ``query`` | this step's query (``None`` unless a SEARCH) |
     | ``retrieved_ids`` | ids this step retrieved (ranked) |
+    | ``retrieved_scores`` | the retriever's score of each of them |
     | ``passages`` | those passages as ``{id, title, text}`` (what agents read) |
     | ``gold_hits`` | the gold ids among them |
     | ``context_ids`` | ids per active search hop, oldest first |
@@ -250,9 +251,10 @@ class SearchEnv(QAEnv):
         return self._request(query, self.k, exclude)
 
     def _step(
-        self, action: dict[str, Any], retrieved_ids: list[str] | None
+        self, action: dict[str, Any], prefetched: tuple[list[str], list[float]] | None
     ) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        """``step``, with the ids of :meth:`search_request`'s retrieval when already made."""
+        """``step``, with the ids and scores of :meth:`search_request`'s retrieval when already
+        made."""
         if self._example is None:
             raise RuntimeError("call reset() before step()")
         if self._done:
@@ -267,6 +269,7 @@ class SearchEnv(QAEnv):
         answer_term = 0.0
         query = None
         retrieved: list[str] = []
+        self._last_scores = []
         extra: dict[str, Any] = {}
 
         if atype == ActionType.SEARCH:
@@ -280,7 +283,11 @@ class SearchEnv(QAEnv):
                 invalid = True
                 self._last_message = f"Invalid action: the query has {len(query)} characters; the limit is {self.max_query_chars}."
             else:
-                retrieved = self._search(query) if retrieved_ids is None else retrieved_ids
+                if prefetched is None:
+                    retrieved = self._search(query)
+                else:
+                    retrieved, scores = prefetched
+                    self._last_scores = [scores]
                 hop = _Hop(self._step_count, "search", query, retrieved)
                 self._context.append(hop)
                 self._history.append(hop)
@@ -407,6 +414,9 @@ class SearchEnv(QAEnv):
             "action_type": action_type,
             "query": query,
             "retrieved_ids": list(retrieved),
+            "retrieved_scores": list(self._last_scores[0])
+            if retrieved and self._last_scores
+            else [],
             "passages": [
                 {"id": pid, "title": self.corpus.titles[i], "text": self.corpus.texts[i]}
                 for pid, i in ((pid, self.corpus.position(pid)) for pid in retrieved)

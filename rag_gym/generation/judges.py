@@ -1,6 +1,6 @@
 """LLM judges that plug into the reward wrappers.
 
-* :class:`LLMSufficiencyJudge` — EVO-RAG's evidence verifier (``000-evo-rag.txt`` §3.2: "the
+* :class:`LLMSufficiencyJudge` — EVO-RAG's evidence verifier (EVO-RAG, arXiv:2505.17391, §3.2: "the
   judgement of an external LLM verifier ... returns enough_evidence ∈ {yes, no}"), for
   :class:`rag_gym.wrappers.RefusalReward`'s ``verifier``.
 * :class:`LLMAnswerJudge` — LWTS's LLM-as-judge correctness (``004`` §3.3, LasJ), for

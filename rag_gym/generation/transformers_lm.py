@@ -31,19 +31,23 @@ computed as a kept prefix plus the rest, round differently in the last bits from
 computed whole, which can, rarely, flip a near-tie between two tokens.
 Models whose layers do not take the ``past_key_values.update`` / attention-function route of
 transformers (checked at load on a short prompt) fall back to ``model.generate`` on left-padded
-batches.
+batches, never silently: a ``RuntimeWarning`` says why, and :attr:`TransformersLM.engine_fallback`
+(also in :meth:`TransformersLM.describe`, hence in a run's records) keeps the reason. The
+engine's uses of transformers internals live in :mod:`rag_gym.generation.hf_compat`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rag_gym.generation import hf_compat
 from rag_gym.generation.lm import Generation, GenerationConfig, LanguageModel, Prompt, check_prompts
 
 #: the attention function registered with transformers for per-row attention
@@ -212,7 +216,16 @@ class TransformersLM(LanguageModel):
         eos = eos if isinstance(eos, list) else [eos]
         self._eos = {t for t in (*eos, self.tokenizer.eos_token_id) if t is not None}
         self._engine = _Engine(self)
-        self._engine.enabled = self._engine.self_check()
+        self.engine_fallback: str | None = self._engine.self_check()
+        """Why generation falls back to ``model.generate`` (``None``: it runs on the engine)."""
+        self._engine.enabled = self.engine_fallback is None
+        if self.engine_fallback is not None:
+            warnings.warn(
+                f"{self.name}: the continuous-batching engine cannot run this model, so "
+                f"generation falls back to model.generate (slower): {self.engine_fallback}",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         self._clients = threading.local()
 
     @contextlib.contextmanager
@@ -325,7 +338,13 @@ class TransformersLM(LanguageModel):
         return lm
 
     def describe(self) -> dict[str, object]:
-        return {"backend": "transformers", "model": self.name, "device": self.device}
+        return {
+            "backend": "transformers",
+            "model": self.name,
+            "device": self.device,
+            "engine": "continuous_batching" if self._engine.enabled else "model.generate",
+            "engine_fallback": self.engine_fallback,
+        }
 
     # -- internals --
     def _run_rows(self, rows: list[_Row]) -> None:
@@ -530,8 +549,8 @@ def _row_attention(module, query, key, value, attention_mask, scaling=None, **kw
     through one SDPA call over their caches, each masked to its own length.
     """
     import torch
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    sdpa_attention_forward = hf_compat.sdpa_attention()
     step = key.step
     batch, heads, n, dim = query.shape
     out = query.new_empty(batch, n, heads, dim)
@@ -718,24 +737,19 @@ class _Engine:
         device = self.lm.device
         self.cache.reserve(max(positions) + 1)
         self.cache.step = _Step(plan, torch, device)
-        previous = model.config._attn_implementation
-        model.config._attn_implementation = _ATTENTION
         narrow = self.narrow_linears() if len(ids) <= _NARROW else []
-        for linear in narrow:
-            linear.forward = _narrow_linear.__get__(linear)
-        try:
-            with torch.inference_mode():
-                out = model(
-                    input_ids=torch.tensor([ids], device=device),
-                    position_ids=torch.tensor([positions], device=device),
-                    past_key_values=self.cache,
-                    use_cache=True,
-                    logits_to_keep=torch.tensor(last, device=device),
-                )
-        finally:
-            model.config._attn_implementation = previous
-            for linear in narrow:
-                del linear.forward
+        with (
+            hf_compat.attention_implementation(model, _ATTENTION),
+            hf_compat.linear_forwards(narrow, _narrow_linear),
+            torch.inference_mode(),
+        ):
+            out = model(
+                input_ids=torch.tensor([ids], device=device),
+                position_ids=torch.tensor([positions], device=device),
+                past_key_values=self.cache,
+                use_cache=True,
+                logits_to_keep=torch.tensor(last, device=device),
+            )
         return out.logits[0].float()
 
     def narrow_linears(self) -> list[Any]:
@@ -775,25 +789,35 @@ class _Engine:
         if row.finish is not None:
             row.text = text
 
-    def self_check(self) -> bool:
-        """Whether this model runs on the engine: its last-token logits match a plain forward."""
+    def self_check(self) -> str | None:
+        """Whether this model runs on the engine: ``None`` when its last-token logits match a
+        plain forward pass, else the reason it cannot (a transformers version outside
+        :data:`~rag_gym.generation.hf_compat.SUPPORTED` is named in the reason)."""
         torch, model = self.torch, self.lm.model
         ids = self.lm.tokenizer("The capital of France is", add_special_tokens=False)["input_ids"]
         ids = ids[:8] or [0]
+        untested = hf_compat.version_problem()
+        suffix = f" ({untested})" if untested else ""
         training = model.training
         model.eval()  # dropout (a LoRA adapter's, say) would make the two passes differ
         try:
-            from transformers import AttentionInterface
-
-            AttentionInterface.register(_ATTENTION, _row_attention)
+            hf_compat.register_attention(_ATTENTION, _row_attention)
             with torch.inference_mode():
                 want = model(input_ids=torch.tensor([ids], device=self.lm.device)).logits[0, -1]
             got = self.forward(ids, list(range(len(ids))), [(0, 0, 0, len(ids))], [len(ids) - 1])
-        except Exception:  # an architecture this engine cannot drive
-            return False
+        except Exception as exc:  # an architecture this engine cannot drive
+            return f"{type(model).__name__} failed the engine's forward pass: {exc!r}{suffix}"
         finally:
             model.train(training)
-        return bool(torch.allclose(got[0], want.float(), atol=1e-3, rtol=1e-3))
+        if not torch.allclose(got[0], want.float(), atol=1e-3, rtol=1e-3):
+            gap = float((got[0] - want.float()).abs().max())
+            return (
+                f"{type(model).__name__}'s logits on the engine differ from a plain forward "
+                f"pass by up to {gap:.3g}{suffix}"
+            )
+        if untested:
+            warnings.warn(untested, RuntimeWarning, stacklevel=2)
+        return None
 
 
 class _Cancelled(BaseException):

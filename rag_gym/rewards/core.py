@@ -16,7 +16,7 @@ import numpy as np
 
 from rag_gym import metrics
 
-# ================================ EVO-RAG (000-evo-rag.txt) ===================================
+# ============================ EVO-RAG (arXiv:2505.17391) ======================================
 #: The seven EVO-RAG terms in the order of the weight vector w(t) = (β, λ, γ, δ, ρ, η, κ), §3.5.
 EVO_RAG_TERMS = (
     "retrieval_hit",
@@ -138,7 +138,7 @@ def evo_rag_weights(
     return {k: (1 - p) * cols[lo] + p * cols[hi] for k, cols in EVO_RAG_TABLE1.items()}
 
 
-# ================================ ARENA (001-arena.txt §3.3) ==================================
+# ============================ ARENA (arXiv:2505.13258, §3.3) ===================================
 READER_ORDER = ("relevance", "analysis", "answer")
 
 
@@ -172,7 +172,7 @@ def arena_bonus(
     return bonus if format_r == accuracy_r == relevance_r == 1.0 else 0.0
 
 
-# ================================ R²AG (002-r2ag.md §2.4, appendix B.2) ========================
+# ============================ R²AG (§2.4, appendix B.2) =======================================
 R2AG_ALPHA, R2AG_BETA, R2AG_GAMMA, R2AG_ELL = 0.2, 0.3, 0.2, 1.25
 R2AG_FORMAT_PER_BLOCK, R2AG_FORMAT_MAX = 0.01, 0.02
 
@@ -200,7 +200,7 @@ def r2ag_gate(think_ok: bool, premature_stop: bool, output_truncated: bool) -> b
     return think_ok and not premature_stop and not output_truncated
 
 
-# ================================ Eval-RAR (003-eval-rar.txt §4.2) ==============================
+# ============================ Eval-RAR (§4.2) ================================================
 EVAL_RAR_R_EVAL = 0.1
 
 

@@ -6,14 +6,14 @@ TRL supplies the loss and the trainer loop; this module supplies what it lacks:
   (:class:`~rag_gym.train.rollout.RolloutEngine`): generate until an action tag closes,
   step the env, append the observation, go on until the episode ends. Env-written tokens
   (retrieved passages, messages) get ``env_mask = 0`` and are left out of the loss, the
-  Search-R1 / Eval-RAR practice (``003-eval-rar.txt`` §3.2 "retrieved token masking");
+  Search-R1 / Eval-RAR practice (Eval-RAR, "Evaluation-Driven Retrieval-Augmented Reasoning via Reinforcement Learning", §3.2 "retrieved token masking");
 * the trajectory reward: the episode's return under the chosen reward preset, with every
   reward term logged on its own (``rewards/<term>/mean``, weight 0 so only the return trains);
 * DAPO's *dynamic sampling* (Yu et al. 2025; R²AG's "std > 0" constraint,
-  ``002-r2ag.md`` §2.4): a group whose returns all agree has zero advantage and teaches
+  R²AG, "Learning to Reason, Retrieve, and Self-Evolve through a Multi-Branch Retrieval Tree", §2.4): a group whose returns all agree has zero advantage and teaches
   nothing, so it is dropped and refilled with another question, up to ``max_resample_rounds``
   times (``episode/groups_resampled`` logs how many);
-* ARENA's stabilised KL estimator (:class:`EnvGRPOTrainer`, ``kl_estimator="stabilized"``);
+* ARENA's stabilised KL estimator (``kl_estimator="stabilized"``, :func:`~rag_gym.train.trl_compat.stabilized_kl_trainer_class`);
 * curriculum stages (LWTS's stage 1 then stage 2 answer reward) switched at fractions of
   training, and R²AG's iterative forest training (:func:`train_forest`).
 
@@ -33,29 +33,40 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
-
-from rag_gym.train.rollout import (
+from rag_gym.train.episodes import (
+    TextEnvSpec,
+    default_tags,
+    env_factory,
+    evaluate_policy,
+    rollout_engine,
+)
+from rag_gym.train.generators import (
     EngineGenerator,
-    Episode,
     HFGenerator,
-    RolloutEngine,
+    VLLMGenerator,
+    generation_info,
     make_generator,
 )
+from rag_gym.train.rollout import Episode, RolloutEngine
+
+__all__ = [
+    "EnvGRPOConfig",
+    "EnvRollout",
+    "TextEnvSpec",
+    "build_trainer",
+    "default_tags",
+    "env_factory",
+    "evaluate_policy",
+    "load_with_adapter",
+    "question_keys",
+    "rollout_engine",
+    "train",
+    "train_forest",
+    "train_from",
+]
 
 ALGORITHMS = ("grpo", "dapo")
 KL_ESTIMATORS = ("k3", "stabilized")
-
-
-def _require_trl():
-    try:
-        import trl
-    except ImportError as exc:
-        raise ImportError(
-            "GRPO/DAPO training needs trl, peft and datasets: pip install torch==2.13.0 && "
-            "pip install 'rag-gym[train]'"
-        ) from exc
-    return trl
 
 
 @dataclass
@@ -65,21 +76,22 @@ class EnvGRPOConfig:
 
     env_id: str = "rag_gym/SynthHop-v0"
     """A registered id (``rag-gym envs`` lists them)."""
-    env_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Extra ``gym.make`` keyword arguments (``dataset_kwargs``, ``k``, ``data_path``…)."""
+    env_kwargs: dict[str, Any] | str | None = field(default_factory=dict)
+    """Extra ``gym.make`` keyword arguments (``dataset_kwargs``, ``k``, ``data_path``…); a JSON
+    object on a command line."""
     split: str = "train"
     """The split whose questions are trained on."""
     reward_preset: str = "eval_rar"
     """A reward preset of :mod:`rag_gym.wrappers.presets` (``none`` keeps the env's reward)."""
-    reward_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Options of the preset (``stage``, ``encoder``…)."""
+    reward_kwargs: dict[str, Any] | str | None = field(default_factory=dict)
+    """Options of the preset (``stage``, ``encoder``…); a JSON object on a command line."""
     tags: str | None = None
     """The :class:`~rag_gym.wrappers.TextActions` tag preset of a search env; default: the
     reward preset's own (``eval_rar``, ``evo_rag``), else ``search_r1``."""
     max_episode_steps: int | None = None
     """The env's horizon; ``None`` keeps the preset's (20 steps, 5 tree expansions)."""
     step_cost: float = 0.0
-    """Weight of EVO-RAG's step-cost term r_step = −1 per env step (``000-evo-rag.txt`` §3.2),
+    """Weight of EVO-RAG's step-cost term r_step = −1 per env step (EVO-RAG, arXiv:2505.17391, §3.2),
     added on top of the preset's reward; 0 leaves it out."""
     model: str = "embedded"
     """``embedded`` (SmolLM2-135M-Instruct), ``tiny`` (a random 2-layer model for smoke tests),
@@ -93,7 +105,7 @@ class EnvGRPOConfig:
     beta: float = 0.001
     """KL coefficient (0 disables the reference model)."""
     kl_estimator: str = "k3"
-    """``k3`` (TRL's, GRPO's) or ``stabilized`` (ARENA's; see :class:`EnvGRPOTrainer`)."""
+    """``k3`` (TRL's, GRPO's) or ``stabilized`` (ARENA's; see :func:`~rag_gym.train.trl_compat.stabilized_kl_trainer_class`)."""
     epsilon: float = 0.2
     """Lower clipping bound ε (ε_low)."""
     epsilon_high: float | None = None
@@ -115,14 +127,18 @@ class EnvGRPOConfig:
     """Train LoRA adapters (peft) instead of all weights."""
     lora_r: int = 16
     lora_alpha: int = 32
-    stages: tuple[tuple[Any, float], ...] = ()
-    """Curriculum: ``((stage, until_fraction), …)``, e.g. LWTS ``((1, 0.5), (2, 1.0))``;
+    stages: tuple[tuple[Any, float], ...] | str | None = ()
+    """Curriculum: ``((stage, until_fraction), …)``, e.g. LWTS ``((1, 0.5), (2, 1.0))`` (JSON
+    ``[[1, 0.5], [2, 1.0]]`` on a command line);
     each stage is set on every env (:func:`~rag_gym.wrappers.presets.set_stage`) until that
     fraction of ``max_steps``."""
     output_dir: str = "runs"
     exp_name: str = "grpo"
     save_steps: int = 50
     """Checkpoint every this many steps (``resume_from_checkpoint`` picks one up)."""
+    rollout_log_steps: int = 10
+    """Save a few sampled rollouts to ``steps.jsonl`` every this many steps, and at the end
+    (:mod:`rag_gym.train.rollout_log`, shown by ``rag-gym view``); 0: only at the end."""
     resume_from_checkpoint: str | None = None
     track: bool = False
     """Log to W&B (offline unless configured); TensorBoard is always on."""
@@ -133,8 +149,18 @@ class EnvGRPOConfig:
     """Exact folder to write into; default ``output_dir/<run name>``."""
 
     def __post_init__(self) -> None:
+        from rag_gym.train.options import dict_option, json_option
         from rag_gym.wrappers.presets import check_preset
 
+        self.env_kwargs = dict_option("env_kwargs", self.env_kwargs)
+        self.reward_kwargs = dict_option("reward_kwargs", self.reward_kwargs)
+        stages = json_option("stages", self.stages, "'[[1, 0.5], [2, 1.0]]'") or ()
+        try:
+            self.stages = tuple((stage, float(until)) for stage, until in stages)
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"expected stages as (stage, until_fraction) pairs, got {self.stages!r}"
+            ) from None
         check_preset(self.reward_preset)
         if self.algorithm not in ALGORITHMS:
             from rag_gym._names import unknown_name
@@ -170,57 +196,20 @@ class EnvGRPOConfig:
         if self.dynamic_sampling is None:
             self.dynamic_sampling = self.algorithm == "dapo"
 
-
-def default_tags(reward_preset: str) -> str:
-    return reward_preset if reward_preset in ("eval_rar", "evo_rag") else "search_r1"
-
-
-def env_factory(
-    env_id: str,
-    split: str = "train",
-    reward_preset: str = "none",
-    reward_kwargs: dict[str, Any] | None = None,
-    tags: str | None = None,
-    max_episode_steps: int | None = None,
-    step_cost: float = 0.0,
-    **env_kwargs: Any,
-) -> Callable[[], gym.Env]:
-    """A function that builds the text-action env a policy trains in: ``gym.make`` with the
-    reward preset, EVO-RAG's :class:`~rag_gym.wrappers.StepCost` when ``step_cost`` > 0, and
-    :class:`~rag_gym.wrappers.TextActions` around a search env (the ``when_to_search`` preset
-    brings its own)."""
-    if not isinstance(step_cost, (int, float)) or step_cost < 0:
-        raise ValueError(f"expected step_cost >= 0, got {step_cost!r}")
-    from rag_gym.envs.search import SearchEnv
-    from rag_gym.wrappers import presets
-    from rag_gym.wrappers.text_actions import TextActions
-
-    reward_kwargs = dict(reward_kwargs or {})
-
-    def make() -> gym.Env:
-        kwargs = {**env_kwargs, "split": split}
-        if max_episode_steps is None:
-            if reward_preset != "none":
-                kwargs["reward_preset"] = reward_preset
-                if reward_kwargs:
-                    kwargs["reward_kwargs"] = reward_kwargs
-            env = gym.make(env_id, **kwargs)
-        else:
-            env = gym.make(env_id, max_episode_steps=max_episode_steps, **kwargs)
-            env = presets.apply(env, reward_preset, t_max=max_episode_steps, **reward_kwargs)
-        inner, text = env, False
-        while isinstance(inner, gym.Wrapper):
-            text = text or isinstance(inner, TextActions)
-            inner = inner.env
-        if step_cost:
-            from rag_gym.wrappers.evo_rag import StepCost
-
-            env = StepCost(env, weight=float(step_cost))
-        if isinstance(env.unwrapped, SearchEnv) and not text:
-            env = TextActions(env, tags=tags or default_tags(reward_preset))
-        return env
-
-    return make
+    def text_env(self) -> TextEnvSpec:
+        """The env this run trains in (and evaluates on)."""
+        return TextEnvSpec(
+            env_id=self.env_id,
+            env_kwargs=self.env_kwargs,
+            reward_preset=self.reward_preset,
+            reward_kwargs=self.reward_kwargs,
+            tags=self.tags,
+            max_episode_steps=self.max_episode_steps,
+            step_cost=self.step_cost,
+            max_turns=self.max_turns,
+            max_turn_tokens=self.max_turn_tokens,
+            max_completion_tokens=self.max_completion_tokens,
+        )
 
 
 class EnvRollout:
@@ -338,33 +327,6 @@ class EnvRollout:
         }
 
 
-class VLLMGenerator:
-    """Multi-turn generation through TRL's vLLM engine (``use_vllm=True``, colocate mode).
-
-    Untested in CI (no GPU there); it calls the same engine TRL uses for single-turn GRPO.
-    """
-
-    def __init__(self, trainer: Any, tokenizer: Any) -> None:
-        self.trainer = trainer
-        self.tokenizer = tokenizer
-
-    def __call__(
-        self, sequences: list[list[int]], max_new_tokens: int, stop: Sequence[str]
-    ) -> list[list[int]]:
-        from vllm import SamplingParams
-
-        llm = self.trainer.vllm_generation.llm
-        params = SamplingParams(
-            temperature=self.trainer.temperature,
-            top_p=self.trainer.args.top_p,
-            max_tokens=max_new_tokens,
-            stop=list(stop) or None,
-            include_stop_str_in_output=True,
-        )
-        outputs = llm.generate([{"prompt_token_ids": s} for s in sequences], params, use_tqdm=False)
-        return [list(o.outputs[0].token_ids) for o in outputs]
-
-
 def _mean(values: Any) -> float:
     values = [float(v) for v in values]
     return sum(values) / len(values) if values else 0.0
@@ -390,112 +352,9 @@ def reward_functions(term_names: Sequence[str], rollout: EnvRollout) -> tuple[li
     return funcs, [1.0] + [0.0] * len(term_names)
 
 
-def _trainer_class():
-    trl = _require_trl()
-    import torch
-
-    class EnvGRPOTrainer(trl.GRPOTrainer):
-        """TRL's ``GRPOTrainer`` with a choice of KL estimator.
-
-        ``kl_estimator="k3"`` is TRL's (GRPO's) estimator of ``KL(π_θ || π_ref)`` on tokens
-        sampled from π_θ: ``k3 = π_ref/π_θ − log(π_ref/π_θ) − 1``. Its ratio
-        ``π_ref/π_θ = exp(log π_ref − log π_θ)`` grows without bound as π_θ(token) → 0, and
-        with it the gradient: the instability ARENA reports (``001-arena.txt`` §3.2).
-
-        ``kl_estimator="stabilized"`` is ARENA's replacement, their reference [35] (Schulman,
-        "Approximating KL divergence", 2020): ``k2 = ½ (log π_θ − log π_ref)²``, the estimator
-        that is non-negative and a symmetric, smooth penalty in the log-ratio, as §3.2 describes
-        it (the formula itself is lost in our copy of the paper; k2 is the one of Schulman's
-        estimators with those properties). It is a polynomial in the log-probabilities, with no
-        exponential: it stays finite whenever both log-probabilities are finite, i.e. whenever
-        the probability is small but non-zero, and its gradient ``(log π_θ − log π_ref)``
-        grows only linearly in the log-ratio. It is added with the same token aggregation as
-        the policy loss of ``loss_type``.
-        """
-
-        def __init__(self, *args: Any, kl_estimator: str = "k3", **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self.kl_estimator = kl_estimator
-            self._last_logps = None
-
-        def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any):
-            out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
-            self._last_logps = out[0]
-            return out
-
-        def _compute_loss(self, model: Any, inputs: dict[str, Any]):
-            if self.kl_estimator == "k3" or self.beta == 0.0:
-                return super()._compute_loss(model, inputs)
-            beta, self.beta = self.beta, 0.0
-            try:
-                loss = super()._compute_loss(model, inputs)
-            finally:
-                self.beta = beta
-            logps = self._last_logps
-            mask = inputs["completion_mask"]
-            if "tool_mask" in inputs:
-                mask = mask * inputs["tool_mask"]
-            per_token_kl = 0.5 * (logps - inputs["ref_per_token_logps"]) ** 2
-            loss = loss + beta * self._aggregate(per_token_kl, mask, inputs)
-            mode = "train" if self.model.training else "eval"
-            value = ((per_token_kl * mask).sum() / mask.sum().clamp(min=1.0)).item()
-            self._metrics[mode]["kl"].append(value)
-            return loss
-
-        def _aggregate(self, x: Any, mask: Any, inputs: dict[str, Any]) -> Any:
-            """Token aggregation of ``loss_type`` (as TRL's ``_compute_loss``)."""
-            train = self.model.training
-            accumulation = self.current_gradient_accumulation_steps if train else 1.0
-            if self.loss_type in ("grpo", "sapo"):
-                return ((x * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean() / accumulation
-            if self.loss_type == "bnpo":
-                return (x * mask).sum() / mask.sum().clamp(min=1.0) / accumulation
-            if self.loss_type == "dr_grpo":
-                return (x * mask).sum() / (x.size(0) * self.max_completion_length) / accumulation
-            normalizer = (
-                inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
-            )
-            if train:
-                normalizer = normalizer * accumulation / self.args.steps_per_generation
-            return (x * mask).sum() / normalizer
-
-    EnvGRPOTrainer.__module__ = __name__
-    globals()["EnvGRPOTrainer"] = EnvGRPOTrainer
-    _ = torch
-    return EnvGRPOTrainer
-
-
-def __getattr__(name: str) -> Any:
-    if name == "EnvGRPOTrainer":
-        return _trainer_class()
-    raise AttributeError(name)
-
-
 def question_keys(engine: RolloutEngine) -> dict[str, tuple[int, tuple[str, ...]]]:
     """One key per question of the env's split: its id (unique within a split)."""
     return {ex.id: (i, ()) for i, ex in enumerate(engine.envs[0].unwrapped.examples)}
-
-
-def rollout_engine(cfg: EnvGRPOConfig, tokenizer: Any, split: str) -> RolloutEngine:
-    """The :class:`RolloutEngine` of ``cfg``'s text-action env on ``split`` (training and
-    held-out evaluation play the same env, reward and turn limits)."""
-    make_env = env_factory(
-        cfg.env_id,
-        split=split,
-        reward_preset=cfg.reward_preset,
-        reward_kwargs=cfg.reward_kwargs,
-        tags=cfg.tags,
-        max_episode_steps=cfg.max_episode_steps,
-        step_cost=cfg.step_cost,
-        **cfg.env_kwargs,
-    )
-    return RolloutEngine(
-        make_env,
-        tokenizer,
-        max_turns=cfg.max_turns,
-        max_turn_tokens=cfg.max_turn_tokens,
-        max_completion_tokens=cfg.max_completion_tokens,
-    )
 
 
 def build_trainer(
@@ -507,7 +366,9 @@ def build_trainer(
     run_dir: str | Path | None = None,
     extra_rewards: Sequence[tuple[Callable, float]] = (),
 ) -> tuple[Any, EnvRollout]:
-    """An :class:`EnvGRPOTrainer` for ``cfg`` and its rollout function.
+    """TRL's ``GRPOTrainer`` for ``cfg`` (with ``rollout_func`` and ``env_mask``; the
+    :func:`~rag_gym.train.trl_compat.stabilized_kl_trainer_class` for ``kl_estimator="stabilized"``)
+    and its rollout function.
 
     ``model``/``tokenizer`` default to :func:`~rag_gym.train.models.load_policy` of
     ``cfg.model``; ``keys`` (question key → (index, replayed action prefix)) default to every
@@ -515,11 +376,14 @@ def build_trainer(
     ``fn(completions, **columns) -> list[float]`` (e.g. :mod:`rag_gym.rewards.trl`) with their
     weights to the episode return; they see the whole completion text (passages included).
     """
-    trl = _require_trl()
+    from rag_gym.train.trl_compat import require_trl, stabilized_kl_trainer_class
+
+    trl = require_trl()
     from datasets import Dataset
     from transformers import TrainerCallback
 
     from rag_gym.train.models import load_policy, lora_config
+    from rag_gym.train.rollout_log import RolloutLog, rollout_callback
     from rag_gym.train.tracking import learning_curve, report_to, run_dir_for
     from rag_gym.wrappers import presets
 
@@ -596,8 +460,12 @@ def build_trainer(
                     presets.set_stage(env, stage)
                 self.current = stage
 
+    rollout_log = RolloutLog(run_dir, every=cfg.rollout_log_steps, seed=cfg.seed)
+
     class Curve(TrainerCallback):
         def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if state.global_step not in rollout_log.saved_steps:
+                rollout_log(int(state.global_step), rollout.episodes, force=True)
             learning_curve(
                 state.log_history,
                 run_dir / "learning_curve.png",
@@ -605,7 +473,9 @@ def build_trainer(
                 title=run_dir.name,
             )
 
-    trainer = _trainer_class()(
+    # TRL's own trainer, except for ARENA's KL estimator, which has no public hook (trl_compat)
+    trainer_class = trl.GRPOTrainer if cfg.kl_estimator == "k3" else stabilized_kl_trainer_class()
+    trainer = trainer_class(
         model=model,
         reward_funcs=funcs,
         args=args,
@@ -613,8 +483,7 @@ def build_trainer(
         processing_class=tokenizer,
         peft_config=peft_config,
         rollout_func=rollout,
-        callbacks=[Stages(), Curve()],
-        kl_estimator=cfg.kl_estimator,
+        callbacks=[Stages(), Curve(), rollout_callback(rollout_log, rollout)],
     )
     # The rollout plays episodes with the trainer's (possibly PEFT-wrapped) model.
     rollout.generator = None
@@ -629,31 +498,6 @@ def _json(obj: Any) -> str:
     return json.dumps(obj, indent=2, default=str)
 
 
-def evaluate_policy(
-    model: Any,
-    tokenizer: Any,
-    cfg: EnvGRPOConfig,
-    split: str = "validation",
-    n: int | None = None,
-    batch: int = 16,
-) -> dict[str, float]:
-    """Greedy episodes on ``n`` questions of ``split`` (all by default) under ``cfg``'s env and
-    reward: mean EM, return, searches and turns."""
-    engine = rollout_engine(cfg, tokenizer, split)
-    total = engine.n_questions if n is None else min(n, engine.n_questions)
-    generate = make_generator(model, tokenizer, temperature=0.0, batch_size=batch)
-    episodes: list[Episode] = []
-    for start in range(0, total, batch):
-        episodes += engine.play(generate, list(range(start, min(total, start + batch))))
-    return {
-        "em": _mean(e.em for e in episodes),
-        "return": _mean(e.episode_return for e in episodes),
-        "num_searches": _mean(e.num_searches for e in episodes),
-        "turns": _mean(e.turns for e in episodes),
-        "n": float(len(episodes)),
-    }
-
-
 def train(cfg: EnvGRPOConfig) -> dict[str, Any]:
     """Run ``cfg`` to the end (or resume it) and return the trainer's log history and folder."""
     trainer, _ = build_trainer(cfg)
@@ -665,7 +509,7 @@ def train(cfg: EnvGRPOConfig) -> dict[str, Any]:
 def train_forest(
     cfg: EnvGRPOConfig, iterations: int = 5, steps_per_iteration: int | None = None
 ) -> dict[str, Any]:
-    """R²AG's iterative forest training (``002-r2ag.md`` appendix B.1–B.2) on a tree env.
+    """R²AG's iterative forest training (R²AG, appendix B.1–B.2) on a tree env.
 
     Round 1 trains on the roots (each question with no evidence). After each round the policy
     expands every context once; expansions that hit a gold document and neither stop nor end
@@ -757,14 +601,15 @@ def train_from(
 
         model, tokenizer = load_policy(cfg.model)
     t0 = time.perf_counter()
-    before = evaluate_policy(model, tokenizer, cfg, n=eval_n) if eval_n else None
-    trainer, _ = build_trainer(cfg, model, tokenizer)
+    held_out = rollout_engine(cfg, tokenizer, "validation") if eval_n else None
+    before = evaluate_policy(model, tokenizer, held_out, n=eval_n) if held_out else None
+    trainer, rollout = build_trainer(cfg, model, tokenizer)
     t1 = time.perf_counter()
     trainer.train(resume_from_checkpoint=cfg.resume_from_checkpoint)
     t2 = time.perf_counter()
     final = Path(trainer.args.output_dir) / "final"
     trainer.save_model(str(final))
-    after = evaluate_policy(trainer.model, tokenizer, cfg, n=eval_n) if eval_n else None
+    after = evaluate_policy(trainer.model, tokenizer, held_out, n=eval_n) if held_out else None
     results = {
         "stage": cfg.algorithm,
         "init": None if init is None else str(init),
@@ -773,6 +618,7 @@ def train_from(
         "eval_split": "validation",
         "before": before,
         "after": after,
+        "generation": generation_info(rollout.generator) if rollout.generator else None,
         "seconds": {
             "eval_before": t1 - t0,
             "train": t2 - t1,

@@ -2,16 +2,23 @@
 
 | recipe | env | algorithm | settings (paper section) |
 |---|---|---|---|
-| ``eval_rar`` | search, top-3 | GRPO | G = 5, β = 0.001, ε = 0.2, lr 1e-6, outcome + evaluation reward (``003-eval-rar.txt`` §3.2–3.3, §4.1 "Implementation details") |
-| ``lwts`` | search, top-5, ≤ 5 turns | DAPO | stage 1 then stage 2 answer reward (eq. 10, 11), G = 32, lr 1e-6, KL coefficient 1e-4, temperature 1.0 (``004-learning-when-to-search.txt`` §3.3–3.4, Table 5) |
-| ``arena`` | reader | GRPO | 7 samples per input, temperature 0.9, lr 3e-6, stabilised KL (``001-arena.txt`` §3.2, appendix E) |
-| ``r2ag`` | tree, top-1, ≤ 5 expansions | DAPO | group size 12, ε_low 0.2, ε_high 0.28, lr 1e-6, iterative forest training ≤ 5 rounds, 4,096 output tokens (``002-r2ag.md`` §2.4, appendix B.1–B.2) |
+| ``eval_rar`` | search, top-3 | GRPO | G = 5, β = 0.001, ε = 0.2, lr 1e-6, outcome + evaluation reward (Eval-RAR §3.2–3.3, §4.1 "Implementation details") |
+| ``lwts`` | search, top-5, ≤ 5 turns | DAPO | stage 1 then stage 2 answer reward (eq. 10, 11), G = 32, lr 1e-6, KL coefficient 1e-4, temperature 1.0 (LWTS §3.3–3.4, Table 5) |
+| ``arena`` | reader | GRPO | 7 samples per input, temperature 0.9, lr 3e-6, stabilised KL (ARENA §3.2, appendix E) |
+| ``r2ag`` | tree, top-1, ≤ 5 expansions | DAPO | group size 12, ε_low 0.2, ε_high 0.28, lr 1e-6, iterative forest training ≤ 5 rounds, 4,096 output tokens (R²AG §2.4, appendix B.1–B.2) |
+
+The papers: Eval-RAR ("Eval-RAR: Evaluation-Driven Retrieval-Augmented Reasoning via
+Reinforcement Learning", Yu et al.); LWTS ("Learning When to Search: Multi-Stage Reward Design for
+Efficient Agentic RAG with Reasoning Language Models", an anonymous ACL submission); ARENA
+("Effective and Transparent RAG: Adaptive-Reward Reinforcement Learning for Decision
+Traceability", arXiv:2505.13258); R²AG ("R²AG: Learning to Reason, Retrieve, and Self-Evolve
+through a Multi-Branch Retrieval Tree", an anonymous submission under review).
 
 Notes where the paper leaves a value open:
 
 * LWTS's §3.3 says DAPO drops the KL term, but its Table 5 (the run's configuration) lists
   ``kl_loss_coef = 1e-4``; the recipe follows the table.
-* ARENA's KL coefficient and clipping value are lost from our copy of appendix E; the recipe
+* ARENA's KL coefficient and clipping value are not legible in the text of appendix E; the recipe
   uses β = 0.04 (GRPO's and Open-R1's default, the framework ARENA trains with) and ε = 0.2.
 * LWTS does not give the stage boundary; the recipe switches at half of ``max_steps``.
 * Batch sizes are the papers' per-prompt group sizes; ``prompts_per_step`` (the papers use
@@ -88,7 +95,7 @@ RECIPES: dict[str, dict[str, Any]] = {
     },
 }
 
-#: R²AG trains on at most this many forest rounds (``002-r2ag.md`` appendix B.2).
+#: R²AG trains on at most this many forest rounds (R²AG, appendix B.2).
 R2AG_ITERATIONS = 5
 
 

@@ -39,8 +39,9 @@ class SFTConfig:
 
     env_id: str = "rag_gym/SynthHop-v0"
     """A SynthHop search env id (the expert needs its decompositions)."""
-    env_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Extra ``gym.make`` kwargs (``dataset_kwargs`` for a larger world or more questions)."""
+    env_kwargs: dict[str, Any] | str | None = field(default_factory=dict)
+    """Extra ``gym.make`` kwargs (``dataset_kwargs`` for a larger world or more questions); a
+    JSON object on a command line."""
     split: str = "train"
     """The split the demonstrations come from."""
     tags: str = "search_r1"
@@ -59,7 +60,12 @@ class SFTConfig:
     max_steps: int = -1
     """Optimiser steps; ``-1`` derives them from ``epochs``."""
     batch_size: int = 8
-    """Transcripts per optimiser step (``per_device_train_batch_size``)."""
+    """Transcripts per optimiser step."""
+    micro_batch_size: int = 2
+    """Transcripts per forward/backward pass; ``batch_size / micro_batch_size`` passes are
+    accumulated into one step (the same update: TRL normalises the loss by the step's trained
+    tokens). Peak memory grows with it: the logits alone take ``micro_batch_size × length ×
+    49,152 × 4`` bytes on SmolLM2, and 8 transcripts in one pass went past 14 GB."""
     max_length: int = 1024
     """Tokens per transcript at most (longer ones are dropped, never cut)."""
     eval_split: str = "validation"
@@ -75,29 +81,57 @@ class SFTConfig:
     exp_name: str = "sft"
     run_dir: str | None = None
     """Exact folder to write into; default ``output_dir/<run name>``."""
-    save_steps: int = 100
+    save_steps: int = 10
     track: bool = False
     """Log to W&B (offline unless configured); TensorBoard is always on."""
     seed: int = 0
 
     def __post_init__(self) -> None:
+        from rag_gym.train.options import dict_option
+
+        self.env_kwargs = dict_option("env_kwargs", self.env_kwargs)
         if self.n_demos is not None and (not isinstance(self.n_demos, int) or self.n_demos < 1):
             raise ValueError(f"expected n_demos >= 1 or None, got {self.n_demos!r}")
-        for name in ("batch_size", "max_length", "lora_r", "max_turns", "max_turn_tokens"):
+        for name in (
+            "batch_size",
+            "micro_batch_size",
+            "max_length",
+            "lora_r",
+            "max_turns",
+            "max_turn_tokens",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"expected {name} to be an int >= 1, got {value!r}")
+        if self.batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"expected batch_size to be a multiple of micro_batch_size, got "
+                f"{self.batch_size} and {self.micro_batch_size}"
+            )
         if not self.learning_rate > 0 or not math.isfinite(self.learning_rate):
             raise ValueError(f"expected learning_rate > 0, got {self.learning_rate!r}")
         if self.eval_n is not None and (not isinstance(self.eval_n, int) or self.eval_n < 0):
             raise ValueError(f"expected eval_n >= 0 or None, got {self.eval_n!r}")
 
+    def text_env(self):
+        """The env the transcripts are played in and the policy is evaluated on (no reward
+        preset: held-out EM is the env's own score)."""
+        from rag_gym.train.episodes import TextEnvSpec
+
+        return TextEnvSpec(
+            env_id=self.env_id,
+            env_kwargs=self.env_kwargs,
+            tags=self.tags,
+            max_turns=self.max_turns,
+            max_turn_tokens=self.max_turn_tokens,
+            max_completion_tokens=self.max_completion_tokens,
+        )
+
 
 def make_text_env(cfg: SFTConfig, split: str):
-    """The text-action env of ``cfg`` on ``split`` (the RL trainers' :func:`env_factory`)."""
-    from rag_gym.train.grpo import env_factory
-
-    return env_factory(cfg.env_id, split=split, tags=cfg.tags, **cfg.env_kwargs)()
+    """The text-action env of ``cfg`` on ``split`` (the env the RL trainers play:
+    :meth:`SFTConfig.text_env`)."""
+    return cfg.text_env().make_env(split)()
 
 
 def demonstrations(cfg: SFTConfig) -> list[Demonstration]:
@@ -157,28 +191,20 @@ def tokenize_demonstration(
     return {"input_ids": ids, "completion_mask": mask}
 
 
-def _eval_config(cfg: SFTConfig):
-    from rag_gym.train.grpo import EnvGRPOConfig
-
-    return EnvGRPOConfig(
-        env_id=cfg.env_id,
-        env_kwargs=cfg.env_kwargs,
-        reward_preset="none",
-        tags=cfg.tags,
-        max_turns=cfg.max_turns,
-        max_turn_tokens=cfg.max_turn_tokens,
-        max_completion_tokens=cfg.max_completion_tokens,
-        model=cfg.model,
-    )
-
-
-def held_out(model: Any, tokenizer: Any, cfg: SFTConfig) -> dict[str, float] | None:
-    """Greedy EM, searches and turns of ``model`` on ``cfg.eval_n`` questions of ``eval_split``."""
+def held_out(
+    model: Any, tokenizer: Any, cfg: SFTConfig, run_dir: Path | None = None, step: int = 0
+) -> dict[str, Any] | None:
+    """Greedy EM, searches and turns of ``model`` on ``cfg.eval_n`` questions of ``eval_split``
+    (:func:`~rag_gym.train.episodes.evaluate_policy`); with ``run_dir``, a sample of its
+    episodes is saved there as the rollouts of ``step`` (:mod:`rag_gym.train.rollout_log`)."""
     if cfg.eval_n == 0:
         return None
-    from rag_gym.train.grpo import evaluate_policy
+    from rag_gym.train.episodes import evaluate_policy, rollout_engine
+    from rag_gym.train.rollout_log import RolloutLog
 
-    return evaluate_policy(model, tokenizer, _eval_config(cfg), split=cfg.eval_split, n=cfg.eval_n)
+    engine = rollout_engine(cfg, tokenizer, cfg.eval_split)
+    log = RolloutLog(run_dir, every=0, seed=cfg.seed) if run_dir is not None else None
+    return evaluate_policy(model, tokenizer, engine, n=cfg.eval_n, rollout_log=log, train_step=step)
 
 
 def build_trainer(
@@ -186,11 +212,11 @@ def build_trainer(
 ) -> tuple[Any, Path, dict[str, Any]]:
     """TRL's ``SFTTrainer`` over ``cfg``'s demonstrations; returns it, the run folder and
     statistics of the data (demonstrations, tokens, trained tokens)."""
-    from rag_gym.train.grpo import _require_trl
     from rag_gym.train.models import load_policy, lora_config
     from rag_gym.train.tracking import report_to, run_dir_for
+    from rag_gym.train.trl_compat import require_trl
 
-    trl = _require_trl()
+    trl = require_trl()
     import torch
     from datasets import Dataset
 
@@ -215,8 +241,8 @@ def build_trainer(
     args = trl.SFTConfig(
         output_dir=str(run_dir),
         run_name=run_dir.name,
-        per_device_train_batch_size=cfg.batch_size,
-        gradient_accumulation_steps=1,
+        per_device_train_batch_size=cfg.micro_batch_size,
+        gradient_accumulation_steps=cfg.batch_size // cfg.micro_batch_size,
         learning_rate=cfg.learning_rate,
         lr_scheduler_type="linear",
         warmup_steps=0.05,
@@ -253,19 +279,20 @@ def train(cfg: SFTConfig) -> dict[str, Any]:
     import time
 
     from rag_gym.train.models import load_policy
-    from rag_gym.train.tracking import learning_curve
+    from rag_gym.train.tracking import learning_curve, run_dir_for
 
     model, tokenizer = load_policy(cfg.model)
+    run_dir = run_dir_for(cfg)
     t0 = time.perf_counter()
-    before = held_out(model, tokenizer, cfg) if cfg.eval_before else None
+    before = held_out(model, tokenizer, cfg, run_dir, 0) if cfg.eval_before else None
     t1 = time.perf_counter()
-    trainer, run_dir, stats = build_trainer(cfg, model, tokenizer)
+    trainer, run_dir, stats = build_trainer(cfg, model, tokenizer, run_dir)
     trainer.train()
     t2 = time.perf_counter()
     final = run_dir / "final"
     trainer.save_model(str(final))
     tokenizer.save_pretrained(str(final))
-    after = held_out(trainer.model, tokenizer, cfg)
+    after = held_out(trainer.model, tokenizer, cfg, run_dir, trainer.state.global_step)
     t3 = time.perf_counter()
     learning_curve(
         trainer.state.log_history,

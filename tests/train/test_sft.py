@@ -119,6 +119,11 @@ def test_two_step_sft_then_two_step_grpo_from_it(tmp_path):
     assert [r["loss"] for r in saved["log_history"] if "loss" in r]
     assert (tmp_path / "sft" / "final" / "adapter_model.safetensors").is_file()
     assert (tmp_path / "sft" / "learning_curve.png").is_file()
+    # held-out rollouts before (step 0) and after (the last step) training, for rag-gym view
+    lines = (tmp_path / "sft" / "steps.jsonl").read_text().splitlines()
+    rollouts = [json.loads(line) for line in lines]
+    assert sorted(r["train_step"] for r in rollouts) == [0, 0, 2, 2]
+    assert {r["agent"] for r in rollouts} == {"held-out"} and all(r["steps"] for r in rollouts)
 
     from safetensors.torch import load_file
 
@@ -142,6 +147,8 @@ def test_two_step_sft_then_two_step_grpo_from_it(tmp_path):
     )
     results = train_from(cfg, init=tmp_path / "sft", eval_n=2)
     assert results["before"]["n"] == 2.0 and results["after"]["n"] == 2.0
+    lines = (tmp_path / "grpo" / "steps.jsonl").read_text().splitlines()
+    assert {json.loads(line)["train_step"] for line in lines} == {2}  # sampled at the end
     grpo_weights = load_file(str(tmp_path / "grpo" / "final" / "adapter_model.safetensors"))
     # the GRPO run went on training the SFT adapter (same tensors, started from its values)
     assert set(grpo_weights) == set(sft_weights)
@@ -162,3 +169,45 @@ def test_init_errors(tmp_path):
         SFTConfig(n_demos=0)
     with pytest.raises(ValueError, match="learning_rate"):
         SFTConfig(learning_rate=float("nan"))
+
+
+def test_micro_batches_accumulate_to_the_same_update(tmp_path):
+    """``batch_size=4`` in one pass and in four passes of one transcript give the same step:
+    the loss is normalised by the step's trained tokens, not averaged per pass."""
+    import torch
+
+    from rag_gym.train.models import tiny_policy
+    from rag_gym.train.sft import SFTConfig, build_trainer
+
+    weights = {}
+    for micro in (4, 1):
+        model, tok = tiny_policy()
+        torch.manual_seed(0)
+        cfg = SFTConfig(
+            env_kwargs=ENV,
+            model="tiny",
+            n_demos=8,
+            batch_size=4,
+            micro_batch_size=micro,
+            max_steps=2,  # the first step is the warm-up's, at learning rate 0
+            eval_n=0,
+            learning_rate=1.0,
+            run_dir=str(tmp_path / f"micro{micro}"),
+        )
+        trainer, _, _ = build_trainer(cfg, model, tok)
+        assert trainer.args.per_device_train_batch_size == micro
+        assert trainer.args.gradient_accumulation_steps == 4 // micro
+        # plain SGD: the update is the gradient itself (Adam's first step is about its sign)
+        trainer.args.optim = "sgd"
+        trainer.train()
+        assert type(trainer.optimizer.optimizer).__name__ == "SGD"
+        weights[micro] = {
+            k: v.detach().clone() for k, v in trainer.model.named_parameters() if "lora_" in k
+        }
+    assert weights[4].keys() == weights[1].keys() and weights[4]
+    # lora_B starts at zero: the step moved it, by the same amount both ways
+    assert any(v.abs().max() > 1e-3 for k, v in weights[4].items() if "lora_B" in k)
+    for k, v in weights[4].items():
+        assert torch.allclose(v, weights[1][k], rtol=1e-4, atol=1e-6), k
+    with pytest.raises(ValueError, match="multiple of micro_batch_size"):
+        SFTConfig(batch_size=6, micro_batch_size=4)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 
 import pytest
@@ -307,6 +308,11 @@ def test_trainer_two_steps_update_weights(tmp_path, algorithm, kl_estimator, bet
     assert any((tmp_path / "run" / "tensorboard").iterdir())
     # env-written tokens were masked: every episode has some
     assert all(0 in m for m in [e.env_mask for e in rollout.episodes])
+    # a sample of the last step's rollouts is saved in the step-trace schema (rag-gym view)
+    lines = (tmp_path / "run" / "steps.jsonl").read_text().splitlines()
+    saved = [json.loads(line) for line in lines]
+    assert len(saved) == min(4, len(rollout.episodes)) and {r["train_step"] for r in saved} == {2}
+    assert all(r["schema_version"] == 1 and r["steps"] for r in saved)
 
 
 @pytest.mark.slow

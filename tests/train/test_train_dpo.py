@@ -326,16 +326,55 @@ def test_config_rejects_bad_values(kwargs, error, match):
         EvoRagDPOConfig(**kwargs)
 
 
-def test_config_defaults_are_the_papers():
-    from rag_gym.train.evo_rag_dpo import EvoRagDPOConfig
+def test_default_config_selects_pairs_at_the_papers_margins():
+    from rag_gym.train.evo_rag_dpo import EvoRagDPOConfig, policy_pair, preference_pairs
 
     cfg = EvoRagDPOConfig(sibling_actions=["SEARCH", "REFUSE"])
     assert cfg.sibling_actions == ("SEARCH", "REFUSE")
     default = EvoRagDPOConfig()
-    assert (default.beta, default.learning_rate) == (0.1, 5e-6)  # §3.4
-    assert default.per_device_batch_size * default.gradient_accumulation_steps == 64  # §3.4
-    assert (default.rm_margin, default.policy_margin, default.patience) == (0.3, 0.2, 2)
-    assert default.reference_free  # §3.4's loss as printed
+    # Δ = 0.3 (§3.3): a return gap of 0.3 makes a reward-model pair, 0.29 does not
+    assert preference_pairs([0.5, 0.2, 0.21], default.rm_margin) == [(0, 1)]
+    # δ = 0.2 (§3.4 (ii)): a preference-score gap of 0.2 makes a policy pair, 0.19 does not
+    assert policy_pair([0.1, 0.3], default.policy_margin) == (1, 0)
+    assert policy_pair([0.1, 0.29], default.policy_margin) is None
+
+
+@requires_policy
+def test_default_config_trains_dpo_with_the_papers_settings(tmp_path, monkeypatch):
+    """The DPO epoch a default config runs: β 0.1, learning rate 5e-6, effective batch 64 (§3.4),
+    reference-free (the loss as §3.4 prints it: reference log-probabilities of 0)."""
+    pytest.importorskip("trl")
+    pytest.importorskip("peft")
+    from peft import LoraConfig, get_peft_model
+
+    from rag_gym.train import trl_compat
+    from rag_gym.train.evo_rag_dpo import EvoRagDPOConfig, policy_epoch
+    from rag_gym.train.models import tiny_policy
+
+    seen = {}
+
+    class Recorder:
+        def __init__(self, model, args, train_dataset, processing_class, callbacks):
+            seen.update(args=args, data=train_dataset)
+            self.state = type("State", (), {"log_history": []})()
+
+        def remove_callback(self, callback):
+            pass
+
+        def train(self):
+            pass
+
+    monkeypatch.setattr(trl_compat, "token_dpo_trainer_class", lambda: Recorder)
+    model, tok = tiny_policy()
+    lora = get_peft_model(model, LoraConfig(r=2, target_modules="all-linear"))
+    row = {"prompt_ids": [1, 2], "chosen_ids": [3], "rejected_ids": [4]}
+    policy_epoch(lora, tok, [row, row], EvoRagDPOConfig(), tmp_path)
+    args, data = seen["args"], seen["data"]
+    assert (args.beta, args.learning_rate) == (0.1, 5e-6)
+    assert args.per_device_train_batch_size * args.gradient_accumulation_steps == 64
+    assert args.loss_type == ["sigmoid"] and args.num_train_epochs == 1
+    assert data["ref_chosen_logps"] == [0.0, 0.0] == data["ref_rejected_logps"]
+    assert data["prompt_ids"] == [[1, 2], [1, 2]]
 
 
 @requires_policy

@@ -1,0 +1,190 @@
+"""Compare two agents of ``rag-gym evaluate`` runs question by question.
+
+A leaderboard's means differ from run to run by sampling alone; whether agent A beats agent B is
+answered by the paired bootstrap over the questions both played
+(:func:`rag_gym.stats.paired_difference`). :func:`compare` reads the ``episodes.jsonl`` of one or
+more run folders (read-only: a last line cut by a kill is skipped with a warning), pairs the two
+agents' episodes by ``question_id`` and reports, per metric, both means with their bootstrap
+intervals and the interval of the paired difference.
+
+``rag-gym compare RUN [RUN ...] --a AGENT --b AGENT`` prints it; ``--json`` writes it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rag_gym.stats import bootstrap_ci, paired_difference
+
+DEFAULT_METRICS = ("em", "f1", "recall", "full_recall", "searches")
+
+
+class CompareError(ValueError):
+    """A run folder, agent or metric that cannot be compared (the message names the fix)."""
+
+
+def read_episodes(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The episode records of a run folder, without changing it."""
+    run = Path(run_dir)
+    path = run / "episodes.jsonl"
+    if not path.is_file():
+        raise CompareError(
+            f"expected a rag-gym evaluate run folder with episodes.jsonl, got {run}: "
+            "pass the folder `rag-gym evaluate` printed"
+        )
+    lines = path.read_bytes().split(b"\n")
+    tail = lines.pop()
+    records = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise CompareError(
+                f"{path}:{i}: expected an episode record, got {line[:80]!r}"
+            ) from None
+        if isinstance(rec, dict) and {"agent", "question_id"} <= rec.keys():
+            records.append(rec)
+        else:
+            raise CompareError(f"{path}:{i}: expected 'agent' and 'question_id' in {line[:80]!r}")
+    if tail.strip():
+        try:
+            rec = json.loads(tail)
+            records.append(rec)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            warnings.warn(
+                f"{path}:{len(lines) + 1}: the last line was cut off (a killed run); skipped it",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+    return records
+
+
+def _agent_scores(
+    runs: Sequence[str | Path], agent: str
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    found: dict[str, dict[str, Any]] = {}
+    sources = []
+    seen_agents: set[str] = set()
+    for run in runs:
+        episodes = [r for r in read_episodes(run) if r.get("error") is None]
+        seen_agents.update(str(r["agent"]) for r in episodes)
+        mine = [r for r in episodes if r["agent"] == agent]
+        if not mine:
+            continue
+        if found:
+            raise CompareError(
+                f"agent {agent!r} appears in more than one run ({sources[0]} and {run}): "
+                "pass only the runs to compare"
+            )
+        sources.append(str(run))
+        found = {str(r["question_id"]): r for r in mine}
+    if not found:
+        raise CompareError(
+            f"unknown agent {agent!r} in {', '.join(map(str, runs))}: "
+            f"the runs hold {', '.join(sorted(seen_agents)) or 'no finished episodes'}"
+        )
+    return found, sources
+
+
+@dataclass(frozen=True)
+class MetricComparison:
+    metric: str
+    a_mean: float
+    a_ci: tuple[float, float]
+    b_mean: float
+    b_ci: tuple[float, float]
+    difference: dict[str, float | int]
+
+
+def compare(
+    runs: Sequence[str | Path],
+    a: str,
+    b: str,
+    metrics: Sequence[str] = DEFAULT_METRICS,
+    confidence: float = 0.95,
+    n_resamples: int = 10_000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Agent ``a`` against agent ``b`` on the questions both finished, per metric."""
+    if not runs:
+        raise CompareError("expected at least one run folder")
+    if a == b:
+        raise CompareError(f"expected two different agents, got {a!r} twice")
+    left, a_runs = _agent_scores(runs, a)
+    right, b_runs = _agent_scores(runs, b)
+    shared = sorted(left.keys() & right.keys())
+    if not shared:
+        raise CompareError(
+            f"agents {a!r} and {b!r} share no question: evaluate them on the same env, split, "
+            "n and seed"
+        )
+    rows = []
+    for metric in metrics:
+        try:
+            xs = [float(left[q][metric]) for q in shared]
+            ys = [float(right[q][metric]) for q in shared]
+        except (KeyError, TypeError, ValueError):
+            raise CompareError(
+                f"metric {metric!r} is missing or not a number in these episodes: "
+                f"pick from {', '.join(DEFAULT_METRICS)}"
+            ) from None
+        if not all(math.isfinite(v) for v in xs + ys):
+            raise CompareError(f"metric {metric!r} has non-finite values")
+        diff = paired_difference(xs, ys, confidence, n_resamples, seed)
+        rows.append(
+            MetricComparison(
+                metric=metric,
+                a_mean=sum(xs) / len(xs),
+                a_ci=bootstrap_ci(xs, confidence, n_resamples, seed),
+                b_mean=sum(ys) / len(ys),
+                b_ci=bootstrap_ci(ys, confidence, n_resamples, seed),
+                difference=diff.to_dict(),
+            )
+        )
+    return {
+        "a": {"agent": a, "runs": a_runs, "episodes": len(left)},
+        "b": {"agent": b, "runs": b_runs, "episodes": len(right)},
+        "questions": len(shared),
+        "confidence": confidence,
+        "n_resamples": n_resamples,
+        "seed": seed,
+        "metrics": [
+            {
+                "metric": r.metric,
+                "a": {"mean": r.a_mean, "low": r.a_ci[0], "high": r.a_ci[1]},
+                "b": {"mean": r.b_mean, "low": r.b_ci[0], "high": r.b_ci[1]},
+                "difference": r.difference,
+            }
+            for r in rows
+        ],
+    }
+
+
+def comparison_markdown(result: dict[str, Any]) -> str:
+    """The comparison as a Markdown table."""
+    a, b = result["a"]["agent"], result["b"]["agent"]
+    pct = round(100 * result["confidence"])
+    lines = [
+        f"{a} (a) vs {b} (b) on {result['questions']} shared questions, "
+        f"{pct}% bootstrap intervals ({result['n_resamples']} resamples, seed {result['seed']})",
+        "",
+        f"| metric | a | b | a - b | {pct}% CI of a - b | a wins | b wins |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in result["metrics"]:
+        d = row["difference"]
+        lines.append(
+            f"| {row['metric']} | {row['a']['mean']:.3f} [{row['a']['low']:.3f}, "
+            f"{row['a']['high']:.3f}] | {row['b']['mean']:.3f} [{row['b']['low']:.3f}, "
+            f"{row['b']['high']:.3f}] | {d['mean']:+.3f} | [{d['low']:+.3f}, {d['high']:+.3f}] "
+            f"| {d['wins']} | {d['losses']} |"
+        )
+    return "\n".join(lines) + "\n"

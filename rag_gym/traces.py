@@ -1,0 +1,242 @@
+"""Step traces: what an agent did at every step of an episode, in one versioned schema.
+
+Evaluation (:func:`rag_gym.evaluate.evaluate`) and the trainers' sampled rollouts write the same
+two files into a run folder, one JSON object per line, appended as episodes end:
+
+``steps.jsonl``, one line per episode::
+
+    {"schema_version": 1, "agent": "naive_rag", "question_id": "q7",
+     "steps": [{"step": 1, "action": "SEARCH", "text": "who founded ...",
+                "raw_output": null,
+                "retrieved": [{"id": "p3", "rank": 1, "score": 7.2, "gold": true}, ...],
+                "reward": 0.0, "reward_terms": {"answer": 0.0, "invalid": 0.0},
+                "prompt_tokens": 0, "completion_tokens": 0,
+                "invalid": false, "message": ""}, ...]}
+
+Training rollouts add ``"train_step"`` (the optimiser step the rollout was sampled at) and may
+leave ``question_id`` out. ``raw_output`` is the model's reply behind the action (``null`` for
+rule-based actions); the token counts are those spent on that step.
+
+``passages.jsonl``: each passage a run touched (retrieved or gold), once:
+``{"id": "p3", "title": "...", "text": "..."}``. Steps refer to passages by id only, so a
+trace stays small however often a passage comes back.
+
+:func:`read_jsonl` reads either file back, tolerating a last line cut by a kill.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+#: version of the ``steps.jsonl`` / ``passages.jsonl`` schema (see the module doc)
+SCHEMA_VERSION = 1
+STEPS_FILE = "steps.jsonl"
+PASSAGES_FILE = "passages.jsonl"
+
+
+def _float(value: Any) -> float | None:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def step_record(
+    step: int,
+    action: Any,
+    info: Mapping[str, Any],
+    reward: float,
+    gold_ids: Sequence[str],
+    raw_output: str | None = None,
+    prompt_tokens: int = 0,
+    completion_tokens: int = 0,
+) -> dict[str, Any]:
+    """One step of a trace from the action an agent took and the ``info`` the env returned.
+
+    ``action`` is a search-env action dict or text (a text agent's reply, then also its raw
+    output when ``raw_output`` is ``None``). Retrieved ids come from ``info["retrieved_ids"]``
+    (with ``info["retrieved_scores"]`` when the env gives them) or, for the tree env, from
+    every branch (``query`` says which).
+
+    >>> step_record(1, {"type": 0, "text": "q"}, {"action_type": "SEARCH", "query": "q",
+    ...     "retrieved_ids": ["a", "b"], "retrieved_scores": [2.0, 1.0],
+    ...     "reward_terms": {"answer": 0.0}}, 0.0, ["b"])["retrieved"][1]
+    {'id': 'b', 'rank': 2, 'score': 1.0, 'gold': True}
+    """
+    gold = set(gold_ids)
+    if isinstance(action, Mapping):
+        text = str(action.get("text", ""))
+    else:
+        text = info.get("query") or info.get("prediction") or ""
+        if raw_output is None and isinstance(action, str):
+            raw_output = action
+    retrieved: list[dict[str, Any]] = []
+    if "branches" in info:
+        for br in info.get("branches") or []:
+            for rank, pid in enumerate(br.get("ids", []), 1):
+                retrieved.append(
+                    {
+                        "id": str(pid),
+                        "rank": rank,
+                        "score": None,
+                        "gold": pid in gold,
+                        "query": br.get("query"),
+                    }
+                )
+    else:
+        ids = list(info.get("retrieved_ids") or [])
+        scores = list(info.get("retrieved_scores") or [])
+        for rank, pid in enumerate(ids, 1):
+            score = _float(scores[rank - 1]) if rank <= len(scores) else None
+            retrieved.append({"id": str(pid), "rank": rank, "score": score, "gold": pid in gold})
+    terms = {str(k): _float(v) for k, v in (info.get("reward_terms") or {}).items()}
+    return {
+        "step": int(step),
+        "action": str(info.get("action_type") or ("TEXT" if isinstance(action, str) else "ACT")),
+        "text": str(text),
+        "raw_output": raw_output,
+        "retrieved": retrieved,
+        "reward": _float(reward),
+        "reward_terms": terms,
+        "prompt_tokens": int(prompt_tokens),
+        "completion_tokens": int(completion_tokens),
+        "invalid": bool(info.get("invalid_action", False) or info.get("format_ok") is False),
+        "message": str(info.get("message") or ""),
+    }
+
+
+def passages_of(info: Mapping[str, Any], corpus: Any, ids: Iterable[str]) -> dict[str, dict]:
+    """``{id: {"title", "text"}}`` for ``ids``: from ``info["passages"]`` where the env gave
+    them, else from ``corpus`` (a :class:`~rag_gym.data.Corpus`); ids found in neither are
+    left out."""
+    out: dict[str, dict] = {}
+    for p in info.get("passages") or []:
+        out[str(p["id"])] = {"title": p.get("title", ""), "text": p.get("text", "")}
+    for pid in ids:
+        if pid in out or corpus is None:
+            continue
+        try:
+            i = corpus.position(pid)
+        except (KeyError, ValueError, IndexError, AttributeError):
+            continue
+        out[pid] = {"title": corpus.titles[i], "text": corpus.texts[i]}
+    return out
+
+
+def trace_line(
+    agent: str, question_id: str | None, steps: list[dict[str, Any]], **extra: Any
+) -> str:
+    """One ``steps.jsonl`` line (with its newline)."""
+    rec = {"schema_version": SCHEMA_VERSION, "agent": agent, "question_id": question_id}
+    rec.update(extra)
+    rec["steps"] = steps
+    return json.dumps(rec, ensure_ascii=False, default=str) + "\n"
+
+
+class TraceWriter:
+    """Appends traces to ``run_dir/steps.jsonl`` and each new passage to
+    ``run_dir/passages.jsonl``, flushing after every episode.
+
+    Opening trims a last line cut by a kill from either file (so an appended line never joins
+    a broken one) and remembers the passages already stored."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.steps_path = self.run_dir / STEPS_FILE
+        self.passages_path = self.run_dir / PASSAGES_FILE
+        for path in (self.steps_path, self.passages_path):
+            trim_cut_line(path)
+        self.stored: set[str] = set()
+        for rec, _ in read_jsonl(self.passages_path)[0]:
+            if isinstance(rec, dict) and "id" in rec:
+                self.stored.add(str(rec["id"]))
+        self._steps = open(self.steps_path, "a", encoding="utf-8")  # noqa: SIM115 (close())
+        self._passages = open(self.passages_path, "a", encoding="utf-8")  # noqa: SIM115
+
+    def write(
+        self,
+        agent: str,
+        question_id: str | None,
+        steps: list[dict[str, Any]],
+        passages: Mapping[str, Mapping[str, str]],
+        **extra: Any,
+    ) -> None:
+        new = [(pid, p) for pid, p in passages.items() if pid not in self.stored]
+        for pid, p in new:
+            line = {"id": pid, "title": p.get("title", ""), "text": p.get("text", "")}
+            self._passages.write(json.dumps(line, ensure_ascii=False) + "\n")
+            self.stored.add(pid)
+        self._passages.flush()
+        self._steps.write(trace_line(agent, question_id, steps, **extra))
+        self._steps.flush()
+
+    def close(self) -> None:
+        self._steps.close()
+        self._passages.close()
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def trim_cut_line(path: Path) -> bool:
+    """Cut a last line without its newline from ``path`` (a write stopped by a kill); whether
+    one was cut. A complete JSON line that only lacks its newline gets the newline."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return False
+    with open(path, "rb") as f:
+        data = f.read()
+    if data.endswith(b"\n"):
+        return False
+    cut = data.rfind(b"\n") + 1
+    tail = data[cut:]
+    try:
+        json.loads(tail)
+        ok = True
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        ok = False
+    with open(path, "r+b") as f:
+        if ok:
+            f.seek(0, os.SEEK_END)
+            f.write(b"\n")
+        else:
+            f.truncate(cut)
+    return not ok
+
+
+def _null(constant: str) -> None:
+    return None
+
+
+def read_jsonl(path: str | Path) -> tuple[list[tuple[Any, int]], list[str]]:
+    """``([(record, line number)], warnings)`` of a JSONL file, never raising on its content:
+    a line that is not JSON is skipped with a warning naming the file and line (a last line
+    cut by a kill among them). ``NaN`` and infinities read as ``None``. A missing file gives
+    ``([], [])``."""
+    path = Path(path)
+    if not path.is_file():
+        return [], []
+    records: list[tuple[Any, int]] = []
+    problems: list[str] = []
+    with open(path, "rb") as f:
+        data = f.read()
+    lines = data.split(b"\n")
+    last = len(lines) if lines[-1].strip() else len(lines) - 1
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append((json.loads(line, parse_constant=_null), i))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            why = "cut off (the run was stopped while writing it)" if i == last else str(exc)
+            problems.append(f"{path}:{i}: skipped a line that is not JSON: {why}")
+    return records, problems

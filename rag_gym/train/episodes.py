@@ -1,0 +1,196 @@
+"""The one set-up every trainer plays episodes in: the text-action env, the rollout engine over
+it, and greedy held-out evaluation.
+
+GRPO/DAPO (:mod:`~rag_gym.train.grpo`), SFT (:mod:`~rag_gym.train.sft`) and EVO-RAG's DPO
+(:mod:`~rag_gym.train.evo_rag_dpo`) each describe their env with a :class:`TextEnvSpec` (their
+config's ``text_env()``), so training and evaluation play the same env, reward and turn limits.
+
+>>> spec = TextEnvSpec("rag_gym/SynthHop-v0", reward_preset="eval_rar")
+>>> spec.tags_or_default, TextEnvSpec("rag_gym/SynthHop-v0").tags_or_default
+('eval_rar', 'search_r1')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+
+from rag_gym.train.generators import generation_info, make_generator
+from rag_gym.train.rollout import Episode, RolloutEngine
+
+
+def default_tags(reward_preset: str) -> str:
+    """The :class:`~rag_gym.wrappers.TextActions` tag preset that goes with a reward preset: its
+    own for ``eval_rar`` and ``evo_rag``, else ``search_r1``."""
+    return reward_preset if reward_preset in ("eval_rar", "evo_rag") else "search_r1"
+
+
+def env_factory(
+    env_id: str,
+    split: str = "train",
+    reward_preset: str = "none",
+    reward_kwargs: dict[str, Any] | None = None,
+    tags: str | None = None,
+    max_episode_steps: int | None = None,
+    step_cost: float = 0.0,
+    **env_kwargs: Any,
+) -> Callable[[], gym.Env]:
+    """A function that builds the text-action env a policy trains in: ``gym.make`` with the
+    reward preset, EVO-RAG's :class:`~rag_gym.wrappers.StepCost` when ``step_cost`` > 0, and
+    :class:`~rag_gym.wrappers.TextActions` around a search env (the ``when_to_search`` preset
+    brings its own)."""
+    if not isinstance(step_cost, (int, float)) or step_cost < 0:
+        raise ValueError(f"expected step_cost >= 0, got {step_cost!r}")
+    from rag_gym.envs.search import SearchEnv
+    from rag_gym.wrappers import presets
+    from rag_gym.wrappers.text_actions import TextActions
+
+    reward_kwargs = dict(reward_kwargs or {})
+
+    def make() -> gym.Env:
+        kwargs = {**env_kwargs, "split": split}
+        if max_episode_steps is None:
+            if reward_preset != "none":
+                kwargs["reward_preset"] = reward_preset
+                if reward_kwargs:
+                    kwargs["reward_kwargs"] = reward_kwargs
+            env = gym.make(env_id, **kwargs)
+        else:
+            env = gym.make(env_id, max_episode_steps=max_episode_steps, **kwargs)
+            env = presets.apply(env, reward_preset, t_max=max_episode_steps, **reward_kwargs)
+        inner, text = env, False
+        while isinstance(inner, gym.Wrapper):
+            text = text or isinstance(inner, TextActions)
+            inner = inner.env
+        if step_cost:
+            from rag_gym.wrappers.evo_rag import StepCost
+
+            env = StepCost(env, weight=float(step_cost))
+        if isinstance(env.unwrapped, SearchEnv) and not text:
+            env = TextActions(env, tags=tags or default_tags(reward_preset))
+        return env
+
+    return make
+
+
+@dataclass(frozen=True)
+class TextEnvSpec:
+    """A trainer's text-action env and the turn limits of its episodes."""
+
+    env_id: str
+    """A registered id (``rag-gym envs`` lists them)."""
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra ``gym.make`` keyword arguments."""
+    reward_preset: str = "none"
+    """A reward preset of :mod:`rag_gym.wrappers.presets` (``none``: the env's own reward)."""
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Options of the preset."""
+    tags: str | None = None
+    """The tag preset; ``None``: :func:`default_tags` of the reward preset."""
+    max_episode_steps: int | None = None
+    """The env's horizon; ``None`` keeps the preset's."""
+    step_cost: float = 0.0
+    """Weight of EVO-RAG's per-step cost (0 leaves it out)."""
+    max_turns: int = 8
+    """Model turns per episode at most."""
+    max_turn_tokens: int = 128
+    """New tokens per turn at most."""
+    max_completion_tokens: int = 1024
+    """Model + env tokens per episode at most."""
+
+    def text_env(self) -> TextEnvSpec:
+        """Itself (so :func:`rollout_engine` takes a spec as it takes a trainer config)."""
+        return self
+
+    @property
+    def tags_or_default(self) -> str:
+        return self.tags or default_tags(self.reward_preset)
+
+    def make_env(self, split: str) -> Callable[[], gym.Env]:
+        """:func:`env_factory` of this env on ``split``."""
+        return env_factory(
+            self.env_id,
+            split=split,
+            reward_preset=self.reward_preset,
+            reward_kwargs=self.reward_kwargs,
+            tags=self.tags,
+            max_episode_steps=self.max_episode_steps,
+            step_cost=self.step_cost,
+            **self.env_kwargs,
+        )
+
+    def engine(self, tokenizer: Any, split: str) -> RolloutEngine:
+        """A :class:`~rag_gym.train.rollout.RolloutEngine` over this env on ``split``."""
+        return RolloutEngine(
+            self.make_env(split),
+            tokenizer,
+            max_turns=self.max_turns,
+            max_turn_tokens=self.max_turn_tokens,
+            max_completion_tokens=self.max_completion_tokens,
+        )
+
+
+def rollout_engine(cfg: Any, tokenizer: Any, split: str) -> RolloutEngine:
+    """The :class:`~rag_gym.train.rollout.RolloutEngine` of a trainer config (anything with a
+    ``text_env()`` returning a :class:`TextEnvSpec`) on ``split``: training and held-out
+    evaluation play the same env, reward and turn limits."""
+    text_env = getattr(cfg, "text_env", None)
+    if text_env is None:
+        raise TypeError(
+            "expected a trainer config with text_env() (EnvGRPOConfig, SFTConfig, "
+            f"EvoRagDPOConfig) or a TextEnvSpec, got {type(cfg).__name__}"
+        )
+    return text_env().engine(tokenizer, split)
+
+
+def evaluate_policy(
+    model: Any,
+    tokenizer: Any,
+    engine: RolloutEngine,
+    n: int | None = None,
+    batch_size: int = 16,
+    stage: str | int | None = None,
+    rollout_log: Any = None,
+    train_step: int = 0,
+) -> dict[str, Any]:
+    """Greedy episodes on the first ``n`` questions (all by default) of ``engine``'s split.
+
+    ``stage`` sets a curriculum stage on every env copy first (EVO-RAG's ``"discovery"`` /
+    ``"refinement"`` weights, LWTS's 1 / 2). Returns the means of ``em``, ``return``,
+    ``num_searches`` and ``turns``, the number of episodes ``n``, and ``generation``
+    (:func:`~rag_gym.train.generators.generation_info`: whether the continuous-batching engine
+    generated, and why not). A :class:`~rag_gym.train.rollout_log.RolloutLog` saves a sample
+    of the episodes as the rollouts of ``train_step`` (``rag-gym view`` shows them).
+    """
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 0):
+        raise ValueError(f"expected n to be an int >= 0 or None, got {n!r}")
+    generate = make_generator(model, tokenizer, temperature=0.0, batch_size=batch_size)
+    total = engine.n_questions if n is None else min(n, engine.n_questions)
+    episodes: list[Episode] = []
+    for start in range(0, total, batch_size):
+        chunk = list(range(start, min(total, start + batch_size)))
+        if stage is not None:
+            from rag_gym.wrappers import presets
+
+            engine.grow(len(chunk))
+            for env in engine.envs:
+                presets.set_stage(env, stage)
+        episodes += engine.play(generate, chunk)
+    if rollout_log is not None:
+        rollout_log(train_step, episodes, force=True, label="held-out")
+    return {
+        "em": _mean(e.em for e in episodes),
+        "return": _mean(e.episode_return for e in episodes),
+        "num_searches": _mean(e.num_searches for e in episodes),
+        "turns": _mean(e.turns for e in episodes),
+        "n": float(len(episodes)),
+        "generation": generation_info(generate),
+    }
+
+
+def _mean(values: Any) -> float:
+    values = [float(v) for v in values]
+    return sum(values) / len(values) if values else 0.0

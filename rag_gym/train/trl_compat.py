@@ -1,0 +1,245 @@
+"""Everything rag-gym's trainers take from TRL beyond its public API, in one place.
+
+The trainers extend TRL through its public hooks: GRPO's ``rollout_func`` (multi-turn episodes)
+with the ``env_mask`` field of its output (env-written tokens left out of the loss), its
+``loss_type`` values (``"grpo"``, ``"dapo"``), ``mask_truncated_completions``, reward functions
+and callbacks; DPO's collator of token-id rows and its ``ref_chosen_logps`` /
+``ref_rejected_logps`` columns. Three things have no public hook in the TRL versions below, and
+live here:
+
+* **ARENA's stabilised KL** (:class:`~rag_gym.train.grpo.EnvGRPOConfig` ``kl_estimator=
+  "stabilized"``): TRL computes only the k3 estimator, so the trainer reads the policy's
+  per-token log-probabilities (``GRPOTrainer._get_per_token_logps_and_entropies``), runs
+  ``GRPOTrainer._compute_loss`` with β = 0 and adds β·k2 with TRL's token aggregation of the
+  ``loss_type`` (:func:`aggregate`, a copy of the aggregation inside ``_compute_loss``; a test
+  checks it against TRL's own on the installed version).
+* **DPO on rows that are already token ids** (EVO-RAG's policy pairs, whose prompt is the exact
+  token context of a rollout): ``DPOTrainer._prepare_dataset`` would re-tokenise them, and
+  ``DPOTrainer._precompute_ref_logps`` would overwrite the reference-free log-probabilities
+  (0) the rows carry.
+* **Undoing what a DPO epoch leaves on a PEFT model** (:func:`drop_dpo_state`): the frozen
+  ``"ref"`` adapter copy TRL adds, and the fused LM head it binds to the base model's
+  ``forward``, so the next epoch starts from the same model.
+* **Multi-turn generation on TRL's colocated vLLM engine** (:func:`colocated_vllm`): the
+  ``LLM`` object TRL keeps at ``trainer.vllm_generation.llm``.
+
+:data:`SUPPORTED` is the TRL range these were written and tested against (the floor also has
+``rollout_func`` and ``env_mask``). :func:`require_trl` refuses another version with the fix;
+:func:`check_private_api` checks the private methods' signatures (:data:`PRIVATE_API`), which a
+test also pins, so an upgrade fails loudly instead of training wrong.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+from typing import Any
+
+#: The TRL versions the private hooks below are written for and tested with (PEP 440).
+SUPPORTED = ">=1.16,<1.17"
+#: Set to 1 to train with a TRL outside :data:`SUPPORTED` (at your own risk).
+ALLOW_ENV = "RAG_GYM_ALLOW_UNTESTED_TRL"
+#: The private methods used, as ``(class name, method): parameter names`` (``self`` first).
+PRIVATE_API: dict[tuple[str, str], tuple[str, ...]] = {
+    ("GRPOTrainer", "_compute_loss"): ("self", "model", "inputs"),
+    ("GRPOTrainer", "_get_per_token_logps_and_entropies"): (
+        "self",
+        "model",
+        "input_ids",
+        "attention_mask",
+        "logits_to_keep",
+    ),
+    ("DPOTrainer", "_prepare_dataset"): (
+        "self",
+        "dataset",
+        "processing_class",
+        "args",
+        "dataset_name",
+    ),
+    ("DPOTrainer", "_precompute_ref_logps"): ("self", "dataset", "name", "batch_size"),
+}
+#: The loss types :func:`aggregate` knows (TRL's token aggregations).
+AGGREGATED_LOSS_TYPES = ("grpo", "sapo", "bnpo", "dr_grpo", "dapo", "cispo", "vespo")
+
+
+class TRLVersionError(ImportError):
+    """The installed TRL is outside :data:`SUPPORTED`, or its private methods changed."""
+
+
+def check_version(version: str) -> None:
+    """Raise :class:`TRLVersionError` when TRL ``version`` is outside :data:`SUPPORTED` (unless
+    ``$RAG_GYM_ALLOW_UNTESTED_TRL`` is 1).
+
+    >>> check_version("1.16.0")
+    >>> check_version("0.19.0")
+    Traceback (most recent call last):
+    ...
+    rag_gym.train.trl_compat.TRLVersionError: expected trl >=1.16,<1.17 (the versions rag-gym's trainers are tested with), got trl 0.19.0; install it with pip install 'trl>=1.16,<1.17' (or set RAG_GYM_ALLOW_UNTESTED_TRL=1 to try this one)
+    """
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    if Version(version) in SpecifierSet(SUPPORTED) or os.environ.get(ALLOW_ENV) == "1":
+        return
+    raise TRLVersionError(
+        f"expected trl {SUPPORTED} (the versions rag-gym's trainers are tested with), got trl "
+        f"{version}; install it with pip install 'trl{SUPPORTED}' (or set {ALLOW_ENV}=1 to try "
+        "this one)"
+    )
+
+
+def require_trl() -> Any:
+    """Import TRL (and PEFT and datasets), check its version, return the ``trl`` module."""
+    try:
+        import datasets  # noqa: F401
+        import peft  # noqa: F401
+        import trl
+    except ImportError as exc:
+        raise ImportError(
+            "training needs trl, peft and datasets: pip install torch==2.13.0 && "
+            "pip install 'rag-gym[train]'"
+        ) from exc
+    check_version(trl.__version__)
+    return trl
+
+
+def check_private_api(trl: Any) -> None:
+    """Raise :class:`TRLVersionError` when a method of :data:`PRIVATE_API` is missing or its
+    leading parameters changed in the installed ``trl``."""
+    for (cls_name, method), expected in PRIVATE_API.items():
+        fn = getattr(getattr(trl, cls_name), method, None)
+        got = tuple(inspect.signature(fn).parameters)[: len(expected)] if fn else None
+        if got != expected:
+            raise TRLVersionError(
+                f"expected trl.{cls_name}.{method}{expected}, got {got} in trl "
+                f"{trl.__version__}; install trl{SUPPORTED}: pip install 'trl{SUPPORTED}'"
+            )
+
+
+def aggregate(trainer: Any, x: Any, mask: Any, inputs: dict[str, Any]) -> Any:
+    """``x`` (per-token values, ``(B, T)``) reduced to a scalar as TRL's ``_compute_loss``
+    reduces the per-token loss of ``trainer.loss_type``, gradient-accumulation scaling
+    included."""
+    if trainer.loss_type not in AGGREGATED_LOSS_TYPES:
+        raise ValueError(
+            f"expected a loss_type in {AGGREGATED_LOSS_TYPES} for the stabilized KL, got "
+            f"{trainer.loss_type!r}"
+        )
+    train = trainer.model.training
+    accumulation = trainer.current_gradient_accumulation_steps if train else 1.0
+    if trainer.loss_type in ("grpo", "sapo"):
+        return ((x * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean() / accumulation
+    if trainer.loss_type == "bnpo":
+        return (x * mask).sum() / mask.sum().clamp(min=1.0) / accumulation
+    if trainer.loss_type == "dr_grpo":
+        return (x * mask).sum() / (x.size(0) * trainer.max_completion_length) / accumulation
+    normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / trainer.accelerator.num_processes
+    if train:
+        normalizer = normalizer * accumulation / trainer.args.steps_per_generation
+    return (x * mask).sum() / normalizer
+
+
+@functools.cache
+def stabilized_kl_trainer_class() -> type:
+    """``StabilizedKLGRPOTrainer``, built on first use (it subclasses ``trl.GRPOTrainer``)."""
+    trl = require_trl()
+    check_private_api(trl)
+
+    class StabilizedKLGRPOTrainer(trl.GRPOTrainer):
+        """TRL's ``GRPOTrainer`` with ARENA's stabilised KL estimator in place of k3.
+
+        k3, TRL's (GRPO's) estimator of ``KL(π_θ || π_ref)`` on tokens sampled from π_θ, is
+        ``π_ref/π_θ − log(π_ref/π_θ) − 1``. Its ratio ``π_ref/π_θ = exp(log π_ref − log π_θ)``
+        grows without bound as π_θ(token) → 0, and with it the gradient: the instability ARENA
+        reports (ARENA, "Effective and Transparent RAG: Adaptive-Reward Reinforcement Learning
+        for Decision Traceability", arXiv:2505.13258, §3.2).
+
+        The replacement is ARENA's reference [35] (Schulman, "Approximating KL divergence",
+        2020): ``k2 = ½ (log π_θ − log π_ref)²``, non-negative, a symmetric, smooth penalty in
+        the log-ratio, as §3.2 describes it (the formula itself is not legible in the paper's
+        text; k2 is the one of Schulman's estimators with those properties). It has no
+        exponential: it stays finite whenever both log-probabilities are finite, and its
+        gradient ``(log π_θ − log π_ref)`` grows only linearly in the log-ratio. It is added with
+        the token aggregation of ``loss_type`` (:func:`aggregate`).
+        """
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._last_logps = None
+
+        def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any):
+            out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+            self._last_logps = out[0]
+            return out
+
+        def _compute_loss(self, model: Any, inputs: dict[str, Any]):
+            if self.beta == 0.0:
+                return super()._compute_loss(model, inputs)
+            beta, self.beta = self.beta, 0.0
+            try:
+                loss = super()._compute_loss(model, inputs)
+            finally:
+                self.beta = beta
+            logps = self._last_logps
+            mask = inputs["completion_mask"]
+            if "tool_mask" in inputs:  # the rollout's env_mask
+                mask = mask * inputs["tool_mask"]
+            per_token_kl = 0.5 * (logps - inputs["ref_per_token_logps"]) ** 2
+            loss = loss + beta * aggregate(self, per_token_kl, mask, inputs)
+            mode = "train" if self.model.training else "eval"
+            value = ((per_token_kl * mask).sum() / mask.sum().clamp(min=1.0)).item()
+            self._metrics[mode]["kl"].append(value)
+            return loss
+
+    StabilizedKLGRPOTrainer.__module__ = __name__
+    return StabilizedKLGRPOTrainer
+
+
+@functools.cache
+def token_dpo_trainer_class() -> type:
+    """``TokenDPOTrainer``, built on first use (it subclasses ``trl.DPOTrainer``)."""
+    trl = require_trl()
+    check_private_api(trl)
+
+    class TokenDPOTrainer(trl.DPOTrainer):
+        """TRL's ``DPOTrainer`` on rows that are already token ids (``prompt_ids``,
+        ``chosen_ids``, ``rejected_ids``, the layout of TRL's own DPO collator): the prompt is
+        the exact token context of a rollout (with the env's passages inline), which no chat
+        template would reproduce. Rows with ``ref_chosen_logps`` / ``ref_rejected_logps``
+        (reference-free: 0) keep them as the reference log-probabilities."""
+
+        def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
+            return dataset
+
+        def _precompute_ref_logps(self, dataset, name, batch_size):
+            if "ref_chosen_logps" in dataset.column_names:
+                return dataset
+            return super()._precompute_ref_logps(dataset, name, batch_size)
+
+    TokenDPOTrainer.__module__ = __name__
+    return TokenDPOTrainer
+
+
+def drop_dpo_state(model: Any) -> None:
+    """Undo what ``DPOTrainer`` leaves on the PEFT ``model``: its ``"ref"`` adapter (a frozen
+    copy of ``"default"``, made when a PEFT model is given without a reference model) and the
+    fused LM head it binds to the base model's ``forward`` as an instance attribute
+    (``trl.trainer.utils.add_fused_lm_head``). ``"default"`` is the active adapter after."""
+    if "ref" in model.peft_config:
+        model.delete_adapter("ref")
+    model.set_adapter("default")
+    vars(model.get_base_model()).pop("forward", None)
+
+
+def colocated_vllm(trainer: Any) -> Any:
+    """The vLLM ``LLM`` of a GRPO ``trainer`` run with ``use_vllm=True, vllm_mode="colocate"``
+    (TRL keeps it at ``trainer.vllm_generation.llm``)."""
+    llm = getattr(getattr(trainer, "vllm_generation", None), "llm", None)
+    if llm is None:
+        raise TRLVersionError(
+            "expected TRL's colocated vLLM engine at trainer.vllm_generation.llm (use_vllm=True, "
+            f"vllm_mode='colocate'), found none; install trl{SUPPORTED}: "
+            f"pip install 'trl{SUPPORTED}'"
+        )
+    return llm

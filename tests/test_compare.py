@@ -1,0 +1,190 @@
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from rag_gym.cli import app
+from rag_gym.compare import CompareError, compare, comparison_markdown
+from rag_gym.stats import bootstrap_ci, paired_difference
+
+
+def test_bootstrap_interval_covers_the_mean_at_about_its_level():
+    rng = np.random.default_rng(1)
+    covered = 0
+    for trial in range(200):
+        sample = rng.binomial(1, 0.4, size=150)
+        low, high = bootstrap_ci(sample, n_resamples=2_000, seed=trial)
+        assert low <= sample.mean() <= high
+        covered += low <= 0.4 <= high
+    assert 0.88 <= covered / 200 <= 0.99
+
+
+def test_bootstrap_is_seeded_and_narrows_with_more_questions():
+    small = np.tile([1, 0, 0, 1, 0], 20)
+    large = np.tile([1, 0, 0, 1, 0], 200)
+    assert bootstrap_ci(small, seed=3) == bootstrap_ci(small, seed=3)
+    lo_s, hi_s = bootstrap_ci(small)
+    lo_l, hi_l = bootstrap_ci(large)
+    assert hi_l - lo_l < (hi_s - lo_s) / 2
+
+
+def test_paired_interval_removes_shared_difficulty():
+    rng = np.random.default_rng(0)
+    difficulty = rng.random(300)
+    b = (difficulty > 0.5).astype(float)  # b solves the easy half
+    a = b.copy()
+    a[np.flatnonzero(b == 0)[:15]] = 1.0  # a also solves 15 more questions
+    d = paired_difference(a, b)
+    assert d.mean == pytest.approx(15 / 300)
+    assert d.wins == 15 and d.losses == 0 and d.n == 300
+    assert d.low > 0 and d.p_not_above_zero == 0.0
+    # the difference of two independent intervals cannot tell them apart
+    a_low, _ = bootstrap_ci(a)
+    _, b_high = bootstrap_ci(b)
+    assert a_low < b_high
+
+
+def test_paired_difference_of_equal_agents_straddles_zero():
+    rng = np.random.default_rng(2)
+    a = rng.binomial(1, 0.5, 200).astype(float)
+    b = a.copy()
+    flip = rng.choice(200, 20, replace=False)
+    b[flip[:10]] = 1 - b[flip[:10]]
+    a[flip[10:]] = 1 - a[flip[10:]]
+    d = paired_difference(a, b)
+    assert d.low < 0 < d.high
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: bootstrap_ci([]), "at least one score"),
+        (lambda: bootstrap_ci([1.0, float("nan")]), "finite"),
+        (lambda: bootstrap_ci([[1, 0]]), "flat"),
+        (lambda: bootstrap_ci([1, 0], confidence=1.0), "confidence"),
+        (lambda: bootstrap_ci([1, 0], n_resamples=0), "n_resamples"),
+        (lambda: paired_difference([1, 0], [1]), "align them by question id"),
+    ],
+)
+def test_bad_scores_are_clear_errors(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def _episode(agent, qid, em, searches=1, **extra):
+    rec = {
+        "agent": agent,
+        "question_id": qid,
+        "em": em,
+        "f1": em,
+        "recall": 1.0,
+        "full_recall": em,
+        "searches": searches,
+        "error": None,
+    }
+    rec.update(extra)
+    return rec
+
+
+def _run(path, records, cut_tail=None):
+    path.mkdir()
+    text = "".join(json.dumps(r) + "\n" for r in records)
+    if cut_tail is not None:
+        text += cut_tail
+    (path / "episodes.jsonl").write_text(text)
+    return path
+
+
+def test_compare_pairs_by_question_across_runs(tmp_path):
+    a_run = _run(
+        tmp_path / "a",
+        [_episode("trained", f"q{i}", float(i % 2 == 0 or i < 10), 2) for i in range(40)],
+    )
+    b_run = _run(
+        tmp_path / "b",
+        # b's episodes in another order, one question b never finished, one errored
+        [_episode("base", f"q{i}", float(i % 2 == 0), 1) for i in reversed(range(39))]
+        + [_episode("base", "q39", 0.0, error="boom")],
+    )
+    result = compare([a_run, b_run], "trained", "base", metrics=["em", "searches"])
+    assert result["questions"] == 39
+    em = result["metrics"][0]
+    # on q0..q38, a is right on the evens and q1..q9 (5 odd ones), b on the evens
+    assert em["a"]["mean"] == pytest.approx((20 + 5) / 39)
+    assert em["b"]["mean"] == pytest.approx(20 / 39)
+    assert em["difference"]["wins"] == 5 and em["difference"]["losses"] == 0
+    assert result["metrics"][1]["difference"]["mean"] == pytest.approx(1.0)
+    table = comparison_markdown(result)
+    assert "| em | 0.641" in table and "| searches |" in table
+
+
+def test_compare_reads_a_cut_run_without_changing_it(tmp_path):
+    run = _run(
+        tmp_path / "r",
+        [_episode("x", "q1", 1.0), _episode("y", "q1", 0.0)],
+        cut_tail='{"agent": "x", "questi',
+    )
+    before = (run / "episodes.jsonl").read_bytes()
+    with pytest.warns(RuntimeWarning, match="cut off"):
+        result = compare([run], "x", "y", metrics=["em"])
+    assert result["questions"] == 1
+    assert (run / "episodes.jsonl").read_bytes() == before
+
+
+def test_compare_errors_name_the_fix(tmp_path):
+    run = _run(tmp_path / "r", [_episode("x", "q1", 1.0), _episode("y", "q2", 0.0)])
+    with pytest.raises(CompareError, match="share no question"):
+        compare([run], "x", "y")
+    with pytest.raises(CompareError, match="the runs hold x, y"):
+        compare([run], "x", "z")
+    with pytest.raises(CompareError, match="two different agents"):
+        compare([run], "x", "x")
+    with pytest.raises(CompareError, match=r"episodes\.jsonl"):
+        compare([tmp_path], "x", "y")
+    twice = _run(tmp_path / "r2", [_episode("x", "q1", 1.0)])
+    with pytest.raises(CompareError, match="more than one run"):
+        compare([run, twice], "x", "y")
+    ok = _run(tmp_path / "r3", [_episode("x", "q1", 1.0), _episode("y", "q1", 0.0)])
+    with pytest.raises(CompareError, match="metric 'nope'"):
+        compare([ok], "x", "y", metrics=["nope"])
+
+
+def test_cli_compare_prints_and_writes_json(tmp_path):
+    run = _run(
+        tmp_path / "r",
+        [_episode("x", f"q{i}", 1.0) for i in range(10)]
+        + [_episode("y", f"q{i}", float(i < 3)) for i in range(10)],
+    )
+    out = tmp_path / "cmp.json"
+    res = CliRunner().invoke(
+        app, ["compare", str(run), "--a", "x", "--b", "y", "--metrics", "em", "--json", str(out)]
+    )
+    assert res.exit_code == 0, res.output
+    saved = json.loads(out.read_text())
+    assert saved["metrics"][0]["difference"]["mean"] == pytest.approx(0.7)
+    assert "| em | 1.000" in res.output
+    bad = CliRunner().invoke(app, ["compare", str(run), "--a", "x", "--b", "nobody"])
+    assert bad.exit_code == 2 and "unknown agent 'nobody'" in bad.output
+
+
+def test_leaderboard_row_carries_the_em_interval():
+    from rag_gym.evaluate import COLUMNS, leaderboard_markdown, summarise
+
+    def episode(em):
+        return {
+            "prediction": "x", "answers": ["x"], "answerable": True, "em": em, "f1": em,
+            "cover_em": em, "judge": None, "recall": None, "full_recall": None, "ap": None,
+            "searches": 1, "steps": 2, "refused": False, "prompt_tokens": 0,
+            "completion_tokens": 0, "error": None,
+        }  # fmt: skip
+
+    row = summarise("a", [episode(float(i < 12)) for i in range(40)], 1.0)
+    low, high = (float(v) for v in row["em_ci"].split("–"))
+    assert low < row["em"] == 0.3 < high
+    assert (low, high) == tuple(
+        round(v, 2) for v in bootstrap_ci([float(i < 12) for i in range(40)])
+    )
+    assert "EM 95% CI" in [h for _, h, _ in COLUMNS]
+    assert row["em_ci"] in leaderboard_markdown([row])
+    assert summarise("b", [episode(float("nan"))], 1.0)["em_ci"] is None
