@@ -1,5 +1,5 @@
-"""The ``rag-gym`` command line: ``evaluate``, ``view``, ``agents``, ``envs``, ``synth``,
-``index build``, ``serve`` and ``train`` (``sft``, ``grpo``, ``export``)."""
+"""The ``rag-gym`` command line: ``evaluate``, ``compare``, ``view``, ``agents``, ``envs``,
+``synth``, ``index build``, ``serve`` and ``train`` (``sft``, ``grpo``, ``export``)."""
 
 from __future__ import annotations
 
