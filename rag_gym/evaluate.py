@@ -187,9 +187,12 @@ def sigterm_as_interrupt() -> Iterator[None]:
 def make_env(env_id: str, kwargs: dict[str, Any], agent: Agent | None = None) -> gym.Env:
     """Every env the evaluator builds, ``agent``'s own included (the one place to wrap them).
 
-    A ``"text"`` agent (``search_r1``) plays the search env through
-    :class:`~rag_gym.wrappers.TextActions` with its own tag preset."""
-    env = gym.make(env_id, **kwargs)
+    ``reward_preset`` / ``reward_kwargs`` among ``kwargs`` put that paper's reward stack around
+    the env (:func:`rag_gym.wrappers.presets.make`). A ``"text"`` agent (``search_r1``) plays the
+    search env through :class:`~rag_gym.wrappers.TextActions` with its own tag preset."""
+    from rag_gym.wrappers.presets import make as make_with_preset
+
+    env = make_with_preset(env_id, **kwargs)
     if agent is not None and agent.env_kind == "text":
         from rag_gym.wrappers.text_actions import TextActions
 

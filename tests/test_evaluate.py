@@ -428,3 +428,18 @@ def test_out_dir_that_is_a_file_is_refused(tmp_path):
         with pytest.raises(ValueError, match=r"expected out_dir \(--out\) to be a folder"):
             config(out)
     assert (tmp_path / "f").read_text() == "x"
+
+
+def test_env_kwargs_reward_preset_builds_the_paper_stack_outside_the_time_limit():
+    from rag_gym.evaluate import make_env
+
+    env = make_env(
+        "rag_gym/SynthHop-v0",
+        {"reward_preset": "eval_rar", "max_episode_steps": 5, "dataset_kwargs": SMALL_WORLD},
+    )
+    assert env.spec.max_episode_steps == 5
+    assert [w.name for w in env.spec.additional_wrappers][-1] == "EvaluationReward"
+    env.reset(seed=0)
+    _, reward, terminated, _, info = env.step({"type": 1, "text": "surely wrong"})
+    assert terminated and reward == 0.0
+    assert set(info["reward_terms"]) == {"answer", "evaluation"}

@@ -52,15 +52,15 @@ def env_factory(
 
     def make() -> gym.Env:
         kwargs = {**env_kwargs, "split": split}
-        if max_episode_steps is None:
-            if reward_preset != "none":
-                kwargs["reward_preset"] = reward_preset
-                if reward_kwargs:
-                    kwargs["reward_kwargs"] = reward_kwargs
-            env = gym.make(env_id, **kwargs)
-        else:
-            env = gym.make(env_id, max_episode_steps=max_episode_steps, **kwargs)
-            env = presets.apply(env, reward_preset, t_max=max_episode_steps, **reward_kwargs)
+        # the preset's stack goes outside gym.make's TimeLimit (the registered horizon, or
+        # max_episode_steps), whose limit is its T_max
+        env = presets.make(
+            env_id,
+            reward_preset,
+            reward_kwargs or None,
+            max_episode_steps=max_episode_steps,
+            **kwargs,
+        )
         inner, text = env, False
         while isinstance(inner, gym.Wrapper):
             text = text or isinstance(inner, TextActions)
