@@ -193,7 +193,7 @@ class BM25Retriever:
         model.index(tokens, show_progress=self.show_progress)
         self._install(model, corpus)
 
-    def _install(self, model, corpus: Corpus) -> None:
+    def _install(self, model, corpus: Corpus, blocks: dict | None = None) -> None:
         self.model = model
         self.corpus = corpus
         # rank of each position by passage id: the tie-breaker
@@ -210,10 +210,12 @@ class BM25Retriever:
             kernels.warm_up(self._data, self._indices, self._indptr, self._id_rank)
             self._by_rank = np.empty_like(self._id_rank)
             self._by_rank[self._id_rank] = np.arange(len(corpus))
-            self._token_max = np.zeros(len(self._indptr) - 1, dtype=np.float64)
-            self._prunable = bool(
-                kernels.index_facts(self._data, self._indices, self._indptr, self._token_max)
-            )
+            if blocks is None:
+                blocks = kernels.compute_blocks(self._data, self._indices, self._indptr)
+            self._blocks = blocks
+            self._token_max = blocks["token_max"]
+            self._prunable = bool(blocks["prunable"])
+            self.kernel = "blockmax" if self._prunable else "dense"
 
     def scores(self, query: str) -> np.ndarray:
         """BM25 score of every passage for one query (aligned with ``corpus.ids``)."""
@@ -332,7 +334,24 @@ class BM25Retriever:
             )
             out = (out_pos[lo:hi], out_val[lo:hi], out_n[lo:hi])
             try:
-                if self._prunable:
+                if self.kernel == "blockmax":
+                    blocks = self._blocks
+                    self._kernels.top_k_blockmax(
+                        *arrays,
+                        self._token_max,
+                        int(blocks["block"]),
+                        blocks["block_ptr"],
+                        blocks["block_max"],
+                        blocks["block_last"],
+                        self._id_rank,
+                        self._by_rank,
+                        *query,
+                        k,
+                        scratch[1],
+                        scratch[4],
+                        *out,
+                    )
+                elif self.kernel == "maxscore":
                     self._kernels.top_k_pruned(
                         *arrays,
                         self._token_max,
