@@ -21,6 +21,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from rag_gym.retrieval.bm25_build import block_pointers
+
 STAMP_LIMIT = 2**31 - 8
 """Stamps are int32; the clock restarts (and the stamps are reset) before reaching this."""
 
@@ -547,14 +549,6 @@ def _find_blocked(indices, lo, hi, block, b_lo, b_hi, block_last, d) -> int:
         return -1
     start = lo + (b_lo - first) * block
     return _find(indices, start, min(start + block, hi), d)
-
-
-def block_pointers(indptr, block: int = BLOCK) -> np.ndarray:
-    """``block_ptr`` for :func:`block_facts`: token ``t`` has ``ceil(len / block)`` blocks."""
-    lengths = np.diff(np.asarray(indptr, dtype=np.int64))
-    out = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum((lengths + block - 1) // block, out=out[1:])
-    return out
 
 
 @njit(nogil=True, cache=True)

@@ -97,7 +97,12 @@ def test_pruned_equals_numpy_and_pools():
     queries = adversarial_queries(rng, corpus)
     pools = [rng.sample(corpus.ids, 50) if i % 3 == 0 else None for i in range(len(queries))]
     exclude = [rng.sample(corpus.ids, 5) for _ in queries]
-    for kwargs in ({}, {"exclude": exclude}, {"within": pools}, {"within": pools, "exclude": exclude}):
+    for kwargs in (
+        {},
+        {"exclude": exclude},
+        {"within": pools},
+        {"within": pools, "exclude": exclude},
+    ):
         assert fast.retrieve(queries, 5, **kwargs) == slow.retrieve(queries, 5, **kwargs)
 
 
