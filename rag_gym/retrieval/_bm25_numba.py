@@ -742,7 +742,8 @@ def top_k_blockmax(
                 for u in range(n_u):
                     hit[u] = False
                 continue
-            dropped = False
+            # with every list essential, the known part is the whole score
+            dropped = ne == 0 and known + margin < theta
             if ne > 0:
                 # probe the non-essential lists, largest bound first, while d can still make it
                 for i in range(ne - 1, -1, -1):

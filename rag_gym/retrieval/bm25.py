@@ -1,18 +1,21 @@
 """BM25 retrieval through `bm25s <https://github.com/xhluca/bm25s>`_ (sparse, eager scoring).
 
-rag-gym does not re-implement BM25: it tokenises with ``bm25s.tokenize`` (English stop words,
-Snowball English stemmer from PyStemmer) and indexes with ``bm25s.BM25``, whose eager index holds
-every token's score contribution to every passage. It adds what an environment needs on top:
+rag-gym does not re-implement BM25's scoring: it tokenises as ``bm25s.tokenize`` does (English
+stop words, Snowball English stemmer from PyStemmer) and scores with bm25s's own functions into
+bm25s's eager index, which holds every token's score contribution to every passage
+(:mod:`rag_gym.retrieval.bm25_build` builds it, in memory or out of core, with the same float32
+contributions as ``bm25s.BM25.index``). It adds what an environment needs on top:
 batched retrieval that returns passage ids, per-query exclusion of ids, restriction to a candidate
 pool, and ties broken by passage id.
 
 Two backends sum those contributions and select the top ``k``, with identical results (the same
 float32 scores, the same ids, the same tie-breaks):
 
-* ``"numba"`` (``pip install 'rag-gym[fast]'``): a compiled kernel that scores only the passages
-  a query touches, keeps the best ``k`` in a heap ordered by (score, id), and runs a batch on
-  ``n_threads`` threads (:mod:`rag_gym.retrieval._bm25_numba`). It is compiled, or loaded from
-  numba's cache, when the index is built or loaded, never during ``retrieve``.
+* ``"numba"`` (``pip install 'rag-gym[fast]'``): a compiled kernel that reads only what can
+  change the top ``k`` (block-max MaxScore by default; see ``BM25Retriever.kernel``), keeps the
+  best ``k`` in a heap ordered by (score, id), and runs a batch on ``n_threads`` threads
+  (:mod:`rag_gym.retrieval._bm25_numba`). It is compiled, or loaded from numba's cache, when the
+  index is built or loaded, never during ``retrieve``.
 * ``"numpy"``: bm25s's own ``get_scores_from_ids`` and :func:`~rag_gym.retrieval.base.top_k`
   over the full score array, one query at a time.
 
@@ -80,6 +83,7 @@ class BM25Config:
 
 
 BACKENDS = ("auto", "numba", "numpy")
+KERNELS = ("blockmax", "maxscore", "dense")
 
 # a batch is split across threads only when it reads at least this many postings
 _POSTINGS_PER_THREAD = 200_000
@@ -111,6 +115,13 @@ class BM25Retriever:
         backend: ``"numba"``, ``"numpy"`` or ``"auto"`` (numba when installed); same results.
         n_threads: threads for a batch with the numba backend (default: the CPUs this process
             may use). A batch too small to gain from threads runs in the calling thread.
+
+    Attributes:
+        kernel: the numba backend's top-k kernel, set when an index is built or loaded:
+            ``"blockmax"`` (document-at-a-time block-max MaxScore), ``"maxscore"``
+            (term-at-a-time MaxScore) or ``"dense"`` (every touched passage scored; the only
+            one for an index with negative contributions or unsorted lists). All three return
+            the same top-k, bit for bit (docs/retrieval-scale.md).
     """
 
     def __init__(
@@ -135,6 +146,8 @@ class BM25Retriever:
         ):
             raise ValueError(f"expected n_threads to be an int >= 1 or None, got {n_threads!r}")
         self._kernels = kernels
+        self._kernel = "dense"
+        self._prunable = False
         self.backend = "numba" if kernels is not None else "numpy"
         self.n_threads = n_threads or len(os.sched_getaffinity(0))
         self._bm25s = bm25s
@@ -155,6 +168,21 @@ class BM25Retriever:
         self.model: bm25s.BM25 | None = None
         if corpus is not None:
             self.index(corpus)
+
+    @property
+    def kernel(self) -> str:
+        return self._kernel
+
+    @kernel.setter
+    def kernel(self, name: str) -> None:
+        if name not in KERNELS:
+            raise unknown_name("BM25 kernel", name, KERNELS)
+        if name != "dense" and not self._prunable:
+            raise ValueError(
+                f"kernel {name!r} needs contributions >= 0 and sorted posting lists, which this "
+                "index does not have; use kernel='dense'"
+            )
+        self._kernel = name
 
     def tokenize(self, texts: list[str]) -> list[list[str]]:
         """Tokens exactly as the index saw them (lower-case, stop words out, stemmed): what
