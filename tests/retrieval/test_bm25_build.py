@@ -164,3 +164,19 @@ def test_memory_budget_errors(tmp_path):
     with pytest.raises(ValueError, match="the id 'a' appears more than once"):
         build_bm25_index(iter(duplicated), tmp_path / "idx", memory="1MB")
     assert not (tmp_path / "idx").exists() and not list(tmp_path.glob(".idx.*"))
+
+
+def test_cli_names_a_bad_budget(tmp_path):
+    corpus = tmp_path / "c.jsonl"
+    Corpus([Passage("a", "", "red apple"), Passage("b", "", "pear")]).to_jsonl(corpus)
+    args = ["--corpus", str(corpus), "--out", str(tmp_path / "idx"), "--memory", "lots"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "rag_gym.cli", "index", "build", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "expected a memory budget such as '4GB'" in proc.stderr
+    assert not (tmp_path / "idx").exists()
