@@ -168,7 +168,10 @@ def cell_bm25(args, out: dict) -> None:
     stemmer = Stemmer.Stemmer("english")
     raw = copy.copy(ours.model)
     raw.backend = "numba"
-    threads = len(os.sched_getaffinity(0))
+    import numba
+
+    # bm25s sets numba's thread count, which NUMBA_NUM_THREADS caps
+    threads = min(len(os.sched_getaffinity(0)), numba.config.NUMBA_NUM_THREADS)
 
     def raw_retrieve(qs: list[str], kk: int, n_threads: int = threads):
         tokens = bm25s.tokenize(qs, stopwords="en", stemmer=stemmer, show_progress=False)
