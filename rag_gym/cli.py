@@ -452,6 +452,13 @@ def index_build(
         bool,
         typer.Option(help="Load the written index back, checking every file's full SHA-256."),
     ] = False,
+    memory: Annotated[
+        str,
+        typer.Option(
+            help="BM25 from --corpus: the memory budget for postings ('4GB', '512MB'); the file "
+            "is streamed and postings beyond the budget are spilled to disk, then merged."
+        ),
+    ] = "2GB",
 ) -> None:
     """Build a BM25 or dense index over a corpus file, a dataset's passages or a SynthHop world."""
     from rag_gym.retrieval.persist import check_target
@@ -470,6 +477,33 @@ def index_build(
     if kind not in ("bm25", "dense"):
         _fail(f"expected --kind bm25 or dense, got {kind!r}")
     t0 = time.perf_counter()
+    if kind == "bm25" and corpus is not None:
+        from rag_gym.data.types import iter_corpus_jsonl
+        from rag_gym.retrieval.bm25_build import build_bm25_index, parse_memory
+
+        try:
+            budget = parse_memory(memory)
+            path = build_bm25_index(
+                (p for _, p in iter_corpus_jsonl(corpus)),
+                out,
+                memory=budget,
+                corpus_name=Path(corpus).stem,
+                force=force,
+                source=corpus,
+            )
+            if verify:
+                from rag_gym.retrieval.persist import load_index
+
+                load_index(path, verify=True)
+        except (TypeError, ValueError, OSError, ImportError) as exc:
+            _fail(str(exc))
+        from rag_gym.retrieval.persist import read_params
+
+        size = read_params(path)["corpus_size"]
+        typer.echo(
+            f"wrote a bm25 index of {size} passages to {path} in {time.perf_counter() - t0:.1f}s"
+        )
+        return
     try:
         if corpus is not None:
             passages = Corpus.from_jsonl(corpus)

@@ -192,27 +192,13 @@ class Corpus:
         """
         path = Path(path)
         corpus = cls(name=name or path.stem)
-        for lineno, record in iter_jsonl(path):
-            pid = require(record, "id", (str, int), path, f"line {lineno}")
-            if "contents" in record:
-                contents = require(record, "contents", str, path, f"line {lineno}")
-                title, sep, text = contents.partition("\n")
-                if not sep:
-                    title, text = "", contents
-                title = title.strip('"')
-            elif "text" in record:
-                text = require(record, "text", str, path, f"line {lineno}")
-                title = record.get("title") or ""
-                if not isinstance(title, str):
-                    raise DataFormatError(path, f"line {lineno}", "title", "a string", title)
-            else:
-                raise DataFormatError(
-                    path, f"line {lineno}", "contents", "a 'contents' or a 'text' field", "neither"
-                )
+        for lineno, passage in iter_corpus_jsonl(path):
             try:
-                corpus.add(Passage(str(pid), title, text))
+                corpus.add(passage)
             except ValueError as exc:
-                raise DataFormatError(path, f"line {lineno}", "id", "a unique id", pid) from exc
+                raise DataFormatError(
+                    path, f"line {lineno}", "id", "a unique id", passage.id
+                ) from exc
         if not len(corpus):
             raise DataFormatError(path, "(file)", "(records)", "at least one passage", "no records")
         return corpus
@@ -228,3 +214,30 @@ class Corpus:
                 else:
                     rec = {"id": pid, "title": title, "text": text}
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+
+
+def iter_corpus_jsonl(path: str | Path) -> Iterator[tuple[int, Passage]]:
+    """``(line number, passage)`` for each record of a corpus JSONL file, read one line at a time
+    (any size of file), parsed as :meth:`Corpus.from_jsonl` parses it: ``{"id", "contents"}``
+    (the title is the first line, its quotes dropped) or ``{"id", "title", "text"}``. A malformed
+    line raises :class:`~rag_gym.data.errors.DataFormatError` naming the file, line and field;
+    duplicate ids are the caller's to check."""
+    path = Path(path)
+    for lineno, record in iter_jsonl(path):
+        pid = require(record, "id", (str, int), path, f"line {lineno}")
+        if "contents" in record:
+            contents = require(record, "contents", str, path, f"line {lineno}")
+            title, sep, text = contents.partition("\n")
+            if not sep:
+                title, text = "", contents
+            title = title.strip('"')
+        elif "text" in record:
+            text = require(record, "text", str, path, f"line {lineno}")
+            title = record.get("title") or ""
+            if not isinstance(title, str):
+                raise DataFormatError(path, f"line {lineno}", "title", "a string", title)
+        else:
+            raise DataFormatError(
+                path, f"line {lineno}", "contents", "a 'contents' or a 'text' field", "neither"
+            )
+        yield lineno, Passage(str(pid), title, text)

@@ -21,6 +21,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from rag_gym.retrieval.bm25_build import block_pointers
+
 STAMP_LIMIT = 2**31 - 8
 """Stamps are int32; the clock restarts (and the stamps are reset) before reaching this."""
 
@@ -150,14 +152,15 @@ def top_k_dense(
 
 @njit(nogil=True, cache=True)
 def _find(indices, lo, hi, d) -> int:
-    # position of passage d in a posting list sorted by passage, or -1
+    # position of passage d in the posting list indices[lo:hi] (sorted by passage), or -1
+    end = hi
     while lo < hi:
         mid = (lo + hi) >> 1
         if indices[mid] < d:
             lo = mid + 1
         else:
             hi = mid
-    return lo if lo < indices.shape[0] and indices[lo] == d else -1
+    return lo if lo < end and indices[lo] == d else -1
 
 
 @njit(nogil=True, cache=True)
@@ -464,8 +467,341 @@ def warm_up(data, indices, indptr, id_rank) -> None:
     base = np.zeros(1, dtype=data.dtype)
     out = (np.zeros((1, 1), np.int64), np.zeros((1, 1), data.dtype), np.zeros(1, np.int64))
     scratch = new_scratch(1, data.dtype)
+    blocks = compute_blocks(d, ix, ip)
+    top_k_blockmax(
+        d,
+        ix,
+        ip,
+        blocks["token_max"],
+        blocks["block"],
+        blocks["block_ptr"],
+        blocks["block_max"],
+        blocks["block_last"],
+        rank,
+        rank,
+        tok,
+        ptr,
+        base,
+        none[:0],
+        none,
+        1,
+        scratch[1],
+        scratch[4],
+        *out,
+    )
     top_k_pruned(
         d, ix, ip, token_max, rank, rank, tok, ptr, base, none[:0], none, 1, *scratch, *out
     )
     top_k_dense(d, ix, ip, rank, tok, ptr, base, none[:0], none, 1, scratch[0], *out)
     full_scores(d, ix, ip, tok, np.zeros(1, dtype=data.dtype))
+
+
+# ---- block-max pruning --------------------------------------------------------------------------
+BLOCK = 64
+"""Postings per block of :func:`block_facts`: each block keeps its largest contribution and its
+last passage, so whole blocks whose bound cannot reach the k-th best score are skipped."""
+
+
+@njit(nogil=True, cache=True)
+def block_facts(data, indices, indptr, block, token_max, block_ptr, block_max, block_last) -> bool:
+    """Fill each token's largest contribution (``token_max``), its blocks of ``block`` postings
+    (token ``t``'s are ``block_ptr[t]:block_ptr[t + 1]``, with their largest contribution in
+    ``block_max`` and last passage in ``block_last``), and say whether the index allows the
+    pruned kernels: every contribution >= 0 and each posting list sorted by passage.
+    ``block_ptr`` is filled by the caller (:func:`block_pointers`)."""
+    ok = True
+    for t in range(indptr.shape[0] - 1):
+        best = 0.0
+        lo, hi = indptr[t], indptr[t + 1]
+        b = block_ptr[t]
+        for start in range(lo, hi, block):
+            stop = min(start + block, hi)
+            top = data[start]
+            for j in range(start, stop):
+                v = data[j]
+                if v < 0 or v != v:
+                    ok = False
+                if v > top:
+                    top = v
+                if j > lo and indices[j] <= indices[j - 1]:
+                    ok = False
+            block_max[b] = top
+            block_last[b] = indices[stop - 1]
+            if top > best:
+                best = top
+            b += 1
+        token_max[t] = best
+    return ok
+
+
+@njit(nogil=True, cache=True)
+def _find_blocked(indices, lo, hi, block, b_lo, b_hi, block_last, d) -> int:
+    # position of passage d in the posting list indices[lo:hi], whose blocks are
+    # block_last[b_lo:b_hi], or -1: a binary search over the blocks, then within one
+    first, top = b_lo, b_hi
+    while b_lo < top:
+        mid = (b_lo + top) >> 1
+        if block_last[mid] < d:
+            b_lo = mid + 1
+        else:
+            top = mid
+    if b_lo == b_hi:
+        return -1
+    start = lo + (b_lo - first) * block
+    return _find(indices, start, min(start + block, hi), d)
+
+
+@njit(nogil=True, cache=True)
+def top_k_blockmax(
+    data,
+    indices,
+    indptr,
+    token_max,
+    block,
+    block_ptr,
+    block_max,
+    block_last,
+    id_rank,
+    by_rank,
+    tokens,
+    token_ptr,
+    base,
+    excluded,
+    excluded_ptr,
+    k,
+    stamp,
+    clock,
+    out_pos,
+    out_scores,
+    out_n,
+) -> None:
+    """:func:`top_k_dense`'s results, bit for bit, reading a fraction of the postings; needs
+    :func:`block_facts`'s arrays and an index it accepted (contributions >= 0, sorted lists).
+
+    Document-at-a-time block-max MaxScore (Turtle & Flood 1995; Ding & Suel 2011; Mallia et al.
+    2019). A repeated query token is one posting list whose bound counts it that many times.
+    Lists are ordered by bound; those whose bounds together cannot reach the k-th best score are
+    *non-essential*: they are only probed (galloping search) for passages found in the others,
+    and a passage is dropped as soon as its known part plus the bounds of the unprobed lists
+    (their current block's largest contribution) falls short. A range of passages where every
+    list's current block together cannot reach the k-th best score is skipped whole. A passage
+    that survives is scored exactly as bm25s sums: its contributions in query order, in float32.
+    Every comparison that drops a passage keeps a margin larger than any float32 rounding of the
+    sums, so a dropped passage scores strictly below the k-th best and cannot even tie with it.
+    """
+    hs = np.empty(k, dtype=out_scores.dtype)
+    hr = np.empty(k, dtype=np.int64)
+    hp = np.empty(k, dtype=np.int64)
+    zero = np.zeros(1, dtype=out_scores.dtype)[0]
+    big = np.iinfo(np.int64).max
+    for q in range(token_ptr.shape[0] - 1):
+        if clock[0] >= STAMP_LIMIT:
+            stamp[:] = -1
+            clock[0] = 0
+        seen = clock[0]
+        gone = seen + 1
+        clock[0] = seen + 2
+        for j in range(excluded_ptr[q], excluded_ptr[q + 1]):
+            stamp[excluded[j]] = gone
+        t0, t1 = token_ptr[q], token_ptr[q + 1]
+        m = t1 - t0
+        b = base[q]
+        # distinct tokens (u), with their multiplicity, and each occurrence's u
+        tok = np.empty(m, dtype=np.int64)
+        mult = np.zeros(m, dtype=np.int64)
+        occ = np.empty(m, dtype=np.int64)
+        n_u = 0
+        for i in range(m):
+            t = tokens[t0 + i]
+            u = 0
+            while u < n_u and tok[u] != t:
+                u += 1
+            if u == n_u:
+                tok[u] = t
+                n_u += 1
+            mult[u] += 1
+            occ[i] = u
+        bound = np.empty(n_u, dtype=np.float64)
+        for u in range(n_u):
+            bound[u] = mult[u] * token_max[tok[u]]
+        # lists by increasing bound; prefix[i]: the bounds of lists ord[0..i] together
+        ord_ = np.argsort(bound, kind="mergesort")
+        prefix = np.empty(n_u, dtype=np.float64)
+        total = 0.0
+        for i in range(n_u):
+            total += bound[ord_[i]]
+            prefix[i] = total
+        delta = (m + 2) * 2.0**-22 * (total + abs(b))
+        margin = b + 2 * delta
+        pos = np.empty(n_u, dtype=np.int64)
+        end = np.empty(n_u, dtype=np.int64)
+        bcur = np.empty(n_u, dtype=np.int64)
+        bend = np.empty(n_u, dtype=np.int64)
+        for u in range(n_u):
+            pos[u] = indptr[tok[u]]
+            end[u] = indptr[tok[u] + 1]
+            bcur[u] = block_ptr[tok[u]]
+            bend[u] = block_ptr[tok[u] + 1]
+        contrib = np.zeros(n_u, dtype=out_scores.dtype)
+        hit = np.zeros(n_u, dtype=np.bool_)
+        size = 0
+        # a head start: the k largest contributions of each list's best block, scored exactly,
+        # set a k-th best score that lets the scan below skip from its first passage on (a
+        # passage scored here is "seen")
+        taken = np.empty(block, dtype=np.bool_)
+        for u in range(n_u):
+            lo_b, hi_b = block_ptr[tok[u]], block_ptr[tok[u] + 1]
+            if lo_b == hi_b:
+                continue
+            best_b = lo_b
+            for c in range(lo_b + 1, hi_b):
+                if block_max[c] > block_max[best_b]:
+                    best_b = c
+            start = indptr[tok[u]] + (best_b - lo_b) * block
+            stop = min(start + block, end[u])
+            taken[:] = False
+            for _ in range(min(k, stop - start)):
+                j = -1
+                for i in range(start, stop):
+                    if not taken[i - start] and (j < 0 or data[i] > data[j]):
+                        j = i
+                taken[j - start] = True
+                d = indices[j]
+                if stamp[d] == gone or stamp[d] == seen:
+                    continue
+                stamp[d] = seen
+                for v in range(n_u):
+                    t = tok[v]
+                    p = _find_blocked(
+                        indices,
+                        indptr[t],
+                        indptr[t + 1],
+                        block,
+                        block_ptr[t],
+                        block_ptr[t + 1],
+                        block_last,
+                        d,
+                    )
+                    if p >= 0:
+                        contrib[v] = data[p]
+                        hit[v] = True
+                s = zero
+                for i in range(m):
+                    if hit[occ[i]]:
+                        s += contrib[occ[i]]
+                for v in range(n_u):
+                    hit[v] = False
+                size = _push(hs, hr, hp, size, k, s + b, id_rank[d], d)
+        theta = hs[0] if size == k else -np.inf
+        ne = 0  # ord_[:ne] are the non-essential lists
+        while size == k and ne < n_u and prefix[ne] + margin < theta:
+            ne += 1
+        region_hi = -1  # passages up to here score at most region_bound
+        region_bound = np.inf
+        while ne < n_u:
+            # the next passage of an essential list
+            d = big
+            for i in range(ne, n_u):
+                u = ord_[i]
+                if pos[u] < end[u] and indices[pos[u]] < d:
+                    d = indices[pos[u]]
+            if d == big:
+                break
+            if size == k:
+                if d > region_hi:
+                    # the essential lists' blocks holding d (or the first after it), and the
+                    # non-essential lists' bounds, bound every passage up to the first block end
+                    region_bound = prefix[ne - 1] if ne > 0 else 0.0
+                    region_hi = big
+                    for i in range(ne, n_u):
+                        u = ord_[i]
+                        c = bcur[u]
+                        while c < bend[u] and block_last[c] < d:
+                            c += 1
+                        bcur[u] = c
+                        if c < bend[u]:
+                            region_bound += mult[u] * block_max[c]
+                            region_hi = min(region_hi, block_last[c])
+                if region_bound + margin < theta:
+                    # nothing up to region_hi can reach the k best: skip past it
+                    for i in range(ne, n_u):
+                        u = ord_[i]
+                        pos[u] = _gallop(indices, pos[u], end[u], region_hi + 1)
+                    continue
+            # the essential lists' part of d
+            known = 0.0
+            for i in range(ne, n_u):
+                u = ord_[i]
+                p = pos[u]
+                if p < end[u] and indices[p] == d:
+                    contrib[u] = data[p]
+                    hit[u] = True
+                    known += mult[u] * data[p]
+                    pos[u] = p + 1
+            if stamp[d] == gone or stamp[d] == seen:
+                for u in range(n_u):
+                    hit[u] = False
+                continue
+            # with every list essential, the known part is the whole score
+            dropped = ne == 0 and known + margin < theta
+            if ne > 0:
+                # probe the non-essential lists, largest bound first, while d can still make it
+                for i in range(ne - 1, -1, -1):
+                    u = ord_[i]
+                    rest = prefix[i - 1] if i > 0 else 0.0
+                    c = bcur[u]
+                    while c < bend[u] and block_last[c] < d:
+                        c += 1
+                    bcur[u] = c
+                    here = mult[u] * block_max[c] if c < bend[u] else 0.0
+                    if known + here + rest + margin < theta:
+                        dropped = True
+                        break
+                    p = _gallop(indices, pos[u], end[u], d)
+                    pos[u] = p
+                    if p < end[u] and indices[p] == d:
+                        contrib[u] = data[p]
+                        hit[u] = True
+                        known += mult[u] * data[p]
+            if not dropped:
+                s = zero
+                for i in range(m):
+                    u = occ[i]
+                    if hit[u]:
+                        s += contrib[u]
+                size = _push(hs, hr, hp, size, k, s + b, id_rank[d], d)
+                if size == k and hs[0] > theta:
+                    theta = hs[0]
+                    while ne < n_u and prefix[ne] + margin < theta:
+                        ne += 1
+                        region_hi = -1  # a tighter bound for the next range
+            for u in range(n_u):
+                hit[u] = False
+        if size < k or hs[0] <= b:
+            # passages no token occurs in score b and may still enter; nothing was dropped
+            # (every bound is >= 0), so mark every touched passage and fill in id order
+            for u in range(n_u):
+                for j in range(indptr[tok[u]], indptr[tok[u] + 1]):
+                    stamp[indices[j]] = gone
+            size = _fill_untouched(hs, hr, hp, size, k, b, by_rank, stamp, gone)
+        out_n[q] = size
+        _pop_into(hs, hr, hp, size, out_pos, out_scores, q)
+
+
+def compute_blocks(data, indices, indptr, block: int = BLOCK) -> dict:
+    """:func:`block_facts` of an index: ``{"block", "token_max", "block_ptr", "block_max",
+    "block_last", "prunable"}``."""
+    block_ptr = block_pointers(indptr, block)
+    n_blocks = int(block_ptr[-1])
+    token_max = np.zeros(len(indptr) - 1, dtype=np.float64)
+    block_max = np.zeros(n_blocks, dtype=data.dtype)
+    block_last = np.zeros(n_blocks, dtype=indices.dtype)
+    ok = block_facts(data, indices, indptr, block, token_max, block_ptr, block_max, block_last)
+    return {
+        "block": block,
+        "token_max": token_max,
+        "block_ptr": block_ptr,
+        "block_max": block_max,
+        "block_last": block_last,
+        "prunable": bool(ok),
+    }

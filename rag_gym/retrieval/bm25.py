@@ -1,18 +1,21 @@
 """BM25 retrieval through `bm25s <https://github.com/xhluca/bm25s>`_ (sparse, eager scoring).
 
-rag-gym does not re-implement BM25: it tokenises with ``bm25s.tokenize`` (English stop words,
-Snowball English stemmer from PyStemmer) and indexes with ``bm25s.BM25``, whose eager index holds
-every token's score contribution to every passage. It adds what an environment needs on top:
+rag-gym does not re-implement BM25's scoring: it tokenises as ``bm25s.tokenize`` does (English
+stop words, Snowball English stemmer from PyStemmer) and scores with bm25s's own functions into
+bm25s's eager index, which holds every token's score contribution to every passage
+(:mod:`rag_gym.retrieval.bm25_build` builds it, in memory or out of core, with the same float32
+contributions as ``bm25s.BM25.index``). It adds what an environment needs on top:
 batched retrieval that returns passage ids, per-query exclusion of ids, restriction to a candidate
 pool, and ties broken by passage id.
 
 Two backends sum those contributions and select the top ``k``, with identical results (the same
 float32 scores, the same ids, the same tie-breaks):
 
-* ``"numba"`` (``pip install 'rag-gym[fast]'``): a compiled kernel that scores only the passages
-  a query touches, keeps the best ``k`` in a heap ordered by (score, id), and runs a batch on
-  ``n_threads`` threads (:mod:`rag_gym.retrieval._bm25_numba`). It is compiled, or loaded from
-  numba's cache, when the index is built or loaded, never during ``retrieve``.
+* ``"numba"`` (``pip install 'rag-gym[fast]'``): a compiled kernel that reads only what can
+  change the top ``k`` (block-max MaxScore by default; see ``BM25Retriever.kernel``), keeps the
+  best ``k`` in a heap ordered by (score, id), and runs a batch on ``n_threads`` threads
+  (:mod:`rag_gym.retrieval._bm25_numba`). It is compiled, or loaded from numba's cache, when the
+  index is built or loaded, never during ``retrieve``.
 * ``"numpy"``: bm25s's own ``get_scores_from_ids`` and :func:`~rag_gym.retrieval.base.top_k`
   over the full score array, one query at a time.
 
@@ -80,6 +83,7 @@ class BM25Config:
 
 
 BACKENDS = ("auto", "numba", "numpy")
+KERNELS = ("blockmax", "maxscore", "dense")
 
 # a batch is split across threads only when it reads at least this many postings
 _POSTINGS_PER_THREAD = 200_000
@@ -111,6 +115,13 @@ class BM25Retriever:
         backend: ``"numba"``, ``"numpy"`` or ``"auto"`` (numba when installed); same results.
         n_threads: threads for a batch with the numba backend (default: the CPUs this process
             may use). A batch too small to gain from threads runs in the calling thread.
+
+    Attributes:
+        kernel: the numba backend's top-k kernel, set when an index is built or loaded:
+            ``"blockmax"`` (document-at-a-time block-max MaxScore), ``"maxscore"``
+            (term-at-a-time MaxScore) or ``"dense"`` (every touched passage scored; the only
+            one for an index with negative contributions or unsorted lists). All three return
+            the same top-k, bit for bit (docs/retrieval-scale.md).
     """
 
     def __init__(
@@ -135,6 +146,8 @@ class BM25Retriever:
         ):
             raise ValueError(f"expected n_threads to be an int >= 1 or None, got {n_threads!r}")
         self._kernels = kernels
+        self._kernel = "dense"
+        self._prunable = False
         self.backend = "numba" if kernels is not None else "numpy"
         self.n_threads = n_threads or len(os.sched_getaffinity(0))
         self._bm25s = bm25s
@@ -155,6 +168,21 @@ class BM25Retriever:
         self.model: bm25s.BM25 | None = None
         if corpus is not None:
             self.index(corpus)
+
+    @property
+    def kernel(self) -> str:
+        return self._kernel
+
+    @kernel.setter
+    def kernel(self, name: str) -> None:
+        if name not in KERNELS:
+            raise unknown_name("BM25 kernel", name, KERNELS)
+        if name != "dense" and not self._prunable:
+            raise ValueError(
+                f"kernel {name!r} needs contributions >= 0 and sorted posting lists, which this "
+                "index does not have; use kernel='dense'"
+            )
+        self._kernel = name
 
     def tokenize(self, texts: list[str]) -> list[list[str]]:
         """Tokens exactly as the index saw them (lower-case, stop words out, stemmed): what
@@ -177,27 +205,26 @@ class BM25Retriever:
             raise TypeError(f"expected a rag_gym.data.Corpus, got {type(corpus).__name__}")
         if len(corpus) == 0:
             raise ValueError(f"expected a non-empty corpus, got {corpus!r}")
-        bm25s = self._bm25s
-        tokens = bm25s.tokenize(
-            corpus.contents(),
-            stopwords=self.config.stopwords,
-            stemmer=self._stemmer,
-            show_progress=self.show_progress,
-        )
-        if not any(tokens.vocab.keys() - {""}):
-            raise ValueError(
-                f"corpus {corpus.name!r} has no indexable words (every passage is empty, stop words "
-                "or one-letter tokens); check the corpus text"
-            )
-        model = bm25s.BM25(k1=self.config.k1, b=self.config.b, method=self.config.method)
-        model.index(tokens, show_progress=self.show_progress)
-        self._install(model, corpus)
+        from rag_gym.retrieval.bm25_build import bm25s_model, build_arrays
 
-    def _install(self, model, corpus: Corpus) -> None:
+        try:
+            arrays = build_arrays(corpus.contents(), self.config)
+        except ValueError as exc:
+            raise ValueError(f"corpus {corpus.name!r}: {exc}") from None
+        self._install(bm25s_model(arrays), corpus)
+
+    def _install(
+        self,
+        model,
+        corpus: Corpus,
+        blocks: dict | None = None,
+        id_rank: np.ndarray | None = None,
+        by_rank: np.ndarray | None = None,
+    ) -> None:
         self.model = model
         self.corpus = corpus
         # rank of each position by passage id: the tie-breaker
-        self._id_rank = id_ranks(corpus)
+        self._id_rank = id_ranks(corpus) if id_rank is None else id_rank
         self._ids = np.array(corpus.ids, dtype=object)
         # plain ndarray views of bm25s's arrays (memory maps stay mapped, never copied)
         self._data = np.asarray(model.scores["data"])
@@ -208,12 +235,16 @@ class BM25Retriever:
         if self._kernels is not None:
             kernels = self._kernels
             kernels.warm_up(self._data, self._indices, self._indptr, self._id_rank)
-            self._by_rank = np.empty_like(self._id_rank)
-            self._by_rank[self._id_rank] = np.arange(len(corpus))
-            self._token_max = np.zeros(len(self._indptr) - 1, dtype=np.float64)
-            self._prunable = bool(
-                kernels.index_facts(self._data, self._indices, self._indptr, self._token_max)
-            )
+            if by_rank is None:
+                by_rank = np.empty_like(self._id_rank)
+                by_rank[self._id_rank] = np.arange(len(corpus))
+            self._by_rank = by_rank
+            if blocks is None:
+                blocks = kernels.compute_blocks(self._data, self._indices, self._indptr)
+            self._blocks = blocks
+            self._token_max = blocks["token_max"]
+            self._prunable = bool(blocks["prunable"])
+            self.kernel = "blockmax" if self._prunable else "dense"
 
     def scores(self, query: str) -> np.ndarray:
         """BM25 score of every passage for one query (aligned with ``corpus.ids``)."""
@@ -332,7 +363,24 @@ class BM25Retriever:
             )
             out = (out_pos[lo:hi], out_val[lo:hi], out_n[lo:hi])
             try:
-                if self._prunable:
+                if self.kernel == "blockmax":
+                    blocks = self._blocks
+                    self._kernels.top_k_blockmax(
+                        *arrays,
+                        self._token_max,
+                        int(blocks["block"]),
+                        blocks["block_ptr"],
+                        blocks["block_max"],
+                        blocks["block_last"],
+                        self._id_rank,
+                        self._by_rank,
+                        *query,
+                        k,
+                        scratch[1],
+                        scratch[4],
+                        *out,
+                    )
+                elif self.kernel == "maxscore":
                     self._kernels.top_k_pruned(
                         *arrays,
                         self._token_max,
@@ -387,14 +435,19 @@ class BM25Retriever:
         (nor empty) is a ``FileExistsError`` unless ``force``."""
         if self.model is None:
             raise RuntimeError("the retriever has no index yet; call index(corpus) first")
+        from rag_gym.retrieval.bm25_build import write_serving_files
+
         model = self.model
+
+        def write_files(tmp: Path) -> dict:
+            model.save(str(tmp / "bm25s"), show_progress=False)
+            serving = write_serving_files(
+                tmp, self._data, self._indices, self._indptr, np.asarray(self._id_rank)
+            )
+            return {"params": serving}
+
         return write_index(
-            out_dir,
-            "bm25",
-            self.corpus,
-            {"config": asdict(self.config)},
-            lambda tmp: model.save(str(tmp / "bm25s"), show_progress=False),
-            force=force,
+            out_dir, "bm25", self.corpus, {"config": asdict(self.config)}, write_files, force=force
         )
 
     @classmethod
@@ -435,7 +488,10 @@ class BM25Retriever:
         problem = _check_arrays(model)
         if problem:
             raise ValueError(f"{d / 'bm25s'}: {problem}; rebuild the index")
-        retriever._install(model, corpus)
+        serving = {}
+        if retriever._kernels is not None:
+            serving = _load_serving(d, params, model, len(corpus), mmap)
+        retriever._install(model, corpus, **serving)
         return retriever
 
     def __repr__(self) -> str:
@@ -465,3 +521,52 @@ def _check_arrays(model) -> str | None:
     if ids and (min(ids) < 0 or max(ids) >= len(indptr) - 1):
         return f"vocab.index.json maps tokens outside the {len(indptr) - 1} columns of the index"
     return None
+
+
+def _load_serving(d: Path, params: dict, model, n_docs: int, mmap: bool) -> dict:
+    """``serving/``'s arrays (mapped with ``mmap``), checked so that no kernel can read outside
+    an array; ``{}`` for an index without them (they are then computed from the postings)."""
+    from rag_gym.retrieval.bm25_build import SERVING, block_pointers
+
+    info = params.get(SERVING)
+    if not info:
+        return {}
+    folder = d / SERVING
+    mode = "r" if mmap else None
+    try:
+        arrays = {
+            name: np.load(folder / f"{name}.npy", mmap_mode=mode, allow_pickle=False)
+            for name in ("id_rank", "by_rank", "token_max", "block_ptr", "block_max", "block_last")
+        }
+        block = int(info["block"])
+        prunable = bool(info["prunable"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{folder}: cannot load the serving arrays ({exc}); rebuild") from None
+    indptr = np.asarray(model.scores["indptr"])
+    problem = None
+    if any(arr.ndim != 1 for arr in arrays.values()):
+        problem = "every array must be 1-D"
+    elif len(arrays["id_rank"]) != n_docs or len(arrays["by_rank"]) != n_docs:
+        problem = f"id_rank.npy and by_rank.npy must hold {n_docs} ranks"
+    elif not np.array_equal(arrays["block_ptr"], block_pointers(indptr, block)):
+        problem = f"block_ptr.npy does not match blocks of {block} postings"
+    elif len(arrays["token_max"]) != len(indptr) - 1:
+        problem = f"token_max.npy must hold {len(indptr) - 1} bounds"
+    elif not len(arrays["block_max"]) == len(arrays["block_last"]) == int(arrays["block_ptr"][-1]):
+        problem = "block_max.npy and block_last.npy must hold one entry per block"
+    elif n_docs and (arrays["by_rank"].min() < 0 or arrays["by_rank"].max() >= n_docs):
+        problem = f"by_rank.npy holds passage numbers outside [0, {n_docs})"
+    elif not np.array_equal(np.asarray(arrays["id_rank"])[arrays["by_rank"]], np.arange(n_docs)):
+        problem = "id_rank.npy and by_rank.npy are not inverse permutations"
+    elif len(arrays["block_last"]) and (
+        arrays["block_last"].min() < 0 or arrays["block_last"].max() >= n_docs
+    ):
+        problem = f"block_last.npy holds passage numbers outside [0, {n_docs})"
+    if problem:
+        raise ValueError(f"{folder}: {problem}; rebuild the index")
+    blocks = {
+        "block": block,
+        "prunable": prunable,
+        **{name: arrays[name] for name in ("token_max", "block_ptr", "block_max", "block_last")},
+    }
+    return {"blocks": blocks, "id_rank": arrays["id_rank"], "by_rank": arrays["by_rank"]}

@@ -44,13 +44,18 @@ _SAMPLE_WHOLE = _BLOCK * _SAMPLE_BLOCKS
 def write_index(
     out_dir: str | Path,
     kind: str,
-    corpus: Corpus,
+    corpus: Corpus | None,
     params: dict[str, Any],
-    write_files: Callable[[Path], None],
+    write_files: Callable[[Path], dict[str, Any] | None],
     force: bool = False,
 ) -> Path:
     """Write ``params.json``, ``corpus.jsonl`` and (through ``write_files(tmp_dir)``) the kind's
     files into ``out_dir``, atomically.
+
+    ``write_files`` may return ``{"params": {...}}``, entries added to ``params.json`` after
+    ``params``. With ``corpus=None`` it writes ``corpus.jsonl`` itself (a corpus streamed from a
+    file) and returns its facts too: ``{"corpus": {"corpus_name", "corpus_size",
+    "corpus_checksum"}}``.
 
     ``out_dir`` may be absent, an empty folder or a rag-gym index (replaced); anything else
     raises ``FileExistsError`` before any work, unless ``force=True`` (then it is replaced too).
@@ -64,16 +69,23 @@ def write_index(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        write_files(tmp)
-        corpus.to_jsonl(tmp / "corpus.jsonl", fmt="title_text")
+        written = write_files(tmp) or {}
+        if corpus is not None:
+            corpus.to_jsonl(tmp / "corpus.jsonl", fmt="title_text")
+            facts = {
+                "corpus_name": corpus.name,
+                "corpus_size": len(corpus),
+                "corpus_checksum": corpus.checksum(),
+            }
+        else:
+            facts = written["corpus"]
         full = {
             "rag_gym_version": __version__,
             "format": FORMAT,
             "kind": kind,
             **params,
-            "corpus_name": corpus.name,
-            "corpus_size": len(corpus),
-            "corpus_checksum": corpus.checksum(),
+            **written.get("params", {}),
+            **facts,
             "files": {name: _file_entry(tmp / name) for name in _files(tmp)},
         }
         full["params_sha256"] = _params_digest(full)

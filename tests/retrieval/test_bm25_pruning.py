@@ -1,0 +1,150 @@
+"""Block-max pruning returns exactly what exhaustive scoring returns: the same ids, the same
+float32 scores bit for bit, the same tie-breaks, on random and adversarial queries."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+
+import numpy as np
+import pytest
+
+from rag_gym.data import Corpus, Passage
+from rag_gym.retrieval import BM25Retriever
+from rag_gym.retrieval.bm25 import BM25Config
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("numba") is None, reason="needs numba: pip install 'rag-gym[fast]'"
+)
+
+COMMON = ["apple", "pear", "plum", "red", "green", "tree", "city", "river", "guild", "north"]
+RARE = [f"word{i}" for i in range(300)]
+STOP = ["the", "a", "of", "and", "is", "was", "in"]
+
+
+def zipf_corpus(seed: int, n: int = 4000, duplicates: int = 200) -> Corpus:
+    """Long posting lists (many blocks), a Zipf-like vocabulary, and ``duplicates`` copies of a
+    few texts so that exact ties sit at every rank."""
+    rng = random.Random(seed)
+    words = COMMON + RARE
+    weights = [40] * len(COMMON) + [1 / (1 + i) * 30 for i in range(len(RARE))]
+    texts = [
+        " ".join(rng.choices(words + STOP, weights + [20] * len(STOP), k=rng.randint(1, 30)))
+        for _ in range(n - duplicates)
+    ]
+    texts += [rng.choice(texts[:20]) for _ in range(duplicates)]
+    ids = [f"p{rng.randrange(10**7):07d}-{i}" for i in range(n)]
+    rng.shuffle(ids)
+    return Corpus([Passage(pid, "", text) for pid, text in zip(ids, texts, strict=True)])
+
+
+def adversarial_queries(rng: random.Random, corpus: Corpus) -> list[str]:
+    words = COMMON + RARE
+    queries = [" ".join(rng.choices(words, k=rng.randint(1, 8))) for _ in range(120)]
+    queries += [
+        "the of and a",  # stop words only: every passage scores the same
+        "",
+        "zzzunknown qqqnothing",  # no token in the index
+        " ".join(rng.choices(words + STOP, k=400)),  # one very long query
+        "apple apple apple apple pear",  # repeated terms
+        "word0 word0 word1 word1 word1",
+        " ".join(["red"] * 30),
+        "apple",  # one very long list
+        "word299",  # one very short list
+    ]
+    queries += [corpus.texts[i] for i in rng.sample(range(len(corpus)), 20)]  # ties: whole texts
+    return queries
+
+
+def kernels(retriever: BM25Retriever):
+    assert retriever._prunable and retriever.kernel == "blockmax"
+    return ("blockmax", "maxscore", "dense")
+
+
+@pytest.mark.parametrize("method", ["lucene", "robertson", "atire", "bm25l", "bm25+"])
+def test_pruned_equals_exhaustive(method):
+    from rag_gym.retrieval import _bm25_numba
+
+    corpus = zipf_corpus(seed=len(method))
+    bm25 = BM25Retriever(corpus, BM25Config(method=method), backend="numba")
+    rng = random.Random(3)
+    queries = adversarial_queries(rng, corpus)
+    default_blocks = bm25._blocks
+    small_blocks = _bm25_numba.compute_blocks(bm25._data, bm25._indices, bm25._indptr, block=4)
+    for k in (1, 3, 257):
+        exclude = [rng.sample(corpus.ids, rng.randint(0, 40)) for _ in queries]
+        for excl in (None, exclude):
+            results = {}
+            for blocks in (default_blocks, small_blocks):
+                bm25._blocks = blocks
+                for kernel in kernels(bm25):
+                    bm25.kernel = kernel
+                    results[(kernel, blocks["block"])] = bm25.retrieve(queries, k, exclude=excl)
+                bm25.kernel = "blockmax"
+            expected = results[("dense", 64)]
+            assert all(len(ids) == k for ids in expected.ids) or excl is not None
+            for key, got in results.items():
+                assert got.ids == expected.ids, (method, k, key)
+                assert got.scores == expected.scores, (method, k, key)  # bit-identical float32
+    bm25._blocks = default_blocks
+
+
+def test_pruned_equals_numpy_and_pools():
+    corpus = zipf_corpus(seed=11)
+    fast = BM25Retriever(corpus, backend="numba")
+    slow = BM25Retriever(corpus, backend="numpy")
+    rng = random.Random(5)
+    queries = adversarial_queries(rng, corpus)
+    pools = [rng.sample(corpus.ids, 50) if i % 3 == 0 else None for i in range(len(queries))]
+    exclude = [rng.sample(corpus.ids, 5) for _ in queries]
+    for kwargs in (
+        {},
+        {"exclude": exclude},
+        {"within": pools},
+        {"within": pools, "exclude": exclude},
+    ):
+        assert fast.retrieve(queries, 5, **kwargs) == slow.retrieve(queries, 5, **kwargs)
+
+
+def test_stop_word_query_ranks_by_id():
+    corpus = zipf_corpus(seed=2, n=800, duplicates=0)
+    bm25 = BM25Retriever(corpus, backend="numba")
+    got = bm25.retrieve(["the of and"], k=7, exclude=[[min(corpus.ids)]])
+    assert got.ids == [sorted(corpus.ids)[1:8]]
+    assert got.scores == [[0.0] * 7]
+
+
+def test_pruning_reads_fewer_postings_than_exist():
+    """The block facts bound every posting: each block's maximum is its largest contribution
+    and its last passage the block's last, so a skipped block cannot hold a better passage."""
+    from rag_gym.retrieval import _bm25_numba
+
+    corpus = zipf_corpus(seed=4)
+    bm25 = BM25Retriever(corpus, backend="numba")
+    blocks = _bm25_numba.compute_blocks(bm25._data, bm25._indices, bm25._indptr, block=8)
+    data, indices, indptr = bm25._data, bm25._indices, bm25._indptr
+    for t in range(len(indptr) - 1):
+        lo, hi = int(indptr[t]), int(indptr[t + 1])
+        for n, b in enumerate(range(int(blocks["block_ptr"][t]), int(blocks["block_ptr"][t + 1]))):
+            chunk = slice(lo + 8 * n, min(lo + 8 * (n + 1), hi))
+            assert blocks["block_max"][b] == data[chunk].max()
+            assert blocks["block_last"][b] == indices[chunk][-1]
+        assert blocks["token_max"][t] == (data[lo:hi].max() if hi > lo else 0)
+    assert np.all(np.diff(blocks["block_ptr"]) == -(-np.diff(indptr) // 8))
+
+
+def test_kernel_choice_errors():
+    corpus = zipf_corpus(seed=6, n=300, duplicates=0)
+    bm25 = BM25Retriever(corpus, backend="numba")
+    with pytest.raises(
+        ValueError, match=r"expected a BM25 kernel in .*got 'blockmx'; did you mean"
+    ):
+        bm25.kernel = "blockmx"
+    bm25._prunable = False  # as for an index with a negative contribution
+    with pytest.raises(ValueError, match="kernel 'maxscore' needs contributions >= 0"):
+        bm25.kernel = "maxscore"
+    bm25.kernel = "dense"
+    assert (
+        bm25.retrieve(["apple"], 3).ids
+        == BM25Retriever(corpus, backend="numpy").retrieve(["apple"], 3).ids
+    )
