@@ -47,7 +47,7 @@ Over ``max_concurrent_envs`` sessions, a new connection is accepted, its first m
 with an error frame ``CAPACITY_REACHED`` (with ``active_sessions`` and ``max_sessions``), and
 closed with code 1013 (try again later); OpenEnv's own limit closes it before the client reads
 the frame. With a token, a WebSocket handshake without it is refused with HTTP 401 and an HTTP
-request answered 401; the client passes the token as ``Authorization: Bearer <token>`` or in the
+request (but ``/health``) answered 401; the client passes the token as ``Authorization: Bearer <token>`` or in the
 URL's userinfo (``http://rag-gym:<token>@127.0.0.1:8000``, sent as HTTP Basic, which
 OpenEnv's client does with no change).
 
@@ -366,6 +366,49 @@ def create_app(config: ServerConfig):
     return app
 
 
+def config_from_environ(environ: dict[str, str] | None = None) -> ServerConfig:
+    """A :class:`ServerConfig` from environment variables (how a container is configured):
+    ``RAG_GYM_ENV``, ``RAG_GYM_REWARD_PRESET``, ``RAG_GYM_REWARD_KWARGS`` and
+    ``RAG_GYM_ENV_KWARGS`` (JSON objects), ``RAG_GYM_TAGS``, ``RAG_GYM_MAX_SESSIONS``,
+    ``RAG_GYM_TOKEN``.
+
+    >>> config_from_environ({"RAG_GYM_ENV": "rag_gym/SynthHop-Hard-v0", "RAG_GYM_MAX_SESSIONS": "128"}).max_concurrent_envs
+    128
+    >>> config_from_environ({"RAG_GYM_ENV_KWARGS": "{k: 5}"})
+    Traceback (most recent call last):
+    ...
+    ValueError: expected RAG_GYM_ENV_KWARGS to be a JSON object, got '{k: 5}' (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))
+    """
+    import os
+
+    env = os.environ if environ is None else environ
+
+    def obj(name: str) -> dict[str, Any]:
+        raw = env.get(name)
+        if not raw:
+            return {}
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"expected {name} to be a JSON object, got {raw!r} ({exc})") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"expected {name} to be a JSON object, got {raw!r}")
+        return value
+
+    sessions = env.get("RAG_GYM_MAX_SESSIONS", "64")
+    if not sessions.isdigit():
+        raise ValueError(f"expected RAG_GYM_MAX_SESSIONS to be an int >= 1, got {sessions!r}")
+    return ServerConfig(
+        env_id=env.get("RAG_GYM_ENV", "rag_gym/SynthHop-v0"),
+        reward_preset=env.get("RAG_GYM_REWARD_PRESET") or None,
+        reward_kwargs=obj("RAG_GYM_REWARD_KWARGS"),
+        env_kwargs=obj("RAG_GYM_ENV_KWARGS"),
+        tags=env.get("RAG_GYM_TAGS") or None,
+        max_concurrent_envs=int(sessions),
+        token=env.get("RAG_GYM_TOKEN") or None,
+    )
+
+
 def serve(config: ServerConfig, host: str = "127.0.0.1", port: int = 8000) -> None:
     """Run :func:`create_app` with uvicorn on ``host:port`` (loopback by default)."""
     import uvicorn
@@ -416,7 +459,9 @@ class SessionGate:
         if kind not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        if not self.authorised(dict(scope["headers"])):
+        if not (kind == "http" and scope["path"] == "/health") and not self.authorised(
+            dict(scope["headers"])
+        ):
             await self._unauthorised(kind, scope, send)
             return
         if kind == "http":

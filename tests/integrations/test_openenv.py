@@ -61,6 +61,17 @@ def get_json(url: str, token: str | None = TOKEN) -> dict:
         return json.loads(resp.read())
 
 
+def active_sessions(base: str, expected: int) -> int:
+    """The server's open sessions, polled for up to 10 s until they are ``expected`` (a closed
+    connection's session is destroyed just after the close)."""
+    for _ in range(100):
+        active = get_json(f"{base}/rag_gym/sessions")["active"]
+        if active == expected:
+            break
+        time.sleep(0.1)
+    return active
+
+
 @pytest.fixture(scope="module")
 def server():
     port = free_port()
@@ -225,7 +236,8 @@ def test_token_is_required(server):
     with pytest.raises(ConnectionError, match="HTTP 401"):
         GenericEnvClient(base_url=server["base"]).sync().connect()
     with pytest.raises(urllib.error.HTTPError, match="401"):
-        get_json(f"{server['base']}/health", token=None)
+        get_json(f"{server['base']}/schema", token=None)
+    assert get_json(f"{server['base']}/health", token=None)["status"] == "healthy"
     wrong = server["auth"].replace(TOKEN, "wrong")
     with pytest.raises(ConnectionError, match="HTTP 401"):
         GenericEnvClient(base_url=wrong).sync().connect()
@@ -274,7 +286,7 @@ def test_64_sessions_x_100_steps(server):
     assert errors == 0 and steps == MAX_SESSIONS * 100
     # one shared index: 64 sessions cost far less than 64 copies of the data
     assert rss_after - rss_before < 0.5 * rss_before
-    assert get_json(f"{server['base']}/rag_gym/sessions")["active"] == 0
+    assert active_sessions(server["base"], 0) == 0
 
 
 @pytest.mark.slow
@@ -283,7 +295,9 @@ def test_over_capacity_and_dropped_connections(server):
         clients = [GenericEnvClient(base_url=server["auth"]) for _ in range(MAX_SESSIONS)]
         await asyncio.gather(*(c.connect() for c in clients))
         await asyncio.gather(*(c.reset(seed=0) for c in clients))
-        assert get_json(f"{server['base']}/rag_gym/sessions")["active"] == MAX_SESSIONS
+        assert (
+            await asyncio.to_thread(active_sessions, server["base"], MAX_SESSIONS) == MAX_SESSIONS
+        )
         extra = GenericEnvClient(base_url=server["auth"])
         with pytest.raises(RuntimeError, match=r"server at capacity: 64 of 64.*CAPACITY_REACHED"):
             await extra.reset(seed=0)
@@ -291,11 +305,8 @@ def test_over_capacity_and_dropped_connections(server):
         # drop 8 connections without a close frame: their sessions are freed
         for c in clients[:8]:
             c._ws.transport.abort()
-        for _ in range(100):
-            if get_json(f"{server['base']}/rag_gym/sessions")["active"] == MAX_SESSIONS - 8:
-                break
-            await asyncio.sleep(0.1)
-        assert get_json(f"{server['base']}/rag_gym/sessions")["active"] == MAX_SESSIONS - 8
+        left = await asyncio.to_thread(active_sessions, server["base"], MAX_SESSIONS - 8)
+        assert left == MAX_SESSIONS - 8
         fresh = GenericEnvClient(base_url=server["auth"])
         result = await fresh.reset(seed=5)
         assert result.observation["text"].startswith("Question: ")
@@ -318,3 +329,62 @@ def test_config_errors():
         ServerConfig(ENV_ID, tags="search_r2")
     with pytest.raises(ValueError, match="give reward_preset as its own option"):
         ServerConfig(ENV_ID, env_kwargs={"reward_preset": "none"})
+
+
+@pytest.mark.slow
+def test_deploy_app_passes_openenv_runtime_validation(monkeypatch):
+    """deploy/openenv/server/app.py (the container's entry point) against OpenEnv's own
+    runtime validator (``openenv validate --url``)."""
+    import importlib
+    import threading
+
+    import uvicorn
+    from openenv.cli._validation import validate_running_environment
+
+    monkeypatch.setenv("RAG_GYM_ENV_KWARGS", json.dumps(WORLD))
+    monkeypatch.setenv("RAG_GYM_REWARD_PRESET", PRESET)
+    monkeypatch.delenv("RAG_GYM_TOKEN", raising=False)
+    monkeypatch.syspath_prepend(str(ROOT / "deploy" / "openenv"))
+    app = importlib.import_module("server.app").app
+    port = free_port()
+    uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    try:
+        for _ in range(100):
+            if uv.started:
+                break
+            time.sleep(0.1)
+        report = validate_running_environment(f"http://127.0.0.1:{port}")
+        assert report["passed"], [c for c in report["criteria"] if not c["passed"]]
+        assert report["summary"]["required_passed_count"] >= 6
+    finally:
+        uv.should_exit = True
+        thread.join(timeout=30)
+        sys.modules.pop("server.app", None)
+        sys.modules.pop("server", None)
+
+
+def test_config_from_environ():
+    from rag_gym.integrations.openenv_server import config_from_environ
+
+    cfg = config_from_environ(
+        {
+            "RAG_GYM_ENV": "rag_gym/SynthHop-Hard-v0",
+            "RAG_GYM_REWARD_PRESET": "eval_rar",
+            "RAG_GYM_ENV_KWARGS": '{"k": 5}',
+            "RAG_GYM_TAGS": "search_r1",
+            "RAG_GYM_TOKEN": "t",
+        }
+    )
+    assert (cfg.env_id, cfg.reward_preset, cfg.env_kwargs, cfg.tags, cfg.token) == (
+        "rag_gym/SynthHop-Hard-v0",
+        "eval_rar",
+        {"k": 5},
+        "search_r1",
+        "t",
+    )
+    with pytest.raises(ValueError, match="RAG_GYM_MAX_SESSIONS to be an int"):
+        config_from_environ({"RAG_GYM_MAX_SESSIONS": "many"})
+    with pytest.raises(ValueError, match="RAG_GYM_ENV_KWARGS to be a JSON object"):
+        config_from_environ({"RAG_GYM_ENV_KWARGS": "[1]"})
