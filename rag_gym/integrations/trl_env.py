@@ -280,7 +280,10 @@ def build_dataset(
     ids = env_cls().question_ids
     order = np.random.default_rng(seed).permutation(len(ids))
     chosen = [ids[i] for i in order[: n or len(ids)]]
-    prompt = [{"role": "system", "content": system_prompt(env_cls)}, {"role": "user", "content": ""}]
+    prompt = [
+        {"role": "system", "content": system_prompt(env_cls)},
+        {"role": "user", "content": ""},
+    ]
     return Dataset.from_list([{"prompt": prompt, "question_id": q} for q in chosen] * repeat)
 
 
@@ -323,7 +326,9 @@ def tool_call_demonstrations(
     from rag_gym.wrappers.text_actions import TextActions
 
     if not env_cls.env_id.startswith("rag_gym/SynthHop"):
-        raise ValueError(f"expected a SynthHop id (the expert needs its world), got {env_cls.env_id!r}")
+        raise ValueError(
+            f"expected a SynthHop id (the expert needs its world), got {env_cls.env_id!r}"
+        )
     tool_env = env_cls()
     twin = TextActions(gym.make(env_cls.env_id, **env_cls.env_kwargs), tags="all")
     expert = SynthHopExpert(twin.tags, seed=seed)
@@ -340,7 +345,9 @@ def tool_call_demonstrations(
         ]
         completion: list[dict[str, Any]] = []
         for turn in demo.turns:
-            parsed = parse(turn.action, names=twin.tags.all_names(), self_closing=twin.tags.self_closing())
+            parsed = parse(
+                turn.action, names=twin.tags.all_names(), self_closing=twin.tags.self_closing()
+            )
             thoughts = [t.content for t in parsed.tags if t.name in twin.tags.reasoning]
             for tag in (t for t in parsed.tags if t.name in kinds):
                 kind = kinds[tag.name]

@@ -167,7 +167,7 @@ def test_grpo_environment_factory_two_steps_on_cpu(tmp_path):
     # rewards are finite and are the envs' own episode returns
     logged = [h for h in trainer.state.log_history if "rewards/episode_return/mean" in h]
     assert len(logged) == 2
-    for step, log in zip(captured, logged):
+    for step, log in zip(captured, logged, strict=True):
         assert all(math.isfinite(r) for r in step["returns"])
         assert log["rewards/episode_return/mean"] == pytest.approx(
             sum(step["returns"]) / len(step["returns"]), abs=1e-5
