@@ -64,8 +64,10 @@ def serve(
 ) -> None:
     """Serve one env id over OpenEnv's WebSocket protocol (one env per session, one shared index)."""
     try:
-        from rag_gym.integrations.openenv_server import ServerConfig
+        from rag_gym.integrations.openenv_server import ServerConfig, _import_openenv
         from rag_gym.integrations.openenv_server import serve as run
+
+        _import_openenv()  # ImportError naming the extra, before anything is loaded
 
         config = ServerConfig(
             env_id=env,
@@ -84,5 +86,5 @@ def serve(
     )
     try:
         run(config, host=host, port=port)
-    except (TypeError, ValueError, OSError) as exc:
+    except (TypeError, ValueError, OSError, ImportError) as exc:
         _fail(str(exc))

@@ -388,3 +388,17 @@ def test_config_from_environ():
         config_from_environ({"RAG_GYM_MAX_SESSIONS": "many"})
     with pytest.raises(ValueError, match="RAG_GYM_ENV_KWARGS to be a JSON object"):
         config_from_environ({"RAG_GYM_ENV_KWARGS": "[1]"})
+
+
+def test_cli_errors_name_the_problem():
+    from typer.testing import CliRunner
+
+    from rag_gym.cli import app
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["openenv", "serve", "--env", "rag_gym/SynthHop-v9"])
+    assert result.exit_code == 2 and "did you mean 'rag_gym/SynthHop-v0'" in result.output
+    result = runner.invoke(app, ["openenv", "serve", "--env", ENV_ID, "--env-kwargs", "{k"])
+    assert result.exit_code == 2 and "expected --env-kwargs to be a JSON object" in result.output
+    result = runner.invoke(app, ["openenv", "serve", "--env", ENV_ID, "--max-sessions", "0"])
+    assert result.exit_code == 2 and "max_concurrent_envs to be an int >= 1" in result.output
