@@ -402,3 +402,12 @@ def test_cli_errors_name_the_problem():
     assert result.exit_code == 2 and "expected --env-kwargs to be a JSON object" in result.output
     result = runner.invoke(app, ["openenv", "serve", "--env", ENV_ID, "--max-sessions", "0"])
     assert result.exit_code == 2 and "max_concurrent_envs to be an int >= 1" in result.output
+
+
+def test_sessions_share_one_index():
+    from rag_gym.integrations.openenv_server import RagGymEnvironment
+
+    cfg = ServerConfig(ENV_ID, reward_preset=PRESET, env_kwargs=WORLD)
+    a, b = RagGymEnvironment(cfg), RagGymEnvironment(cfg)
+    assert a._env.unwrapped._shared is b._env.unwrapped._shared  # questions, corpus, index
+    assert a._env is not b._env  # one env per session
