@@ -72,7 +72,12 @@ from typing import Any
 
 import gymnasium as gym
 
-from rag_gym.integrations._common import check_env_id, check_json_dict, json_safe
+from rag_gym.integrations._common import (
+    check_env_id,
+    check_json_dict,
+    json_safe,
+    text_actions_of,
+)
 
 #: the Dict form's action names (``RagGymAction.type``), as in :class:`~rag_gym.envs.search.ActionType`
 ACTION_NAMES = ("search", "answer", "backtrack", "refuse", "evaluate")
@@ -195,7 +200,7 @@ def _classes() -> dict[str, type]:
             super().__init__()
             self.config = config
             self._env = config.make()
-            self._text_only = _is_text_env(self._env)
+            self._text_only = text_actions_of(self._env) is not None
             self._played: gym.Env | None = None
             self._tags: str | None = None
             self._state = RagGymState(env_id=config.env_id, reward_preset=config.reward_preset)
@@ -283,7 +288,7 @@ def _classes() -> dict[str, type]:
             from rag_gym.wrappers.text_actions import TextActions
 
             if self._text_only:
-                name = _text_tags(self._env)
+                name = text_actions_of(self._env).tags.name
                 if tags not in (None, name):
                     raise ValueError(
                         f"reward preset {self.config.reward_preset!r} plays tag preset {name!r} "
@@ -311,24 +316,6 @@ def __getattr__(name: str) -> Any:  # the openenv classes, built on first access
     if name in ("RagGymAction", "RagGymObservation", "RagGymState", "RagGymEnvironment"):
         return _classes()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _is_text_env(env: gym.Env) -> bool:
-    from rag_gym.wrappers.text_actions import TextActions
-
-    while isinstance(env, gym.Wrapper):
-        if isinstance(env, TextActions):
-            return True
-        env = env.env
-    return False
-
-
-def _text_tags(env: gym.Env) -> str:
-    from rag_gym.wrappers.text_actions import TextActions
-
-    while not isinstance(env, TextActions):
-        env = env.env
-    return env.tags.name
 
 
 def _metadata(info: dict[str, Any], terminated: bool) -> dict[str, Any]:

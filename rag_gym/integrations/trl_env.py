@@ -43,7 +43,7 @@ from typing import Any, ClassVar
 import gymnasium as gym
 
 from rag_gym.envs.search import ActionType
-from rag_gym.integrations._common import check_env_id, check_json_dict
+from rag_gym.integrations._common import check_env_id, check_json_dict, text_actions_of
 
 SYSTEM_PROMPT = (
     "Answer the question by searching a document collection with the tools. Call search with a "
@@ -78,7 +78,8 @@ class RagGymToolEnv:
             if self.reward_kwargs:
                 kwargs["reward_kwargs"] = dict(self.reward_kwargs)
         self._env = gym.make(self.env_id, **kwargs)
-        self._tags = _text_tags(self._env)
+        text = text_actions_of(self._env)
+        self._tags = text.tags if text is not None else None
         self._clear()
 
     def _clear(self) -> None:
@@ -385,16 +386,6 @@ def tool_call_demonstrations(
         assert full.startswith(head), "the chat template re-renders the prompt"
         rows.append({"prompt": head, "completion": full[len(head) :]})
     return rows
-
-
-def _text_tags(env: gym.Env):
-    from rag_gym.wrappers.text_actions import TextActions
-
-    while isinstance(env, gym.Wrapper):
-        if isinstance(env, TextActions):
-            return env.tags
-        env = env.env
-    return None
 
 
 def _tag_text(tags: Any, kind: ActionType, text: str) -> str:

@@ -41,7 +41,7 @@ import functools
 import json
 from typing import Any
 
-from rag_gym.integrations._common import check_env_id, json_safe
+from rag_gym.integrations._common import check_env_id, json_safe, text_actions_of
 
 __all__ = ["RagGymEnv", "RagGymHarness", "RagGymTaskset"]  # noqa: F822  (built by __getattr__)
 
@@ -361,14 +361,13 @@ def _tool_env_class(env_id: str, reward_preset: str | None, env_kwargs_json: str
 def _text_env(data: Any):
     import gymnasium as gym
 
-    from rag_gym.integrations.openenv_server import _is_text_env
     from rag_gym.wrappers.text_actions import TextActions
 
     kwargs = dict(data.env_kwargs)
     if data.reward_preset is not None:
         kwargs["reward_preset"] = data.reward_preset
     env = gym.make(data.env_id, **kwargs)
-    return env if _is_text_env(env) else TextActions(env, tags=data.tags)
+    return env if text_actions_of(env) is not None else TextActions(env, tags=data.tags)
 
 
 async def _tool_loop(client: Any, model: str, messages: list, data: Any, trace: Any) -> None:
