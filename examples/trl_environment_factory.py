@@ -60,8 +60,8 @@ class Args:
     """counts the tool results too (one search turn is about 130 tokens)"""
     max_tool_calling_iterations: int = 4
     temperature: float = 0.8
-    n_passages: int = 2000
-    """SynthHop world size"""
+    n_passages: int = 10000
+    """SynthHop world size (the default world; at least 4 passages a question)"""
     output_dir: str = "runs"
     track: bool = False
 
