@@ -645,6 +645,10 @@ train_app = typer.Typer(
 )
 app.add_typer(train_app, name="train")
 
+from rag_gym.integrations.openenv_cli import openenv_app  # noqa: E402  (typer only; openenv lazily)
+
+app.add_typer(openenv_app, name="openenv")
+
 
 def _json_option(value: str | None, name: str) -> dict:
     import json

@@ -54,6 +54,17 @@ def instructions(tags: TagSet) -> str:
     return " ".join(lines)
 
 
+def render_passages(corpus: Any, info: dict[str, Any]) -> str:
+    """A SEARCH step's passages as the policy reads them, ``Doc i(Title: …) text`` a line each
+    (the Search-R1 / Eval-RAR rendering), or the env's message when none came back. The body
+    of the ``<information>`` block, and what a tool-calling policy's ``search`` tool returns."""
+    docs = []
+    for i, pid in enumerate(info["retrieved_ids"], 1):
+        p = corpus[pid]
+        docs.append(f"Doc {i}(Title: {p.title}) {p.text}")
+    return "\n".join(docs) if docs else info["message"] or "No results."
+
+
 def start_messages(tags: TagSet, question: str) -> list[dict[str, str]]:
     """The chat an episode starts from: the tag set's :func:`instructions` as the system
     message, then ``Question: …`` (what :meth:`TextActions.messages` holds after ``reset``)."""
@@ -256,12 +267,7 @@ class TextActions(gym.Wrapper, gym.utils.RecordConstructorArgs):
             return f"<{self.tags.information}>{info['message']}</{self.tags.information}>"
         if kind != ActionType.SEARCH:
             return ""
-        corpus = self.env.unwrapped.corpus
-        docs = []
-        for i, pid in enumerate(info["retrieved_ids"], 1):
-            p = corpus[pid]
-            docs.append(f"Doc {i}(Title: {p.title}) {p.text}")
-        body = "\n".join(docs) if docs else info["message"] or "No results."
+        body = render_passages(self.env.unwrapped.corpus, info)
         return f"<{self.tags.information}>{body}</{self.tags.information}>"
 
     def _clip(self, text: str) -> str:

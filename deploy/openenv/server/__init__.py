@@ -1,0 +1,1 @@
+"""The OpenEnv server of rag-gym (see ../README.md)."""

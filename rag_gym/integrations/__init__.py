@@ -1,0 +1,12 @@
+"""rag-gym envs behind other trainers' environment interfaces.
+
+* :mod:`rag_gym.integrations.openenv_server`: an OpenEnv server (the ``openenv`` package) for any
+  registered id, WebSocket sessions sharing one index (``rag-gym openenv serve``);
+* :mod:`rag_gym.integrations.trl_env`: a class for TRL's ``GRPOTrainer(environment_factory=...)``,
+  a dataset builder and a tool-capable chat template helper;
+* :mod:`rag_gym.integrations.verifiers_taskset`: a ``verifiers.v1`` Taskset over any id, played
+  through the text-tag protocol or through tools.
+
+Each is an optional extra (``openenv``, ``train``, ``verifiers``); importing this package imports
+none of them, and each module imports its package only when used.
+"""

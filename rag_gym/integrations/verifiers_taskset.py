@@ -1,0 +1,412 @@
+"""A verifiers taskset (``verifiers.v1``, 0.4.0 tested) over any registered rag-gym id.
+
+verifiers finds a taskset by module name, so this module is the package its CLI loads::
+
+    vf-eval rag_gym.integrations.verifiers_taskset --env.taskset.env-id rag_gym/SynthHop-v0 \\
+        --env.taskset.interaction text --model <model> --client.base-url http://127.0.0.1:8080/v1 \\
+        --client.api-key-var MY_KEY --no-push --no-rich -n 5
+
+It exports (``__all__``) one ``Taskset`` (:class:`RagGymTaskset`: one task per question of the
+env's split), one ``Env`` (:class:`RagGymEnv`, which plays the episode) and one ``Harness``
+(:class:`RagGymHarness`, the default for this taskset). Two interactions
+(``--env.taskset.interaction``):
+
+* ``text``: the text-tag protocol of :class:`~rag_gym.wrappers.TextActions` (``--env.taskset.tags``,
+  ``search_r1`` by default), so any chat model can play without tool calling. The env steps the
+  rag-gym env host-side: each model reply is an action, the next observation (the
+  ``<information>`` block or the format message) comes back as the user turn, until the episode
+  ends or ``max_turns``.
+* ``tools``: the tools of :class:`~rag_gym.integrations.trl_env.RagGymToolEnv` (``search``,
+  ``answer``, ``backtrack``, ``refuse``, and ``evaluate`` with the ``eval_rar`` preset), for
+  models that call tools; the harness runs the tool-calling loop and steps the env in-process.
+
+Rewards: ``em`` and ``f1`` of the final answer (weight 0.5 each: their weighted sum is the env's
+``em_f1`` score); metrics: ``episode_return`` (the sum of the reward
+preset's rewards), ``term/<name>`` for each preset term, ``searches``, ``format_errors`` and
+``steps``. The episode's outcome is kept in ``trace.info["rag_gym"]``.
+
+Safe defaults: the agent runs in a ``subprocess`` runtime on this machine (not a remote one),
+the harness is rag-gym's own in-process chat loop (no shell, nothing installed), and it only
+talks to the run's interception endpoint. Pass ``--no-push`` (verifiers uploads runs by
+default) and point ``--client.base-url`` at your server; ``HOME`` is not written by this
+harness.
+
+Classes are built on first access (``verifiers`` is heavy and optional): importing this module
+needs nothing but rag-gym.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+from rag_gym.integrations._common import check_env_id, json_safe, text_actions_of
+
+__all__ = ["RagGymEnv", "RagGymHarness", "RagGymTaskset"]  # noqa: F822  (built by __getattr__)
+
+_EXPORTS = (
+    "RagGymData",
+    "RagGymEnv",
+    "RagGymEnvConfig",
+    "RagGymHarness",
+    "RagGymHarnessConfig",
+    "RagGymTask",
+    "RagGymTaskset",
+    "RagGymTasksetConfig",
+)
+
+_ARGS = {"search": "query", "answer": "answer", "evaluate": "note"}
+
+
+def tool_schemas(env: Any) -> list[dict[str, Any]]:
+    """OpenAI tool schemas of a :class:`~rag_gym.integrations.trl_env.RagGymToolEnv`'s tools
+    (from their Google-style docstrings, as TRL and transformers read them)."""
+    from rag_gym.integrations.trl_env import tools_of
+
+    schemas = []
+    for tool in tools_of(env):
+        doc = (tool.__doc__ or "").strip().splitlines()
+        description = doc[0].strip() if doc else tool.__name__
+        properties, required = {}, []
+        arg = _ARGS.get(tool.__name__)
+        if arg:
+            text = next(
+                (ln.split(":", 1)[1].strip() for ln in doc if ln.strip().startswith(f"{arg}:")),
+                arg,
+            )
+            properties[arg] = {"type": "string", "description": text}
+            required.append(arg)
+        schemas.append(
+            {
+                "type": "function",
+                "function": {
+                    "name": tool.__name__,
+                    "description": description,
+                    "parameters": {
+                        "type": "object",
+                        "properties": properties,
+                        "required": required,
+                    },
+                },
+            }
+        )
+    return schemas
+
+
+def outcome(env: Any, info: dict[str, Any], returns: float, terms: dict[str, float], **extra):
+    """The JSON-safe summary of an episode that rewards and metrics read."""
+    scores = info.get("scores") or {}
+    return json_safe(
+        {
+            "question_id": info.get("question_id"),
+            "prediction": info.get("prediction"),
+            "em": float(scores.get("em", 0.0)),
+            "f1": float(scores.get("f1", 0.0)),
+            "episode_return": float(returns),
+            "return_terms": dict(terms),
+            **extra,
+        }
+    )
+
+
+@functools.cache
+def _classes() -> dict[str, type]:
+    try:
+        import verifiers.v1 as vf
+        from pydantic import Field, model_validator
+        from verifiers.v1.runtimes import ProgramResult, SubprocessConfig
+    except ImportError as exc:
+        raise ImportError(
+            "the verifiers taskset needs verifiers: pip install 'rag-gym[verifiers]'"
+        ) from exc
+
+    class RagGymTasksetConfig(vf.TasksetConfig):
+        """Which rag-gym env and how it is played (``--env.taskset.*``)."""
+
+        env_id: str = "rag_gym/SynthHop-v0"
+        """A registered rag-gym id."""
+        env_kwargs: dict[str, Any] = Field(default_factory=dict)
+        """``gym.make`` keyword arguments (``split``, ``data_path``, ``dataset_kwargs``...)."""
+        reward_preset: str | None = None
+        """A reward preset (its return and terms become metrics)."""
+        interaction: str = "text"
+        """``text`` (the text-tag protocol) or ``tools`` (tool calls)."""
+        tags: str = "search_r1"
+        """The tag preset of the text interaction."""
+        max_turns: int = Field(8, ge=1)
+        """Most model turns per episode."""
+        num_tasks: int | None = Field(None, ge=1)
+        """Keep the first ``num_tasks`` questions of the split."""
+
+        @model_validator(mode="after")
+        def _check(self):
+            from rag_gym.envs.tags import tag_set
+            from rag_gym.wrappers.presets import check_preset
+
+            check_env_id(self.env_id)
+            if self.reward_preset is not None:
+                check_preset(self.reward_preset)
+            if self.interaction not in ("text", "tools"):
+                raise ValueError(
+                    f"expected interaction 'text' or 'tools', got {self.interaction!r}"
+                )
+            tag_set(self.tags)
+            return self
+
+    class RagGymData(vf.TaskData):
+        question_id: str
+        answers: list[str] = Field(default_factory=list)
+        env_id: str
+        env_kwargs: dict[str, Any] = Field(default_factory=dict)
+        reward_preset: str | None = None
+        interaction: str = "text"
+        tags: str = "search_r1"
+        max_turns: int = 8
+
+    def _outcome(trace) -> dict[str, Any]:
+        return trace.info.get("rag_gym") or {}
+
+    class RagGymTask(vf.Task[RagGymData]):
+        """Scores an episode from ``trace.info["rag_gym"]``."""
+
+        @vf.reward(weight=0.5)
+        async def em(self, trace) -> float:
+            return float(_outcome(trace).get("em", 0.0))
+
+        @vf.reward(weight=0.5)
+        async def f1(self, trace) -> float:
+            return float(_outcome(trace).get("f1", 0.0))
+
+        @vf.metric
+        async def episode_return(self, trace) -> float:
+            return float(_outcome(trace).get("episode_return", 0.0))
+
+        @vf.metric
+        async def terms(self, trace) -> dict[str, float]:
+            terms = _outcome(trace).get("return_terms", {})
+            return {f"term/{k}": float(v) for k, v in terms.items()} or {"term/none": 0.0}
+
+        @vf.metric
+        async def searches(self, trace) -> float:
+            return float(_outcome(trace).get("searches", 0))
+
+        @vf.metric
+        async def format_errors(self, trace) -> float:
+            return float(_outcome(trace).get("format_errors", 0))
+
+        @vf.metric
+        async def steps(self, trace) -> float:
+            return float(_outcome(trace).get("steps", 0))
+
+    class RagGymTaskset(vf.Taskset[RagGymTask, RagGymTasksetConfig]):
+        """One task per question of the env's split."""
+
+        def load(self):
+            import gymnasium as gym
+
+            from rag_gym.envs.tags import tag_set
+            from rag_gym.integrations import trl_env
+            from rag_gym.wrappers.text_actions import instructions
+
+            cfg = self.config
+            env = gym.make(cfg.env_id, **cfg.env_kwargs)
+            examples = list(env.unwrapped.examples)[: cfg.num_tasks]
+            env.close()
+            if cfg.interaction == "text":
+                system = instructions(tag_set(cfg.tags))
+            else:
+                system = trl_env.system_prompt(
+                    _tool_env_class(
+                        cfg.env_id, cfg.reward_preset, json.dumps(cfg.env_kwargs, sort_keys=True)
+                    )
+                )
+            for ex in examples:
+                yield RagGymTask(
+                    RagGymData(
+                        id=ex.id,
+                        name=ex.id,
+                        prompt=f"Question: {ex.question}",
+                        system_prompt=system,
+                        question_id=ex.id,
+                        answers=list(ex.answers),
+                        env_id=cfg.env_id,
+                        env_kwargs=cfg.env_kwargs,
+                        reward_preset=cfg.reward_preset,
+                        interaction=cfg.interaction,
+                        tags=cfg.tags,
+                        max_turns=cfg.max_turns,
+                    ),
+                    cfg.task,
+                )
+
+    class RagGymEnvConfig(vf.EnvConfig):
+        player: vf.AgentConfig = vf.AgentConfig(runtime=SubprocessConfig())
+        """The one seat; its runtime is a subprocess on this machine."""
+
+    class RagGymEnv(vf.Env[RagGymEnvConfig]):
+        """Plays one episode: host-side steps for ``text``, the harness's tool loop for ``tools``."""
+
+        async def run(self, task, agents):
+            data = task.data
+            if data.interaction == "tools":
+                await agents.player.run(task)
+                return
+            env = _text_env(data)
+            _, info = env.reset(options={"question_id": data.question_id})
+            returns, terms = 0.0, {}
+            searches = format_errors = steps = 0
+            async with agents.player.interaction(task) as interaction:
+                segment = await interaction.turn()
+                while not segment.terminated:
+                    obs, reward, terminated, truncated, info = env.step(segment.last_reply)
+                    steps += 1
+                    returns += float(reward)
+                    for k, v in info.get("reward_terms", {}).items():
+                        terms[k] = terms.get(k, 0.0) + float(v)
+                    searches += len(info.get("queries", []))
+                    format_errors += 0 if info.get("format_ok", True) else 1
+                    interaction.trace.info["rag_gym"] = outcome(
+                        env,
+                        info,
+                        returns,
+                        terms,
+                        searches=searches,
+                        format_errors=format_errors,
+                        steps=steps,
+                        done=bool(terminated or truncated),
+                    )
+                    if terminated or truncated or steps >= data.max_turns:
+                        break
+                    segment = await interaction.turn(obs or "Continue.")
+            env.close()
+
+    class RagGymHarnessConfig(vf.HarnessConfig):
+        """rag-gym's in-process chat loop (no shell, no install)."""
+
+    class RagGymHarness(vf.Harness[RagGymHarnessConfig]):
+        """A chat loop against the run's interception endpoint: one completion per segment
+        for the text interaction; for ``tools``, completions and tool calls (executed on a
+        :class:`~rag_gym.integrations.trl_env.RagGymToolEnv` in this process) until the
+        episode ends, the model stops calling tools, or ``max_turns``."""
+
+        APPENDS_SYSTEM_PROMPT = True
+        SUPPORTS_RESUME = True
+        EXECUTES_CODE = False
+        NEEDS_CONTAINER = False
+
+        async def launch(
+            self,
+            ctx,
+            trace,
+            runtime,
+            endpoint,
+            secret,
+            mcp_urls,
+            data,
+            tool_interception_url=None,
+        ):
+            from openai import AsyncOpenAI
+            from verifiers.v1.dialects.chat import message_to_wire
+
+            system, prompt = self.resolve_prompt(data)
+            messages: list[dict[str, Any]] = (
+                [{"role": "system", "content": system}] if system else []
+            )
+            if isinstance(prompt, str):
+                messages.append({"role": "user", "content": prompt})
+            elif prompt:
+                messages.extend(m if isinstance(m, dict) else message_to_wire(m) for m in prompt)
+            client = AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0)
+            try:
+                if getattr(data, "interaction", "text") != "tools":
+                    await client.chat.completions.create(model=ctx.model, messages=messages)
+                else:
+                    await _tool_loop(client, ctx.model, messages, data, trace)
+            finally:
+                await client.close()
+            return ProgramResult(exit_code=0, stdout="", stderr="")
+
+    out = {
+        "RagGymData": RagGymData,
+        "RagGymEnv": RagGymEnv,
+        "RagGymEnvConfig": RagGymEnvConfig,
+        "RagGymHarness": RagGymHarness,
+        "RagGymHarnessConfig": RagGymHarnessConfig,
+        "RagGymTask": RagGymTask,
+        "RagGymTaskset": RagGymTaskset,
+        "RagGymTasksetConfig": RagGymTasksetConfig,
+    }
+    for name, cls in out.items():
+        cls.__module__ = __name__
+        cls.__qualname__ = name
+    return out
+
+
+def __getattr__(name: str) -> Any:  # the verifiers classes, built on first access
+    if name in _EXPORTS:
+        return _classes()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@functools.cache
+def _tool_env_class(env_id: str, reward_preset: str | None, env_kwargs_json: str):
+    from rag_gym.integrations.trl_env import make_env_class
+
+    return make_env_class(
+        env_id, reward_preset=reward_preset, env_kwargs=json.loads(env_kwargs_json)
+    )
+
+
+def _text_env(data: Any):
+
+    from rag_gym.wrappers.presets import make as make_with_preset
+    from rag_gym.wrappers.text_actions import TextActions
+
+    env = make_with_preset(data.env_id, data.reward_preset or "none", **data.env_kwargs)
+    return env if text_actions_of(env) is not None else TextActions(env, tags=data.tags)
+
+
+async def _tool_loop(client: Any, model: str, messages: list, data: Any, trace: Any) -> None:
+    env_cls = _tool_env_class(
+        data.env_id, data.reward_preset, json.dumps(data.env_kwargs, sort_keys=True)
+    )
+    env = env_cls()
+    env.reset(question_id=data.question_id)
+    tools = tool_schemas(env)
+    names = {t["function"]["name"] for t in tools}
+    format_errors = 0
+    for _ in range(data.max_turns):
+        response = await client.chat.completions.create(model=model, messages=messages, tools=tools)
+        message = response.choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        if not message.tool_calls:
+            break
+        for call in message.tool_calls:
+            name = call.function.name
+            try:
+                args = json.loads(call.function.arguments or "{}")
+                if not isinstance(args, dict):
+                    raise ValueError("tool arguments must be a JSON object")
+                if name not in names:
+                    raise ValueError(f"unknown tool {name!r}; the tools are {sorted(names)}")
+                content = getattr(env, name)(**args)
+            except (ValueError, TypeError) as exc:
+                format_errors += 1
+                content = f"error: {exc}"
+            messages.append(
+                {"role": "tool", "tool_call_id": call.id, "name": name, "content": content}
+            )
+        trace.info["rag_gym"] = outcome(
+            env,
+            env.info,
+            env.episode_return,
+            env.return_terms,
+            searches=sum(1 for c in env.calls if c[0] == "search"),
+            format_errors=format_errors,
+            steps=len(env.calls),
+            done=env.done,
+            calls=[list(c) for c in env.calls],
+        )
+        if env.done:
+            break
