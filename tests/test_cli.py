@@ -140,7 +140,7 @@ def test_default_evaluate_with_embedded_model(tmp_path):
     )
     assert result.exit_code == 0, result.output
     rows = (tmp_path / "d" / "leaderboard.csv").read_text().splitlines()
-    assert rows[0].startswith("agent,em,f1") and {r.split(",")[0] for r in rows[1:]} == {
+    assert rows[0].startswith("agent,em,em_ci,f1") and {r.split(",")[0] for r in rows[1:]} == {
         "naive_rag",
         "random",
         "search_r1:synthhop",
@@ -236,7 +236,7 @@ def test_evaluate_killed_mid_run_resumes_with_nothing_lost(tmp_path, sig, code):
     full = tmp_path / "runs" / "full"
 
     rc, output = rag_gym_process(
-        tmp_path, [*args, "--run-name", "r"], delay=0.02, lines=9, sig=getattr(signal, sig)
+        tmp_path, [*args, "--run-name", "r"], delay=0.2, lines=9, sig=getattr(signal, sig)
     )
     run = tmp_path / "runs" / "r"
     saved = len(episodes_without_times(run))
