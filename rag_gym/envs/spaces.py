@@ -66,18 +66,24 @@ class UnicodeText(Text):
         return (
             isinstance(x, str)
             and self.min_length <= len(x) <= self.max_length
-            and self.character_set.issuperset(x)
+            and (_printable_ascii(x) or self.character_set.issuperset(x))
         )
 
     def __repr__(self) -> str:
         return f"UnicodeText({self.min_length}, {self.max_length}, charset=printable BMP)"
 
 
+def _printable_ascii(text: str) -> bool:
+    """A fast sufficient test for ``text`` lying in :func:`text_charset`: ASCII with no control
+    character (U+0020–U+007E). Any other text is checked against the charset itself."""
+    return text.isascii() and text.isprintable()
+
+
 def sanitize(text: str) -> str:
     """Map ``text`` into :func:`text_charset`: ``\\r\\n``/``\\r`` → ``\\n``, others → U+FFFD."""
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     charset = text_charset()
-    if charset.issuperset(text):
+    if _printable_ascii(text) or charset.issuperset(text):
         return text
     return "".join(ch if ch in charset else "\ufffd" for ch in text)
 
