@@ -240,20 +240,29 @@ class SearchVectorEnv(VectorEnv):
         n = self.num_envs
         out: dict[str, Any] = {}
         full = np.ones(n, dtype=np.bool_)
-        for key, first in infos[0].items():
-            values = [info[key] for info in infos]
+        keys = list(infos[0])
+        if all(list(info) == keys for info in infos):  # the usual case: one key order
+            columns: Any = zip(*(info.values() for info in infos), strict=True)
+        else:
+            columns = ([info[key] for info in infos] for key in keys)
+        for key, values in zip(keys, columns, strict=True):
+            first = values[0]
+            kind = type(first)
             if isinstance(first, dict):
-                array: Any = self._batch_infos(values)
-            else:
-                kind = type(first)
-                if (kind in (int, float, bool) or isinstance(first, np.number)) and all(
-                    type(v) is kind for v in values
-                ):
+                array: Any = self._batch_infos(list(values))
+            elif kind in (int, float, bool) or isinstance(first, np.number):
+                if all(type(v) is kind for v in values):
                     array = np.array(values, dtype=kind)
-                else:
+                else:  # cast into the first value's type, as an assignment does
                     array = _empty_like_info(first, n)
                     for i, value in enumerate(values):
                         array[i] = value
+            elif isinstance(first, np.ndarray):
+                array = _empty_like_info(first, n)
+                for i, value in enumerate(values):
+                    array[i] = value
+            else:  # one object per sub-env, never unpacked as numpy would a list of lists
+                array = np.fromiter(values, dtype=object, count=n)
             out[key], out[f"_{key}"] = array, full.copy()
         return out
 
