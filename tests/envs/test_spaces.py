@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rag_gym.envs.spaces import UnicodeText, _printable_ascii, sanitize, text_charset
+from rag_gym.envs.spaces import UnicodeText, _ascii_in_charset, sanitize, text_charset
 
 TEXTS = [
     "Who wrote it?",
@@ -16,16 +16,18 @@ TEXTS = [
     "bad\x00byte",
     "\x7f",
     "\U0001f600",
+    "a\r\nb\rc",
+    "line\nline\tcell",
+    "  (1) Title: text\n  (2) Other: more text",
 ]
 
 
-def test_the_ascii_fast_path_accepts_only_charset_characters():
+def test_the_ascii_fast_path_decides_as_the_charset():
     charset = text_charset()
     for cp in range(0x80):
         ch = chr(cp)
-        assert _printable_ascii(ch) == (0x20 <= cp < 0x7F)
-        if _printable_ascii(ch):
-            assert ch in charset
+        assert _ascii_in_charset(ch) == (ch in charset)
+        assert _ascii_in_charset(f"ok {ch} ok\n") == (ch in charset)
 
 
 @pytest.mark.parametrize("text", TEXTS)
@@ -33,5 +35,6 @@ def test_contains_and_sanitize_agree_with_the_charset(text):
     charset = text_charset()
     assert UnicodeText(max_length=64).contains(text) == charset.issuperset(text)
     clean = sanitize(text)
-    assert clean == "".join(ch if ch in charset else "\ufffd" for ch in text)
+    lines = text.replace("\r\n", "\n").replace("\r", "\n")
+    assert clean == "".join(ch if ch in charset else "\ufffd" for ch in lines)
     assert charset.issuperset(clean)
