@@ -420,6 +420,12 @@ class BM25Retriever:
                     if self._pool is None:
                         self._pool = ThreadPoolExecutor(self.n_threads, "rag-gym-bm25")
             list(self._pool.map(run, bounds[:-1], bounds[1:]))
+        if (out_n == k).all():  # the usual case: every row full, converted in one go
+            for i, ids, scores in zip(
+                rows, self._ids[out_pos].tolist(), out_val.astype(float).tolist(), strict=True
+            ):
+                out_ids[i], out_scores[i] = ids, scores
+            return
         for row, i in enumerate(rows):
             m = int(out_n[row])
             out_ids[i] = self._ids[out_pos[row, :m]].tolist()
