@@ -24,6 +24,12 @@ class ActionType(enum.IntEnum):
     EVALUATE = 4
 
 
+#: ``info["action_mask"]`` with a search in the context, and without one (no BACKTRACK)
+_MASK_ALL = np.ones(len(ActionType), dtype=np.int8)
+_MASK_NO_BACKTRACK = _MASK_ALL.copy()
+_MASK_NO_BACKTRACK[ActionType.BACKTRACK] = 0
+
+
 @dataclass
 class _Hop:
     step: int
@@ -225,6 +231,10 @@ class SearchEnv(QAEnv):
         self._num_searches = 0
         self._done = False
         self._last_message = ""
+        # per-episode constants and the rendered context, extended as hops are added
+        self._gold_set = frozenset(self._gold)
+        self._head = sanitize(f"Question: {self._example.question}")
+        self._body: tuple[int, str] = (0, "")
         info = self._info(
             action_type=None,
             query=None,
@@ -235,7 +245,8 @@ class SearchEnv(QAEnv):
         return self._render_obs(), info
 
     def step(self, action: dict[str, Any]) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        return self._step(action, None)
+        self._check_running()
+        return self._apply(*self._validate(action), None)
 
     def search_request(self, action: dict[str, Any]) -> SearchRequest | None:
         """The retrieval ``step(action)`` will make, or ``None`` when the action retrieves
@@ -243,25 +254,30 @@ class SearchEnv(QAEnv):
         native vector env (:class:`~rag_gym.envs.vector.SearchVectorEnv`) batches these."""
         if self._example is None or self._done:
             return None
-        atype, text = self._validate(action)
+        return self._request_for(*self._validate(action))
+
+    def _request_for(self, atype: int, text: str) -> SearchRequest | None:
+        """:meth:`search_request` of an action :meth:`_validate` has checked."""
         query = text.strip()
         if atype != ActionType.SEARCH or not query or len(query) > self.max_query_chars:
             return None
         exclude = list(self._seen) if self.exclude_seen and self._seen else None
         return self._request(query, self.k, exclude)
 
-    def _step(
-        self, action: dict[str, Any], prefetched: tuple[list[str], list[float]] | None
-    ) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        """``step``, with the ids and scores of :meth:`search_request`'s retrieval when already
-        made."""
+    def _check_running(self) -> None:
         if self._example is None:
             raise RuntimeError("call reset() before step()")
         if self._done:
             raise RuntimeError(
                 "the episode has ended (ANSWER or REFUSE); call reset() to start a new one"
             )
-        atype, text = self._validate(action)
+
+    def _apply(
+        self, atype: int, text: str, prefetched: tuple[list[str], list[float]] | None
+    ) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """``step`` of an action :meth:`_validate` has checked, in a running episode, with the
+        ids and scores of :meth:`search_request`'s retrieval when already made."""
+        assert self._example is not None and not self._done
         self._step_count += 1
         self._last_message = ""
         invalid = False
@@ -322,6 +338,7 @@ class SearchEnv(QAEnv):
             else:
                 dropped = self._context[last_search]
                 del self._context[last_search:]
+                self._body = (0, "")  # rendered again from the kept hops' blocks
                 self._last_message = (
                     f'Backtracked: dropped the search "{dropped.text}" (step {dropped.step}).'
                 )
@@ -360,9 +377,7 @@ class SearchEnv(QAEnv):
             raise TypeError(
                 f"expected an action dict {{'type': ActionType, 'text': str}}, got {type(action).__name__}"
             )
-        missing = {"type", "text"} - set(action)
-        extra = set(action) - {"type", "text"}
-        if missing or extra:
+        if len(action) != 2 or "type" not in action or "text" not in action:
             raise ValueError(
                 f"expected action keys {{'type', 'text'}}, got {sorted(action)}; e.g. "
                 "{'type': ActionType.SEARCH, 'text': 'query'}"
@@ -401,10 +416,8 @@ class SearchEnv(QAEnv):
     def _info(self, action_type, query, retrieved, invalid, terms) -> dict[str, Any]:
         ex = self._example
         assert ex is not None
-        gold = set(self._gold)
-        mask = np.ones(len(ActionType), dtype=np.int8)
-        if not any(h.kind == "search" for h in self._context):
-            mask[ActionType.BACKTRACK] = 0
+        gold, seen, corpus = self._gold_set, self._seen, self.corpus
+        context_ids = [list(h.ids) for h in self._context if h.kind == "search"]
         return {
             "question_id": ex.id,
             "question": ex.question,
@@ -418,27 +431,40 @@ class SearchEnv(QAEnv):
             if retrieved and self._last_scores
             else [],
             "passages": [
-                {"id": pid, "title": self.corpus.titles[i], "text": self.corpus.texts[i]}
-                for pid, i in ((pid, self.corpus.position(pid)) for pid in retrieved)
+                {"id": pid, "title": corpus.titles[i], "text": corpus.texts[i]}
+                for pid, i in ((pid, corpus.position(pid)) for pid in retrieved)
             ],
             "gold_hits": [pid for pid in retrieved if pid in gold],
-            "context_ids": [list(h.ids) for h in self._context if h.kind == "search"],
-            "retrieved_history": list(self._seen),
-            "gold_found": [pid for pid in self._gold if pid in self._seen],
+            "context_ids": context_ids,
+            "retrieved_history": list(seen),
+            "gold_found": [pid for pid in self._gold if pid in seen],
             "num_searches": self._num_searches,
             "invalid_action": invalid,
             "message": self._last_message,
-            "action_mask": mask,
+            # BACKTRACK is meaningful only with a search in the context
+            "action_mask": (_MASK_ALL if context_ids else _MASK_NO_BACKTRACK).copy(),
             "reward_terms": dict(terms),
         }
 
     def _render_obs(self) -> str:
-        ex = self._example
-        assert ex is not None
-        blocks = [self._block(n, hop) for n, hop in enumerate(self._context, 1)]
+        body = self._context_text()
         if self._last_message:
-            blocks.append(sanitize(f"Note: {self._last_message}"))
-        return _clip(sanitize(f"Question: {ex.question}"), blocks, self.max_obs_chars)
+            note = sanitize(f"Note: {self._last_message}")
+            body = f"{body}\n\n{note}" if body else note
+        return _clip(self._head, body, self.max_obs_chars)
+
+    def _context_text(self) -> str:
+        """The context's blocks joined; the hops added since the last call are rendered and
+        appended (a BACKTRACK resets ``self._body``, so the kept hops are joined again)."""
+        done, text = self._body
+        context = self._context
+        if done < len(context):
+            blocks = [self._block(n, hop) for n, hop in enumerate(context[done:], done + 1)]
+            if text:
+                blocks.insert(0, text)
+            text = "\n\n".join(blocks)
+            self._body = (len(context), text)
+        return text
 
     def _block(self, n: int, hop: _Hop) -> str:
         """Hop ``hop`` rendered at position ``n`` of the context (kept: a hop never changes)."""
@@ -457,13 +483,13 @@ class SearchEnv(QAEnv):
         return hop.rendered[1]
 
 
-def _clip(head: str, blocks: list[str], limit: int) -> str:
-    """Join head and blocks; if too long keep the head and the newest text that fits."""
-    text = "\n\n".join([head, *blocks])
+def _clip(head: str, body: str, limit: int) -> str:
+    """Join head and body (the blocks, joined); if too long keep the head and the newest text
+    that fits."""
+    text = f"{head}\n\n{body}" if body else head
     if len(text) <= limit:
         return text
     marker = "[... earlier context clipped ...]"
     head = head[: limit // 2]
     budget = limit - len(head) - len(marker) - 4
-    body = "\n\n".join(blocks)
     return f"{head}\n\n{marker}\n\n{body[len(body) - budget :] if budget > 0 else ''}"

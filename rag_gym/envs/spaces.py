@@ -66,18 +66,30 @@ class UnicodeText(Text):
         return (
             isinstance(x, str)
             and self.min_length <= len(x) <= self.max_length
-            and self.character_set.issuperset(x)
+            and (_ascii_in_charset(x) or self.character_set.issuperset(x))
         )
 
     def __repr__(self) -> str:
         return f"UnicodeText({self.min_length}, {self.max_length}, charset=printable BMP)"
 
 
+#: the ASCII characters of :func:`text_charset`: U+0020–U+007E, newline and tab
+_ASCII_IN_CHARSET = bytes(range(0x20, 0x7F)) + b"\n\t"
+
+
+def _ascii_in_charset(text: str) -> bool:
+    """Whether ``text`` is ASCII lying in :func:`text_charset` (tested with C string methods,
+    not a set lookup per character); a non-ASCII text is checked against the charset itself."""
+    return text.isascii() and (
+        text.isprintable() or not text.encode("ascii").translate(None, _ASCII_IN_CHARSET)
+    )
+
+
 def sanitize(text: str) -> str:
     """Map ``text`` into :func:`text_charset`: ``\\r\\n``/``\\r`` → ``\\n``, others → U+FFFD."""
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     charset = text_charset()
-    if charset.issuperset(text):
+    if _ascii_in_charset(text) or charset.issuperset(text):
         return text
     return "".join(ch if ch in charset else "\ufffd" for ch in text)
 

@@ -22,12 +22,11 @@ reward 0 and both flags false.
 
 from __future__ import annotations
 
-from copy import deepcopy
 from typing import Any
 
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
-from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
+from gymnasium.vector.utils import batch_space, iterate
 
 from rag_gym.envs.base import DataConfig, SearchRequest, check_int, retrieve_all
 from rag_gym.envs.search import SearchEnv
@@ -87,9 +86,10 @@ class SearchVectorEnv(VectorEnv):
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self._env_obs: list[Any] = [None] * self.num_envs
-        self._observations = create_empty_array(
-            self.single_observation_space, n=self.num_envs, fn=np.zeros
-        )
+        #: the last observations: a tuple of strings, as ``SyncVectorEnv`` returns for a text
+        #: space, and immutable, so returned as it is (``SyncVectorEnv`` deep-copies its tuple,
+        #: which for strings gives back the same tuple)
+        self._observations: tuple[str, ...] = ("",) * self.num_envs
         self._rewards = np.zeros(self.num_envs, dtype=np.float64)
         self._terminations = np.zeros(self.num_envs, dtype=np.bool_)
         self._truncations = np.zeros(self.num_envs, dtype=np.bool_)
@@ -131,20 +131,20 @@ class SearchVectorEnv(VectorEnv):
         self._terminations[mask] = False
         self._truncations[mask] = False
         self._autoreset_envs[mask] = False
-        self._observations = concatenate(
-            self.single_observation_space, self._env_obs, self._observations
-        )
-        return deepcopy(self._observations), self._batch_infos(infos)
+        self._observations = tuple(self._env_obs)
+        return self._observations, self._batch_infos(infos)
 
     def step(self, actions: dict[str, Any]):
         """Step every sub-env; the SEARCH queries of the step go to the retriever together."""
-        actions = list(iterate(self.action_space, actions))
-        if len(actions) != self.num_envs:
-            raise ValueError(f"expected {self.num_envs} actions, got {len(actions)}")
+        actions = self._unbatch(actions)
         stepping = [i for i in range(self.num_envs) if not self._autoreset_envs[i]]
+        checked: dict[int, tuple[int, str]] = {}
         requests: dict[int, SearchRequest] = {}
-        for i in stepping:
-            request = self.envs[i].search_request(actions[i])
+        for i in stepping:  # every action is checked before any sub-env moves
+            env = self.envs[i]
+            env._check_running()
+            checked[i] = env._validate(actions[i])
+            request = env._request_for(*checked[i])
             if request is not None:
                 requests[i] = request
         retrieved = dict(
@@ -155,14 +155,16 @@ class SearchVectorEnv(VectorEnv):
             )
         )
         infos: list[dict[str, Any] | None] = [None] * self.num_envs
+        rewards = self._rewards
+        terminations, truncations = self._terminations, self._truncations
         for i, env in enumerate(self.envs):
-            if self._autoreset_envs[i]:
+            if i not in checked:
                 self._env_obs[i], info = env.reset()
                 self._elapsed[i] = 0
-                self._rewards[i] = 0.0
-                self._terminations[i] = self._truncations[i] = False
+                rewards[i] = 0.0
+                terminations[i] = truncations[i] = False
             else:
-                obs, reward, terminated, truncated, info = env._step(actions[i], retrieved.get(i))
+                obs, reward, terminated, truncated, info = env._apply(*checked[i], retrieved.get(i))
                 self._elapsed[i] += 1
                 if (
                     self.max_episode_steps is not None
@@ -170,26 +172,48 @@ class SearchVectorEnv(VectorEnv):
                 ):
                     truncated = True  # as gymnasium.wrappers.TimeLimit
                 self._env_obs[i] = obs
-                self._rewards[i] = reward
-                self._terminations[i] = terminated
-                self._truncations[i] = truncated
+                rewards[i] = reward
+                terminations[i] = terminated
+                truncations[i] = truncated
             infos[i] = info
-        self._observations = concatenate(
-            self.single_observation_space, self._env_obs, self._observations
-        )
-        self._autoreset_envs = np.logical_or(self._terminations, self._truncations)
+        self._observations = tuple(self._env_obs)  # immutable: no copy to make
+        self._autoreset_envs = terminations | truncations
         return (
-            deepcopy(self._observations),
-            np.copy(self._rewards),
-            np.copy(self._terminations),
-            np.copy(self._truncations),
+            self._observations,
+            rewards.copy(),
+            terminations.copy(),
+            truncations.copy(),
             self._batch_infos(infos),
         )
+
+    def _unbatch(self, actions: Any) -> list[dict[str, Any]]:
+        """One action dict per sub-env: ``iterate(self.action_space, actions)``, with a direct
+        path for the usual batch (an int array and a tuple or list of strings)."""
+        n = self.num_envs
+        if type(actions) is dict and len(actions) == 2:
+            types, texts = actions.get("type"), actions.get("text")
+            if (
+                isinstance(types, np.ndarray)
+                and types.shape == (n,)
+                and type(texts) in (tuple, list)
+                and len(texts) == n
+            ):
+                return [{"type": t, "text": s} for t, s in zip(types, texts, strict=True)]
+        out = list(iterate(self.action_space, actions))
+        if len(out) != n:
+            raise ValueError(f"expected {n} actions, got {len(out)}")
+        return out
 
     def _batch_infos(self, infos: list[dict[str, Any] | None]) -> dict[str, Any]:
         """The sub-envs' infos batched as ``VectorEnv._add_info`` batches them one by one (each
         key an array typed by its first value, with its ``_key`` mask; dicts batched
         recursively), in one pass per key."""
+        n = self.num_envs
+        first_info = infos[0]
+        if first_info is not None and all(
+            info is not None and info.keys() == first_info.keys() for info in infos
+        ):
+            return self._batch_full(infos)  # type: ignore[arg-type]
         out: dict[str, Any] = {}
         keys = dict.fromkeys(key for info in infos if info is not None for key in info)
         for key in keys:
@@ -198,20 +222,48 @@ class SearchVectorEnv(VectorEnv):
             first = infos[rows[0]][key]  # type: ignore[index]
             if isinstance(first, dict):
                 array: Any = self._batch_infos(
-                    [infos[i][key] if i in present else None for i in range(self.num_envs)]  # type: ignore[index]
+                    [infos[i][key] if i in present else None for i in range(n)]  # type: ignore[index]
                 )
             else:
-                if type(first) in (int, float, bool) or isinstance(first, np.number):
-                    array = np.zeros(self.num_envs, dtype=type(first))
-                elif isinstance(first, np.ndarray):
-                    array = np.zeros((self.num_envs, *first.shape), dtype=first.dtype)
-                else:
-                    array = np.full(self.num_envs, fill_value=None, dtype=object)
+                array = _empty_like_info(first, n)
                 for i in rows:
                     array[i] = infos[i][key]  # type: ignore[index]
-            mask = np.zeros(self.num_envs, dtype=np.bool_)
+            mask = np.zeros(n, dtype=np.bool_)
             mask[rows] = True
             out[key], out[f"_{key}"] = array, mask
+        return out
+
+    def _batch_full(self, infos: list[dict[str, Any]]) -> dict[str, Any]:
+        """:meth:`_batch_infos` when every sub-env's info has the same keys (every step but
+        those where some episodes answer or refuse): each key's values in one array, every
+        mask true."""
+        n = self.num_envs
+        out: dict[str, Any] = {}
+        full = np.ones(n, dtype=np.bool_)
+        keys = list(infos[0])
+        if all(list(info) == keys for info in infos):  # the usual case: one key order
+            columns: Any = zip(*(info.values() for info in infos), strict=True)
+        else:
+            columns = ([info[key] for info in infos] for key in keys)
+        for key, values in zip(keys, columns, strict=True):
+            first = values[0]
+            kind = type(first)
+            if isinstance(first, dict):
+                array: Any = self._batch_infos(list(values))
+            elif kind in (int, float, bool) or isinstance(first, np.number):
+                if all(type(v) is kind for v in values):
+                    array = np.array(values, dtype=kind)
+                else:  # cast into the first value's type, as an assignment does
+                    array = _empty_like_info(first, n)
+                    for i, value in enumerate(values):
+                        array[i] = value
+            elif isinstance(first, np.ndarray):
+                array = _empty_like_info(first, n)
+                for i, value in enumerate(values):
+                    array[i] = value
+            else:  # one object per sub-env, never unpacked as numpy would a list of lists
+                array = np.fromiter(values, dtype=object, count=n)
+            out[key], out[f"_{key}"] = array, full.copy()
         return out
 
     def render(self) -> tuple[str | None, ...]:
@@ -231,6 +283,15 @@ class SearchVectorEnv(VectorEnv):
     def close_extras(self, **kwargs: Any) -> None:
         for env in self.envs:
             env.close()
+
+
+def _empty_like_info(first: Any, n: int) -> np.ndarray:
+    """The array ``VectorEnv._add_info`` makes for an info key whose first value is ``first``."""
+    if type(first) in (int, float, bool) or isinstance(first, np.number):
+        return np.zeros(n, dtype=type(first))
+    if isinstance(first, np.ndarray):
+        return np.zeros((n, *first.shape), dtype=first.dtype)
+    return np.full(n, fill_value=None, dtype=object)
 
 
 __all__ = ["SearchVectorEnv"]

@@ -300,7 +300,7 @@ class BM25Retriever:
         tokens = self.tokenize(queries) if queries else []
         token_ids = [self.model.get_tokens_ids(toks) for toks in tokens]
         n_columns = len(self._indptr) - 1
-        if any(i >= n_columns for ids in token_ids for i in ids):  # bm25s raises the same
+        if max((max(ids) for ids in token_ids if ids), default=-1) >= n_columns:  # as bm25s
             raise ValueError("a query token maps outside the index's columns; rebuild the index")
         out_ids: list[list[str]] = [[] for _ in queries]
         out_scores: list[list[float]] = [[] for _ in queries]
@@ -339,14 +339,22 @@ class BM25Retriever:
         tokens = np.fromiter(
             (t for i in rows for t in token_ids[i]), dtype=np.int64, count=int(token_ptr[-1])
         )
-        base = np.array([self._base(token_ids[i]) for i in rows], dtype=self._data.dtype)
-        banned = [
-            positions(self.corpus, excl[i], strict=False) if excl[i] else np.zeros(0, np.int64)
-            for i in rows
-        ]
+        if (
+            self.model.nonoccurrence_array is None
+        ):  # BM25 proper: a passage without the query's tokens scores 0
+            base = np.zeros(n, dtype=self._data.dtype)
+        else:
+            base = np.array([self._base(token_ids[i]) for i in rows], dtype=self._data.dtype)
         excluded_ptr = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum([len(b) for b in banned], out=excluded_ptr[1:])
-        excluded = np.concatenate(banned) if banned else np.zeros(0, np.int64)
+        if any(excl[i] for i in rows):
+            banned = [
+                positions(self.corpus, excl[i], strict=False) if excl[i] else np.zeros(0, np.int64)
+                for i in rows
+            ]
+            np.cumsum([len(b) for b in banned], out=excluded_ptr[1:])
+            excluded = np.concatenate(banned)
+        else:
+            excluded = np.zeros(0, np.int64)
         out_pos = np.empty((n, k), dtype=np.int64)
         out_val = np.empty((n, k), dtype=self._data.dtype)
         out_n = np.empty(n, dtype=np.int64)
@@ -412,6 +420,12 @@ class BM25Retriever:
                     if self._pool is None:
                         self._pool = ThreadPoolExecutor(self.n_threads, "rag-gym-bm25")
             list(self._pool.map(run, bounds[:-1], bounds[1:]))
+        if (out_n == k).all():  # the usual case: every row full, converted in one go
+            for i, ids, scores in zip(
+                rows, self._ids[out_pos].tolist(), out_val.astype(float).tolist(), strict=True
+            ):
+                out_ids[i], out_scores[i] = ids, scores
+            return
         for row, i in enumerate(rows):
             m = int(out_n[row])
             out_ids[i] = self._ids[out_pos[row, :m]].tolist()

@@ -218,6 +218,28 @@ def test_observation_clipping_keeps_question_and_newest():
     assert "[... earlier context clipped ...]" in obs and "Search: Bo Rann" in obs
 
 
+def test_observation_is_rendered_incrementally_as_from_scratch():
+    """The context is rendered once per hop and extended step by step; after any mix of
+    searches, notes, backtracks and invalid actions the observation is the whole context
+    rendered afresh."""
+    from rag_gym.envs.spaces import sanitize
+
+    rng = np.random.default_rng(0)
+    for max_obs_chars in (300, 16384):
+        env = make_env(max_obs_chars=max_obs_chars)
+        env.reset(options={"index": 0})
+        for _ in range(80):
+            kind = int(rng.choice([S, S, S, E, B]))
+            obs, *_ = env.step(act(kind, str(rng.choice(["Ada Vell", "Orrin", "", "Bo Rann"]))))
+            env._body = (0, "")  # forget the rendered context: render every hop again
+            assert obs == env._render_obs()
+            if max_obs_chars == 16384:
+                blocks = [env._block(n, hop) for n, hop in enumerate(env._context, 1)]
+                if env._last_message:
+                    blocks.append(sanitize(f"Note: {env._last_message}"))
+                assert obs == "\n\n".join([f"Question: {QUESTIONS[0].question}", *blocks])
+
+
 def test_exclude_seen():
     env = make_env(exclude_seen=True)
     env.reset(options={"index": 0})

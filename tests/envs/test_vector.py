@@ -203,3 +203,70 @@ def test_native_vector_env_errors_name_the_fix():
     again, _ = venv.reset(seed=5, options={"reset_mask": np.array([False, True])})
     assert again[0] == obs[0]  # only the masked sub-env was reset
     assert again[1] == SearchVectorEnv(2, **KW).reset(seed=5)[0][1]
+
+
+def _same(got, expected) -> None:
+    assert list(got) == list(expected)
+    for key, want in expected.items():
+        have = got[key]
+        if isinstance(want, dict):
+            _same(have, want)
+            continue
+        assert isinstance(have, np.ndarray) and have.dtype == want.dtype, key
+        assert have.shape == want.shape, key
+        for a, b in zip(have.tolist(), want.tolist(), strict=True):
+            assert type(a) is type(b) and a == b, key
+
+
+@pytest.mark.parametrize(
+    "infos",
+    [
+        [  # every key in every info (a step without ANSWER/REFUSE)
+            {
+                "step": j,
+                "ok": j == 1,
+                "score": 0.5 * j,
+                "ids": ["p1", "p2"],
+                "query": None if j else "q",
+                "mask": np.array([1, 0, j], dtype=np.int8),
+                "np": np.float32(j),
+                "terms": {"answer": 0.0, "invalid": float(j)},
+            }
+            for j in range(3)
+        ],
+        [{"a": 1, "t": {"x": 1}}, None, {"a": 2, "b": "x", "t": {"y": 2.0}}],  # keys differ
+        [{"a": 1}, {"a": 2.5}, {"a": True}],  # one key, values of several types
+        [{"a": 1.5}, {"a": 2}, {"a": np.float64(3)}],
+        [{"a": "x", "b": 1}, {"b": 2, "a": "y"}, {"a": "z", "b": 3}],  # keys in another order
+        [None, None, {"a": [1]}],
+    ],
+)
+def test_batch_infos_match_gymnasium_add_info(infos):
+    from rag_gym.envs.vector import SearchVectorEnv
+
+    venv = SearchVectorEnv(3, **KW)
+    expected: dict = {}
+    for i, info in enumerate(infos):
+        if info is not None:
+            expected = venv._add_info(expected, info, i)
+    _same(venv._batch_infos(infos), expected)
+
+
+def test_native_vector_env_takes_actions_in_any_batched_form():
+    """The usual batch (an int array, a tuple of strings) and the other forms Gymnasium's
+    ``iterate`` takes step alike."""
+    from rag_gym.envs.vector import SearchVectorEnv
+
+    results = []
+    for types, texts in [
+        (np.array([0, 4]), ("Ada", "note")),
+        ([0, 4], ["Ada", "note"]),
+        (np.array([0, 4]), ["Ada", "note"]),
+    ]:
+        venv = SearchVectorEnv(2, **KW)
+        venv.reset(seed=3)
+        obs, reward, _, _, info = venv.step({"type": types, "text": texts})
+        results.append((obs, reward.tolist(), _canon(info)))
+    assert results[0] == results[1] == results[2]
+    with pytest.raises(ValueError):
+        venv.step({"type": np.array([0, 4, 0]), "text": ("a", "b", "c")})
