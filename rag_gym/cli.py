@@ -1,5 +1,6 @@
 """The ``rag-gym`` command line: ``evaluate``, ``compare``, ``view``, ``agents``, ``envs``,
-``synth``, ``index build``, ``serve`` and ``train`` (``sft``, ``grpo``, ``export``)."""
+``synth``, ``index build``, ``serve``, ``train`` (``sft``, ``grpo``, ``export``) and
+``openenv serve``."""
 
 from __future__ import annotations
 
@@ -278,8 +279,7 @@ def view(
     ] = False,
     port: Annotated[int, typer.Option(help="Port for --serve (0: any free port).")] = 8000,
 ) -> None:
-    """Write a self-contained HTML report of a run: leaderboard, plots, every episode step by
-    step, one question across agents, and training curves and rollouts."""
+    """Write a self-contained HTML report of a run (leaderboard, episodes, training curves)."""
     from rag_gym.view import NotARunFolder, build_report
     from rag_gym.view import serve as serve_report
 

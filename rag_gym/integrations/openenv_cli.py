@@ -10,7 +10,7 @@ import typer
 
 openenv_app = typer.Typer(
     no_args_is_help=True,
-    help="Serve rag-gym envs through OpenEnv (pip install 'rag-gym[openenv]').",
+    help="Serve rag-gym envs through OpenEnv (needs the openenv extra).",
 )
 
 
