@@ -83,3 +83,30 @@ def test_engine_episodes_carry_their_step_trace(tmp_path):
     assert {r["question_id"] for r in read(tmp_path / "steps.jsonl")} == {
         ep.trace["question_id"] for ep in episodes
     }
+
+
+def test_with_a_wandb_run_the_sample_is_logged_as_a_table(tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb", reason="the wandb.Table needs the track extra")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = wandb.init(project="rag-gym-test", dir=str(tmp_path), mode="offline")
+    try:
+        log = RolloutLog(tmp_path / "run", every=1, n=2, seed=0)
+        assert log(1, [episode(i, 1.0) for i in range(4)]) == 2
+        wandb.log({"loss": 0.5})  # commits the step the table was logged in
+    finally:
+        run.finish()
+    tables = list(tmp_path.rglob("rollouts/samples_*.table.json"))
+    assert len(tables) == 1, sorted(p.name for p in tmp_path.rglob("*"))
+    table = json.loads(tables[0].read_text())
+    assert table["columns"] == [
+        "train_step",
+        "question",
+        "answers",
+        "return",
+        "em",
+        "steps",
+        "trace",
+    ]
+    assert len(table["data"]) == 2 and {row[0] for row in table["data"]} == {1}
+    assert all(json.loads(row[6])[0]["raw_output"] == "<answer>x</answer>" for row in table["data"])
