@@ -95,16 +95,16 @@ def load_policy(
     return net.to(device), tok
 
 
-def tiny_policy(device: str = "cpu", seed: int = 0) -> tuple[Any, Any]:
-    """A 2-layer, 64-wide random Llama with the embedded SmolLM2 tokenizer (and chat template):
-    enough to check that a trainer runs and updates weights, in seconds."""
+def tiny_policy(device: str = "cpu", seed: int = 0, hidden_size: int = 64) -> tuple[Any, Any]:
+    """A 2-layer, ``hidden_size``-wide (64) random Llama with the embedded SmolLM2 tokenizer
+    (and chat template): enough to check that a trainer runs and updates weights, in seconds."""
     torch, transformers = _require()
     tok = transformers.AutoTokenizer.from_pretrained(trainable_embedded())
     _prepare_tokenizer(tok)
     config = transformers.LlamaConfig(
         vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,

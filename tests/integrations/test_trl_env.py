@@ -110,27 +110,11 @@ def warm_start_tiny_policy(env_cls, steps: int = 150):
     (:func:`tool_call_demonstrations`) does not fit a CPU test's budget; this does, so that the
     GRPO run below reaches the env through TRL's own parsing."""
     import torch
-    import transformers
 
     from rag_gym.train.models import tiny_policy
 
-    _, tok = tiny_policy()
+    model, tok = tiny_policy(hidden_size=128)
     prepare_tokenizer(tok)
-    config = transformers.LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config)
     env = env_cls()
     call = '<tool_call>\n{"name": "search", "arguments": {"query": "publisher"}}\n</tool_call>'
     target = tok(call + tok.eos_token, add_special_tokens=False)["input_ids"]
