@@ -744,7 +744,7 @@ def train_sft(
         str | None, typer.Option(help="More gym.make kwargs as a JSON object.")
     ] = None,
     tags: Annotated[str, typer.Option(help="TextActions tag preset.")] = "search_r1",
-    demos: Annotated[int, typer.Option(help="Expert demonstrations (train split).")] = 320,
+    demos: Annotated[int, typer.Option(help="Expert demonstrations (train split).")] = 600,
     model: Annotated[
         str, typer.Option(help="embedded, tiny, a hub id or a directory.")
     ] = "embedded",
@@ -755,7 +755,7 @@ def train_sft(
     batch_size: Annotated[int, typer.Option(help="Transcripts per step.")] = 8,
     micro_batch_size: Annotated[
         int, typer.Option(help="Transcripts per forward pass (memory grows with it).")
-    ] = 2,
+    ] = 1,
     eval_n: Annotated[int, typer.Option(help="Held-out (validation) questions for EM.")] = 100,
     eval_before: Annotated[bool, typer.Option(help="Also evaluate the untrained model.")] = True,
     seed: Annotated[int, typer.Option()] = 0,
@@ -819,14 +819,30 @@ def train_grpo(
     step_cost: Annotated[float, typer.Option(help="EVO-RAG step cost weight.")] = 0.0,
     model: Annotated[str, typer.Option(help="Base model (with --init: its base).")] = "embedded",
     eval_n: Annotated[int, typer.Option(help="Held-out (validation) questions for EM.")] = 100,
+    save_steps: Annotated[int, typer.Option(help="Checkpoint every this many steps.")] = 10,
+    resume: Annotated[
+        Path | None,
+        typer.Option(
+            help="Go on with this stopped run from its newest checkpoint, with its own options "
+            "(every other option is ignored)."
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option()] = 0,
     out: Annotated[Path, typer.Option(help="Parent folder of the run folder.")] = Path("runs"),
     run_name: Annotated[str | None, typer.Option(help="Run folder name.")] = None,
     track: Annotated[bool, typer.Option(help="Log to W&B (offline).")] = False,
 ) -> None:
     """GRPO/DAPO in the env, optionally from an SFT checkpoint (--init)."""
-    from rag_gym.train.grpo import EnvGRPOConfig, train_from
+    from rag_gym.train.grpo import EnvGRPOConfig, resume_config, train_from
 
+    if resume is not None:
+        try:
+            cfg, init, saved_eval_n = resume_config(resume)
+        except (TypeError, ValueError, FileNotFoundError) as exc:
+            _fail(str(exc))
+        results = train_from(cfg, init=init, eval_n=saved_eval_n)
+        _report_grpo(results, Path(cfg.run_dir))
+        return
     run_dir = _run_dir(out, run_name, env, algorithm, seed)
     try:
         cfg = EnvGRPOConfig(
@@ -842,6 +858,7 @@ def train_grpo(
             beta=beta,
             step_cost=step_cost,
             model=model,
+            save_steps=save_steps,
             seed=seed,
             run_dir=str(run_dir),
             track=track,
@@ -849,6 +866,10 @@ def train_grpo(
         results = train_from(cfg, init=init, eval_n=eval_n)
     except (TypeError, ValueError, FileNotFoundError) as exc:
         _fail(str(exc))
+    _report_grpo(results, run_dir)
+
+
+def _report_grpo(results: dict, run_dir: Path) -> None:
     typer.echo(f"held-out EM before: {_em(results['before'])}, after: {_em(results['after'])}")
     typer.echo(f"checkpoint: {results['checkpoint']}")
     typer.echo(f"results: {run_dir}")

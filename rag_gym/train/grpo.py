@@ -492,6 +492,33 @@ def build_trainer(
     return trainer, rollout
 
 
+def resume_config(run_dir: str | Path) -> tuple[EnvGRPOConfig, str | None, int | None]:
+    """The config, SFT ``init`` and ``eval_n`` of the stopped run in ``run_dir``, set to go on
+    from its newest ``checkpoint-N`` (what ``rag-gym train grpo --resume RUN`` runs)."""
+    import json
+
+    run_dir = Path(run_dir)
+    config, started = run_dir / "config.json", run_dir / "init.json"
+    if not config.is_file() or not started.is_file():
+        raise FileNotFoundError(
+            f"expected a GRPO run folder (config.json and init.json) to resume, got {run_dir}: "
+            "pass the folder `rag-gym train grpo` printed or wrote"
+        )
+    checkpoints = sorted(
+        (p for p in run_dir.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()),
+        key=lambda p: int(p.name.split("-")[-1]),
+    )
+    if not checkpoints:
+        raise FileNotFoundError(
+            f"expected a checkpoint-N folder in {run_dir} to resume from, found none (the run "
+            "stopped before its first save_steps): start it again"
+        )
+    fields = json.loads(config.read_text())
+    fields.update(run_dir=str(run_dir), resume_from_checkpoint=str(checkpoints[-1]))
+    start = json.loads(started.read_text())
+    return EnvGRPOConfig(**fields), start.get("init"), start.get("eval_n")
+
+
 def _json(obj: Any) -> str:
     import json
 
@@ -593,6 +620,11 @@ def train_from(
     EM before and after on ``eval_n`` validation questions. Writes ``results.json`` beside the
     trainer's files and returns its content."""
 
+    if cfg.resume_from_checkpoint is not None and not Path(cfg.resume_from_checkpoint).is_dir():
+        raise FileNotFoundError(
+            f"expected resume_from_checkpoint to be a checkpoint folder, got "
+            f"{cfg.resume_from_checkpoint!r} (no such folder)"
+        )
     if init is not None:
         model, tokenizer = load_with_adapter(cfg.model, init)
         cfg.lora = False  # the adapter is already there
@@ -604,6 +636,10 @@ def train_from(
     held_out = rollout_engine(cfg, tokenizer, "validation") if eval_n else None
     before = evaluate_policy(model, tokenizer, held_out, n=eval_n) if held_out else None
     trainer, rollout = build_trainer(cfg, model, tokenizer)
+    # the run's own record of where it started, read back by resume_config
+    (Path(trainer.args.output_dir) / "init.json").write_text(
+        _json({"init": None if init is None else str(Path(init).resolve()), "eval_n": eval_n})
+    )
     t1 = time.perf_counter()
     trainer.train(resume_from_checkpoint=cfg.resume_from_checkpoint)
     t2 = time.perf_counter()

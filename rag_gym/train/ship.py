@@ -49,6 +49,48 @@ def package_adapter(
     return out
 
 
+def record_fixed_questions(
+    folder: str | Path, indices: Any = range(8), split: str = "test", n_threads: int | None = 1
+) -> dict[str, Any]:
+    """Play the checkpoint in ``folder`` greedily on llama.cpp (its ``adapter.gguf``) on the
+    questions ``indices`` of its env's ``split``, and write what it answers into its
+    ``rag_gym.json`` (``fixed_questions``, ``fixed_questions_em``) and ``README.md``: the figures
+    the shipped-checkpoint test replays. Returns the updated ``rag_gym.json``."""
+    import gymnasium as gym
+
+    import rag_gym  # noqa: F401  (registers the envs)
+    from rag_gym.baselines import make_agent
+    from rag_gym.generation.llama_cpp import LlamaCppLM
+    from rag_gym.wrappers import TextActions
+
+    folder = Path(folder)
+    meta = json.loads((folder / "rag_gym.json").read_text())
+    agent = make_agent(f"search_r1:{folder}", lm=LlamaCppLM(n_threads=n_threads))
+    env = TextActions(gym.make(meta["env_id"], split=split), tags=meta["tags"])
+    fixed = []
+    for index in indices:
+        obs, info = env.reset(options={"index": int(index)})
+        agent.reset(slot=0)
+        while True:
+            obs, _, terminated, truncated, info = env.step(agent.act(obs, info))
+            if terminated or truncated:
+                break
+        fixed.append(
+            {
+                "index": int(index),
+                "question": info["question"],
+                "prediction": info.get("prediction"),
+                "em": float((info.get("scores") or {}).get("em", 0.0)),
+            }
+        )
+    env.close()
+    meta["fixed_questions"] = fixed
+    meta["fixed_questions_em"] = sum(q["em"] for q in fixed) / len(fixed)
+    (folder / "rag_gym.json").write_text(json.dumps(meta, indent=2) + "\n")
+    (folder / "README.md").write_text(model_card(meta))
+    return meta
+
+
 def model_card(meta: dict[str, Any]) -> str:
     """The model card (Markdown) of a checkpoint's ``rag_gym.json``."""
     lines = [

@@ -142,7 +142,7 @@ def test_two_step_sft_then_two_step_grpo_from_it(tmp_path):
         max_completion_tokens=256,
         learning_rate=1e-2,
         beta=0.0,
-        save_steps=100,
+        save_steps=1,
         run_dir=str(tmp_path / "grpo"),
     )
     results = train_from(cfg, init=tmp_path / "sft", eval_n=2)
@@ -153,6 +153,47 @@ def test_two_step_sft_then_two_step_grpo_from_it(tmp_path):
     # the GRPO run went on training the SFT adapter (same tensors, started from its values)
     assert set(grpo_weights) == set(sft_weights)
     assert all(torch.isfinite(v).all() for v in grpo_weights.values())
+
+    # A run stopped after step 1 goes on from its checkpoint with `train grpo --resume RUN`.
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from rag_gym.cli import app
+
+    run = tmp_path / "grpo"
+    for stale in ("checkpoint-2", "final", "results.json"):
+        path = run / stale
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    state_file = run / "checkpoint-1" / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    state["log_history"][0]["marker"] = 1.0  # only a run that loads the checkpoint keeps this
+    state_file.write_text(json.dumps(state))
+    result = CliRunner().invoke(app, ["train", "grpo", "--resume", str(run), "--eval-n", "5"])
+    assert result.exit_code == 0, result.output
+    resumed = json.loads((run / "results.json").read_text())
+    assert resumed["init"] == str((tmp_path / "sft").resolve())
+    assert resumed["after"]["n"] == 2.0  # the run's own eval_n, not the ignored option
+    steps = [r["step"] for r in resumed["log_history"] if "loss" in r]
+    assert steps == [1, 2]
+    assert resumed["log_history"][0].get("marker") == 1.0
+    assert (run / "checkpoint-2").is_dir() and (run / "final").is_dir()
+
+
+def test_grpo_resume_errors_are_clear(tmp_path):
+    from typer.testing import CliRunner
+
+    from rag_gym.cli import app
+
+    def fail(path):
+        result = CliRunner().invoke(app, ["train", "grpo", "--resume", str(path)])
+        assert result.exit_code == 2, result.output
+        return " ".join(result.output.split())
+
+    assert "expected a GRPO run folder (config.json and init.json)" in fail(tmp_path / "none")
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "init.json").write_text("{}")
+    assert "found none (the run stopped before its first save_steps)" in fail(tmp_path)
 
 
 def test_init_errors(tmp_path):
