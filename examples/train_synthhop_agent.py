@@ -13,7 +13,7 @@ The whole pipeline, top to bottom, on a CPU:
 
 What the docs report (2-core CPU; ``OMP_NUM_THREADS=1`` when the machine is shared)::
 
-    python examples/train_synthhop_agent.py --n_demos 200 --grpo_steps 0 --test_n 200
+    python examples/train_synthhop_agent.py --n_demos 600 --grpo_steps 0 --test_n 200
 
 A quick smoke run (minutes; the tiny random model learns nothing)::
 
@@ -64,7 +64,7 @@ def parse():
     from rag_gym.train.sft import SFTConfig
 
     parser = TrlParser((PipelineArguments, SFTConfig))
-    parser.set_defaults(n_demos=200, exp_name="synthhop_agent")
+    parser.set_defaults(exp_name="synthhop_agent")
     return parser.parse_args_and_config()
 
 
@@ -72,7 +72,7 @@ def main() -> None:
     pipeline, sft_cfg = parse()
     from rag_gym.train.grpo import EnvGRPOConfig, train_from
     from rag_gym.train.sft import train as train_sft
-    from rag_gym.train.ship import package_adapter
+    from rag_gym.train.ship import package_adapter, record_fixed_questions
     from rag_gym.train.tracking import run_dir_for
 
     root = run_dir_for(sft_cfg)
@@ -130,8 +130,12 @@ def main() -> None:
                 "seed": sft_cfg.seed,
                 "data": f"{sft_cfg.n_demos} expert transcripts of {sft_cfg.env_id}'s train split",
                 "results": [f"{k}: {v['after']}" for k, v in report["stages"].items()],
+                "env_id": sft_cfg.env_id,
+                "tags": sft_cfg.tags,
             },
         )
+        # the answers to 8 fixed test questions, which the model card lists and a test replays
+        record_fixed_questions(checkpoint)
         print(f"checkpoint: {checkpoint}", flush=True)
         if pipeline.test_n:
             from rag_gym.baselines import make_agent

@@ -70,3 +70,28 @@ def test_shipped_adapter_loads_on_transformers_and_a_wrong_base_is_refused(tmp_p
     model, _ = tiny_policy()
     with pytest.raises(AdapterError, match="does not fit"):
         merge_adapter(model, checkpoint_path("synthhop"))
+
+
+@pytest.mark.llm
+@requires_llama
+def test_record_fixed_questions_writes_what_the_checkpoint_answers(tmp_path):
+    import shutil
+
+    from rag_gym.train.ship import record_fixed_questions
+
+    copy = tmp_path / "checkpoint"
+    shutil.copytree(checkpoint_path("synthhop"), copy)
+    meta = record_fixed_questions(copy, indices=[4, 7])
+    assert [q["index"] for q in meta["fixed_questions"]] == [4, 7]
+    shipped = {q["index"]: q for q in CARD["fixed_questions"]}
+    for q in meta["fixed_questions"]:
+        assert q["question"] == shipped[q["index"]]["question"]
+    # at most one of two greedy answers may differ between CPUs (see the test above)
+    same = sum(
+        q["prediction"] == shipped[q["index"]]["prediction"] for q in meta["fixed_questions"]
+    )
+    assert same >= 1
+    assert meta["fixed_questions_em"] == sum(q["em"] for q in meta["fixed_questions"]) / 2
+    saved = json.loads((copy / "rag_gym.json").read_text())
+    assert saved["fixed_questions"] == meta["fixed_questions"]
+    assert "| 7 | In which country is the birthplace of" in (copy / "README.md").read_text()
