@@ -835,44 +835,34 @@ def train_grpo(
     """GRPO/DAPO in the env, optionally from an SFT checkpoint (--init)."""
     from rag_gym.train.grpo import EnvGRPOConfig, resume_config, train_from
 
-    if resume is not None:
-        try:
-            cfg, init, saved_eval_n = resume_config(resume)
-        except (TypeError, ValueError, FileNotFoundError) as exc:
-            _fail(str(exc))
-        results = train_from(cfg, init=init, eval_n=saved_eval_n)
-        _report_grpo(results, Path(cfg.run_dir))
-        return
-    run_dir = _run_dir(out, run_name, env, algorithm, seed)
     try:
-        cfg = EnvGRPOConfig(
-            env_id=env,
-            env_kwargs=_json_option(env_kwargs, "--env-kwargs"),
-            tags=tags,
-            reward_preset=reward_preset,
-            algorithm=algorithm,
-            max_steps=steps,
-            num_generations=num_generations,
-            prompts_per_step=prompts_per_step,
-            learning_rate=lr,
-            beta=beta,
-            step_cost=step_cost,
-            model=model,
-            save_steps=save_steps,
-            seed=seed,
-            run_dir=str(run_dir),
-            track=track,
-        )
+        if resume is not None:
+            cfg, init, eval_n = resume_config(resume)
+        else:
+            cfg = EnvGRPOConfig(
+                env_id=env,
+                env_kwargs=_json_option(env_kwargs, "--env-kwargs"),
+                tags=tags,
+                reward_preset=reward_preset,
+                algorithm=algorithm,
+                max_steps=steps,
+                num_generations=num_generations,
+                prompts_per_step=prompts_per_step,
+                learning_rate=lr,
+                beta=beta,
+                step_cost=step_cost,
+                model=model,
+                save_steps=save_steps,
+                seed=seed,
+                run_dir=str(_run_dir(out, run_name, env, algorithm, seed)),
+                track=track,
+            )
         results = train_from(cfg, init=init, eval_n=eval_n)
     except (TypeError, ValueError, FileNotFoundError) as exc:
         _fail(str(exc))
-    _report_grpo(results, run_dir)
-
-
-def _report_grpo(results: dict, run_dir: Path) -> None:
     typer.echo(f"held-out EM before: {_em(results['before'])}, after: {_em(results['after'])}")
     typer.echo(f"checkpoint: {results['checkpoint']}")
-    typer.echo(f"results: {run_dir}")
+    typer.echo(f"results: {cfg.run_dir}")
 
 
 @train_app.command("export")

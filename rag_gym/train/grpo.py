@@ -504,17 +504,16 @@ def resume_config(run_dir: str | Path) -> tuple[EnvGRPOConfig, str | None, int |
             f"expected a GRPO run folder (config.json and init.json) to resume, got {run_dir}: "
             "pass the folder `rag-gym train grpo` printed or wrote"
         )
-    checkpoints = sorted(
-        (p for p in run_dir.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()),
-        key=lambda p: int(p.name.split("-")[-1]),
-    )
-    if not checkpoints:
+    from transformers.trainer_utils import get_last_checkpoint
+
+    checkpoint = get_last_checkpoint(run_dir)
+    if checkpoint is None:
         raise FileNotFoundError(
             f"expected a checkpoint-N folder in {run_dir} to resume from, found none (the run "
             "stopped before its first save_steps): start it again"
         )
     fields = json.loads(config.read_text())
-    fields.update(run_dir=str(run_dir), resume_from_checkpoint=str(checkpoints[-1]))
+    fields.update(run_dir=str(run_dir), resume_from_checkpoint=checkpoint)
     start = json.loads(started.read_text())
     return EnvGRPOConfig(**fields), start.get("init"), start.get("eval_n")
 
