@@ -154,6 +154,11 @@ class Corpus:
         """Row of ``pid`` in the aligned lists."""
         return self._index[pid]
 
+    def ids_at(self, positions: Iterable[int]) -> list[str]:
+        """The ids at ``positions`` (rows of the aligned lists)."""
+        ids = self.ids
+        return [ids[int(i)] for i in positions]
+
     def get(self, pid: str, default: Passage | None = None) -> Passage | None:
         return self[pid] if pid in self._index else default
 

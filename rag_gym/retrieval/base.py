@@ -19,6 +19,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from rag_gym.data.mapped import MappedCorpus
 from rag_gym.data.types import Corpus
 
 
@@ -92,6 +93,31 @@ def per_query(arg: Sequence | None, n: int, name: str) -> list:
     return arg
 
 
+class IdColumn:
+    """The ids of a corpus, taken by arrays of positions: an object array for an in-memory
+    :class:`Corpus` (one fancy index per batch), read on access for a
+    :class:`~rag_gym.data.mapped.MappedCorpus` (no 21M-string array at load)."""
+
+    __slots__ = ("_array", "_corpus")
+
+    def __init__(self, corpus: Corpus) -> None:
+        self._corpus = corpus
+        self._array = (
+            None if isinstance(corpus, MappedCorpus) else np.array(corpus.ids, dtype=object)
+        )
+
+    def take(self, pos: np.ndarray) -> list:
+        """``ids[pos]`` as (nested) lists: a list for a 1-D ``pos``, a list of lists for 2-D."""
+        if self._array is not None:
+            return self._array[pos].tolist()
+        pos = np.asarray(pos)
+        flat = self._corpus.ids_at(pos.ravel())
+        if pos.ndim == 1:
+            return flat
+        width = pos.shape[1]
+        return [flat[r * width : (r + 1) * width] for r in range(pos.shape[0])]
+
+
 def id_ranks(corpus: Corpus) -> np.ndarray:
     """Rank of each corpus position in passage-id order: the tie-breaker for :func:`top_k`.
 
@@ -99,6 +125,8 @@ def id_ranks(corpus: Corpus) -> np.ndarray:
     >>> id_ranks(Corpus([Passage("b", "", "x"), Passage("a", "", "y")])).tolist()
     [1, 0]
     """
+    if isinstance(corpus, MappedCorpus):
+        return corpus.id_rank
     order = np.argsort(np.array(corpus.ids, dtype=object), kind="stable")
     ranks = np.empty(len(corpus), dtype=np.int64)
     ranks[order] = np.arange(len(corpus))

@@ -47,6 +47,7 @@ import numpy as np
 from rag_gym._names import unknown_name
 from rag_gym.data.types import Corpus
 from rag_gym.retrieval.base import (
+    IdColumn,
     RetrievalResult,
     check_k,
     check_queries,
@@ -225,7 +226,7 @@ class BM25Retriever:
         self.corpus = corpus
         # rank of each position by passage id: the tie-breaker
         self._id_rank = id_ranks(corpus) if id_rank is None else id_rank
-        self._ids = np.array(corpus.ids, dtype=object)
+        self._ids = IdColumn(corpus)
         # plain ndarray views of bm25s's arrays (memory maps stay mapped, never copied)
         self._data = np.asarray(model.scores["data"])
         self._indices = np.asarray(model.scores["indices"])
@@ -324,7 +325,7 @@ class BM25Retriever:
                     scores = scores.astype(np.float64)
                     scores[positions(self.corpus, ex, strict=False)] = -np.inf
                 picked = top_k(scores, k, self._id_rank)
-            out_ids[i] = self._ids[picked].tolist()
+            out_ids[i] = self._ids.take(picked)
             out_scores[i] = scores[picked].astype(float).tolist()
         return RetrievalResult(out_ids, out_scores)
 
@@ -422,13 +423,13 @@ class BM25Retriever:
             list(self._pool.map(run, bounds[:-1], bounds[1:]))
         if (out_n == k).all():  # the usual case: every row full, converted in one go
             for i, ids, scores in zip(
-                rows, self._ids[out_pos].tolist(), out_val.astype(float).tolist(), strict=True
+                rows, self._ids.take(out_pos), out_val.astype(float).tolist(), strict=True
             ):
                 out_ids[i], out_scores[i] = ids, scores
             return
         for row, i in enumerate(rows):
             m = int(out_n[row])
-            out_ids[i] = self._ids[out_pos[row, :m]].tolist()
+            out_ids[i] = self._ids.take(out_pos[row, :m])
             out_scores[i] = out_val[row, :m].astype(float).tolist()
 
     def _take_scratch(self) -> tuple:

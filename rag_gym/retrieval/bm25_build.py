@@ -19,7 +19,6 @@ An in-memory and an out-of-core build of one corpus write byte-identical files.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from array import array
@@ -331,54 +330,6 @@ def write_serving_files(out: Path, data, indices, indptr, id_rank: np.ndarray) -
     return {SERVING: {"block": blocks["block"], "prunable": blocks["prunable"]}}
 
 
-class _CorpusWriter:
-    """Writes ``corpus.jsonl`` as ``Corpus.to_jsonl(fmt="title_text")`` does, one passage at a
-    time, with ``Corpus.checksum``'s digest, and keeps the ids for their ranks."""
-
-    def __init__(self, path: Path) -> None:
-        self.f = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed in close())
-        self.h = hashlib.sha256()
-        self.ids = bytearray()
-        self.lengths = array("q")
-
-    def add(self, p: Passage) -> str:
-        rec = {"id": p.id, "title": p.title, "text": p.text}
-        self.f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-        pid = p.id.encode()
-        for part, sep in ((pid, b"\x00"), (p.title.encode(), b"\x00"), (p.text.encode(), b"\x01")):
-            self.h.update(part)
-            self.h.update(sep)
-        self.ids += pid
-        self.lengths.append(len(pid))
-        return f"{p.title}\n{p.text}" if p.title else p.text
-
-    def close(self) -> None:
-        self.f.close()
-
-    def id_rank(self, source: str) -> np.ndarray:
-        """Each passage's rank in id order (``base.id_ranks``: code-point order is UTF-8 byte
-        order); a repeated id is a ``ValueError`` naming it."""
-        n = len(self.lengths)
-        lengths = np.frombuffer(self.lengths, dtype=np.int64)
-        width = max(1, int(lengths.max()) if n else 1)
-        table = np.zeros((n, width), dtype=np.uint8)
-        starts = np.zeros(n, dtype=np.int64)
-        np.cumsum(lengths[:-1], out=starts[1:])
-        row = np.repeat(np.arange(n), lengths)
-        col = np.arange(len(self.ids)) - np.repeat(starts, lengths)
-        table[row, col] = np.frombuffer(self.ids, dtype=np.uint8)
-        keys = table.view(f"S{width}").ravel()
-        order = np.argsort(keys, kind="stable")
-        same = np.flatnonzero(keys[order][1:] == keys[order][:-1])
-        if len(same):
-            first = int(order[same[0]])
-            pid = bytes(self.ids[starts[first] : starts[first] + lengths[first]]).decode()
-            raise ValueError(f"{source}: the id {pid!r} appears more than once; ids must be unique")
-        ranks = np.empty(n, dtype=np.int64)
-        ranks[order] = np.arange(n)
-        return ranks
-
-
 def build_bm25_index(
     passages: Iterable[Passage],
     out_dir: str | Path,
@@ -398,6 +349,7 @@ def build_bm25_index(
     """
     import shutil
 
+    from rag_gym.data.mapped import CorpusFileWriter
     from rag_gym.retrieval.bm25 import BM25Config
     from rag_gym.retrieval.persist import write_index
 
@@ -409,7 +361,7 @@ def build_bm25_index(
         work.mkdir()
         folder = tmp / "bm25s"
         folder.mkdir()
-        writer = _CorpusWriter(tmp / "corpus.jsonl")
+        writer = CorpusFileWriter(tmp)
 
         def allocate(name: str, dtype: np.dtype, n: int) -> np.ndarray:
             return np.lib.format.open_memmap(
@@ -418,12 +370,14 @@ def build_bm25_index(
 
         try:
             arrays = build_arrays((writer.add(p) for p in passages), config, budget, work, allocate)
-        finally:
+        except BaseException:
             writer.close()
+            raise
+        written = writer.finish(source)
         shutil.rmtree(work)
         np.save(folder / "indptr.csc.index.npy", arrays["indptr"])
         write_bm25s_metadata(arrays, folder)
-        id_rank = writer.id_rank(source)
+        id_rank = written["id_rank"]
         data, indices = arrays["data"], arrays["indices"]
         data.flush()
         indices.flush()
@@ -433,8 +387,8 @@ def build_bm25_index(
             "params": serving,
             "corpus": {
                 "corpus_name": corpus_name,
-                "corpus_size": len(id_rank),
-                "corpus_checksum": writer.h.hexdigest(),
+                "corpus_size": written["size"],
+                "corpus_checksum": written["checksum"],
             },
         }
 

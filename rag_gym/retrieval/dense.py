@@ -21,6 +21,7 @@ import numpy as np
 
 from rag_gym.data.types import Corpus
 from rag_gym.retrieval.base import (
+    IdColumn,
     RetrievalResult,
     check_k,
     check_queries,
@@ -151,7 +152,7 @@ class DenseRetriever:
         self.embeddings = embeddings.astype(np.float16 if self.config.fp16 else np.float32)
         self.corpus = corpus
         self._id_rank = id_ranks(corpus)
-        self._ids = np.array(corpus.ids, dtype=object)
+        self._ids = IdColumn(corpus)
 
     def retrieve(
         self,
@@ -205,7 +206,7 @@ class DenseRetriever:
                 keep.sort(key=lambda t: (-t[0], self._id_rank[t[1]]))
                 picked = np.array([p for _, p in keep[:k]], dtype=np.int64)
                 scores_i = [sc for sc, _ in keep[:k]]
-            out_ids.append(self._ids[picked].tolist())
+            out_ids.append(self._ids.take(picked))
             out_scores.append(scores_i)
         return RetrievalResult(out_ids, out_scores)
 
@@ -316,7 +317,7 @@ class DenseRetriever:
         retriever.embeddings = None  # within= reads the index's own vectors
         retriever.corpus = corpus
         retriever._id_rank = id_ranks(corpus)
-        retriever._ids = np.array(corpus.ids, dtype=object)
+        retriever._ids = IdColumn(corpus)
         return retriever
 
     # ---- persistence ----------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rag_gym.data.mapped import CORPUS_MAP, MAP_FILES, MappedCorpus, write_corpus_files
 from rag_gym.data.types import Corpus
 
 PARAMS = "params.json"
@@ -71,11 +72,11 @@ def write_index(
     try:
         written = write_files(tmp) or {}
         if corpus is not None:
-            corpus.to_jsonl(tmp / "corpus.jsonl", fmt="title_text")
+            written_corpus = write_corpus_files(corpus, tmp)
             facts = {
                 "corpus_name": corpus.name,
-                "corpus_size": len(corpus),
-                "corpus_checksum": corpus.checksum(),
+                "corpus_size": written_corpus["size"],
+                "corpus_checksum": written_corpus["checksum"],
             }
         else:
             facts = written["corpus"]
@@ -299,12 +300,27 @@ def read_index(
     if params["kind"] != kind:
         raise ValueError(f"{d / PARAMS}: expected kind {kind!r}, got {params['kind']!r}")
     verify_files(d, params, full=verify)
+    mapped = all(f"{CORPUS_MAP}/{name}" in params["files"] for name in MAP_FILES)
     try:
-        corpus = Corpus.from_jsonl(d / "corpus.jsonl", name=params.get("corpus_name"))
+        if mapped:
+            # read on access: the manifest's sampled checksum (whole, for small files) covers
+            # the file; the content checksum reads all of it, so only ``verify`` computes it
+            corpus: Corpus = MappedCorpus(
+                d, name=params.get("corpus_name") or "corpus", size=params.get("corpus_size")
+            )
+        else:  # an index written before corpus maps: read whole
+            corpus = Corpus.from_jsonl(d / "corpus.jsonl", name=params.get("corpus_name"))
     except ValueError as exc:  # DataFormatError names the file and line
         raise ValueError(f"{exc}; rebuild the index") from None
-    if len(corpus) != params.get("corpus_size") or corpus.checksum() != params.get(
-        "corpus_checksum"
+    if mapped and corpus.facts() != {  # what the build wrote, checked without reading the file
+        "size": params.get("corpus_size"),
+        "checksum": params.get("corpus_checksum"),
+    }:
+        raise ValueError(
+            f"{d / 'corpus.jsonl'} does not match {d / PARAMS} (size or checksum); rebuild the index"
+        )
+    if len(corpus) != params.get("corpus_size") or (
+        (verify or not mapped) and corpus.checksum() != params.get("corpus_checksum")
     ):
         raise ValueError(
             f"{d / 'corpus.jsonl'} does not match {d / PARAMS} (size or checksum); rebuild the index"

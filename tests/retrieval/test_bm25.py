@@ -128,7 +128,13 @@ def test_errors(bm25):
 
 def test_save_load_roundtrip(world, bm25, tmp_path):
     out = bm25.save(tmp_path / "idx")
-    assert {p.name for p in out.iterdir()} == {"bm25s", "corpus.jsonl", "params.json", "serving"}
+    assert {p.name for p in out.iterdir()} == {
+        "bm25s",
+        "corpus.jsonl",
+        "corpus_map",
+        "params.json",
+        "serving",
+    }
     queries = [q.question for q in world.questions["validation"]]
     for mmap in (True, False):
         loaded = BM25Retriever.load(out, mmap=mmap)

@@ -79,8 +79,50 @@ def test_a_flipped_byte_is_an_error_naming_the_file(two_indexes, tmp_path, name,
     raw[len(raw) // 2] ^= 0x01
     (out / name).write_bytes(bytes(raw))
     # (past the sampled size, the corpus's own checks may be the ones to name it)
+    if name == "corpus.jsonl" and not verify and not _sampled(out / name, len(raw) // 2):
+        # a mapped corpus reads no passage at load: the damaged line is refused when read
+        corpus = BM25Retriever.load(out).corpus
+        with pytest.raises(
+            ValueError, match=r"corpus\.jsonl line \d+ is damaged .*rebuild the index"
+        ):
+            for pid in corpus.ids:
+                corpus[pid]
+        return
     with pytest.raises(ValueError, match=rf"{name}\b.*rebuild the index"):
         BM25Retriever.load(out, verify=verify)
+
+
+def _sampled(path: Path, offset: int) -> bool:
+    """Whether the load's sampled checksum reads the byte at ``offset``."""
+    size = path.stat().st_size
+    if size <= persist._SAMPLE_WHOLE:
+        return True
+    last = size - persist._BLOCK
+    starts = (i * last // (persist._SAMPLE_BLOCKS - 1) for i in range(persist._SAMPLE_BLOCKS))
+    return any(start <= offset < start + persist._BLOCK for start in starts)
+
+
+def test_a_damaged_passage_between_sampled_blocks_is_refused_when_read(tmp_path):
+    # a mapped corpus is read on access; each line is checked against its build-time CRC-32
+    corpus = Corpus(
+        [Passage(f"p{i:05d}", f"T{i}", f"word{i} common text {i % 97}") for i in range(20_000)]
+    )
+    out = BM25Retriever(corpus).save(tmp_path / "big")
+    path = out / "corpus.jsonl"
+    raw = bytearray(path.read_bytes())
+    assert len(raw) > persist._SAMPLE_WHOLE
+    step = (len(raw) - persist._BLOCK) // (persist._SAMPLE_BLOCKS - 1)
+    offset = persist._BLOCK + (step - persist._BLOCK) // 2  # between blocks 0 and 1
+    assert not _sampled(path, offset)
+    line = raw[:offset].count(b"\n")  # 0-based line of the flipped byte
+    raw[offset] ^= 0x01
+    path.write_bytes(bytes(raw))
+    loaded = BM25Retriever.load(out).corpus
+    assert loaded[f"p{line + 1:05d}"] == corpus[f"p{line + 1:05d}"]  # the others read fine
+    with pytest.raises(ValueError, match=rf"corpus\.jsonl line {line + 1} is damaged \(its CRC-32"):
+        loaded[f"p{line:05d}"]
+    with pytest.raises(ValueError, match=r"corpus\.jsonl"):
+        BM25Retriever.load(out, verify=True)
 
 
 def test_verify_reads_every_byte_of_a_large_file(tmp_path):
