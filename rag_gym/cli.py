@@ -47,7 +47,8 @@ def evaluate(
     index: Annotated[
         str | None,
         typer.Option(
-            help="A saved index directory to search (rag-gym index build): the env's index=."
+            help="A saved index directory to search (rag-gym index build), or an OpenSearch "
+            "or Elasticsearch index (opensearch+http://127.0.0.1:9200/wiki18): the env's index=."
         ),
     ] = None,
     retriever: Annotated[
@@ -538,7 +539,11 @@ def index_build(
 @app.command()
 def serve(
     index: Annotated[
-        Path | None, typer.Option(help="An index directory (rag-gym index build).")
+        str | None,
+        typer.Option(
+            help="An index directory (rag-gym index build), or an OpenSearch or Elasticsearch "
+            "index to search in place (opensearch+http://127.0.0.1:9200/wiki18)."
+        ),
     ] = None,
     faiss_index: Annotated[
         Path | None,
@@ -595,6 +600,8 @@ def serve(
     import os
 
     from rag_gym.retrieval import load_index
+    from rag_gym.retrieval.base import corpus_size
+    from rag_gym.retrieval.search_engine import SearchEngineRetriever, is_engine_url
     from rag_gym.retrieval.server import ServerLimits, VerbatimContents, create_app, run_server
 
     if (index is None) == (faiss_index is None):
@@ -603,6 +610,8 @@ def serve(
         _fail("--faiss-index needs --corpus (its {id, contents} JSONL) and --encoder (its model)")
     if faiss_index is None and encoder is not None:
         _fail("--encoder goes with --faiss-index (an index directory names its own encoder)")
+    if is_engine_url(index) and corpus is not None:
+        _fail("--corpus goes with an index directory (a cluster's index serves its own passages)")
     try:
         limits = ServerLimits(
             max_queries=max_queries,
@@ -618,6 +627,9 @@ def serve(
                 faiss_index, corpus, None if encoder == "minilm" else encoder
             )
             kind, source = "dense", faiss_index
+        elif is_engine_url(index):
+            retriever = SearchEngineRetriever(index)
+            kind, source = retriever.flavor, retriever.url
         else:
             retriever, kind = load_index(str(index))
             source = index
@@ -634,7 +646,7 @@ def serve(
     except (ValueError, ImportError, OSError) as exc:
         _fail(str(exc))
     typer.echo(
-        f"serving {kind} index {source} ({len(retriever.corpus)} passages) on http://{host}:{port}"
+        f"serving {kind} index {source} ({corpus_size(retriever)} passages) on http://{host}:{port}"
     )
     run_server(app_, host=host, port=port, limits=limits)
 

@@ -84,7 +84,9 @@ class DataConfig:
     (``"corpus"`` for SynthHop or with ``corpus``/``index``/``retriever``, else ``"pool"``)."""
     index: str | None = None
     """A directory written by ``BM25Retriever.save`` (or ``rag-gym index build``), memory-mapped
-    read-only, so the workers of an async vector env share one copy."""
+    read-only, so the workers of an async vector env share one copy; or an index on an
+    OpenSearch or Elasticsearch cluster, ``"opensearch+http://127.0.0.1:9200/wiki18"``
+    (:class:`~rag_gym.retrieval.search_engine.SearchEngineRetriever`, searched in place)."""
     retriever: Retriever | str | None = None
     """A retrieval server URL (``"http://127.0.0.1:8000"``, see ``rag-gym serve``) or a live
     retriever object, searched instead of a built BM25 index."""
@@ -264,7 +266,13 @@ class QAEnv(gym.Env):
         if examples is None:
             examples = load_dataset(self.dataset, self.split, path=data_path, **dataset_kwargs)
         examples = [ex for ex in examples if self._keep_example(ex)]
+        from rag_gym.retrieval.search_engine import SearchEngineRetriever, is_engine_url
+
         if isinstance(retriever, str):
+            if is_engine_url(retriever):
+                raise ValueError(
+                    f"an OpenSearch or Elasticsearch index is an index: pass index={retriever!r}"
+                )
             if not retriever.startswith(("http://", "https://")):
                 raise ValueError(
                     f"expected retriever to be a retriever object or a server URL, got {retriever!r}"
@@ -275,7 +283,10 @@ class QAEnv(gym.Env):
         if index is not None:
             if retriever is not None or corpus_path is not None:
                 raise ValueError("pass one of index=, corpus= and retriever=, not several")
-            retriever, _ = load_index(index)
+            if is_engine_url(index):
+                retriever = SearchEngineRetriever(index)
+            else:
+                retriever, _ = load_index(index)
         if retriever is not None:
             return _SharedData(examples, retriever.corpus, corpus_mode or "corpus", retriever)
         if corpus_path is not None:

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from rag_gym.data.types import Corpus
-from rag_gym.retrieval.base import Retriever
+from rag_gym.retrieval.base import Retriever, corpus_size
 from rag_gym.retrieval.http import HttpRetriever, dumps, loads
 from rag_gym.retrieval.persist import load_index  # re-exported: it lives in retrieval.persist
 
@@ -214,7 +214,6 @@ def create_app(
         raise ValueError("expected contents= read for this retriever's corpus")
 
     limits = limits or ServerLimits()
-    corpus = retriever.corpus
 
     class RetrieveRequest(BaseModel):
         # lax, as Search-R1's QueryRequest: "3" is a topk, "true" a return_scores
@@ -242,7 +241,7 @@ def create_app(
     app.state.batcher = batcher
     status = {
         "status": "ok",
-        "corpus_size": len(corpus),
+        "corpus_size": corpus_size(retriever),  # a cluster's index: its document count
         "kind": kind,
         "server": "rag-gym",
         "version": __version__,
@@ -345,6 +344,9 @@ class _RetrieveEndpoint:
         self.limits = limits
         self.batcher = batcher
         self.contents = contents
+        # a remote index (OpenSearch, Elasticsearch) holds passages this process has not seen:
+        # its retriever checks the pools itself, and its size is the index's
+        self.remote = hasattr(self.corpus, "server_size")
         self.unknown_logged: set[tuple[str, ...]] = set()
         # one-request-at-a-time mode: each request retrieved on its own, in a worker thread
         self.executor = None if batcher else ThreadPoolExecutor(thread_name_prefix="rag-gym-one")
@@ -410,7 +412,7 @@ class _RetrieveEndpoint:
             return 422, {"error": "invalid request", "details": errors[:10]}
         if req.model_extra:
             self._log_unknown(sorted(req.model_extra))
-        limits, n_corpus = self.limits, len(self.corpus)
+        limits, n_corpus = self.limits, corpus_size(self.retriever)
         if req.queries is not None and req.query is not None:
             return 422, {"error": "send 'queries' (a list of strings) or 'query', not both"}
         if req.queries is None and req.query is None:
@@ -454,7 +456,8 @@ class _RetrieveEndpoint:
             within = [list(dict.fromkeys(p)) if p is not None else None for p in within]
             for pool in within:
                 if pool is not None and (
-                    len(pool) < topk or any(p not in self.corpus for p in pool)
+                    len(pool) < topk
+                    or (not self.remote and any(p not in self.corpus for p in pool))
                 ):
                     return 422, {
                         "error": "every within pool must hold at least topk distinct ids of "
@@ -472,6 +475,8 @@ class _RetrieveEndpoint:
                 )
                 ids, scores = res.ids, res.scores
         except Exception as exc:  # the request was checked above: this is the server's fault
+            if self.remote and isinstance(exc, KeyError):  # but a remote index checks pools
+                return 422, {"error": f"every within pool must hold ids of the corpus: {exc}"}
             logger.error("retrieval failed", exc_info=exc)
             return 500, {
                 "error": f"retrieval failed ({type(exc).__name__}: {str(exc)[:200]}); the index "
