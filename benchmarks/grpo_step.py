@@ -109,6 +109,7 @@ def main() -> None:
             report_to=[],
             use_cpu=not __import__("torch").cuda.is_available(),
             log_completions=False,
+            gradient_checkpointing=cfg.gradient_checkpointing,  # as the multi-turn step
         ),
         train_dataset=Dataset.from_dict({"prompt": prompts}),
         processing_class=tok,

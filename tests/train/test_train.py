@@ -425,3 +425,28 @@ def test_checkpoint_and_resume(tmp_path):
     assert second.state.global_step == 2
     # the history comes back from the checkpoint, and only step 2 is trained
     assert [r["step"] for r in second.state.log_history if "loss" in r] == [1, 2]
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_gradient_checkpointing_follows_the_config(tmp_path, on):
+    pytest.importorskip("trl")
+    pytest.importorskip("peft")
+    from rag_gym.train.grpo import EnvGRPOConfig, build_trainer
+
+    # off by default (TRL's GRPO default is on, a third more compute for a 135M policy)
+    assert EnvGRPOConfig.gradient_checkpointing is False
+    cfg = EnvGRPOConfig(
+        model="tiny",
+        env_kwargs=ENV,
+        num_generations=2,
+        max_steps=1,
+        max_turns=1,
+        max_turn_tokens=8,
+        max_completion_tokens=64,
+        run_dir=str(tmp_path / "run"),
+        gradient_checkpointing=on,
+    )
+    trainer, _ = build_trainer(cfg)
+    assert trainer.args.gradient_checkpointing is on
+    trainer.train()  # the Trainer switches it on for training
+    assert trainer.model.is_gradient_checkpointing is on
