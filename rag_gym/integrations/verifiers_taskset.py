@@ -1,8 +1,9 @@
 """A verifiers taskset (``verifiers.v1``, 0.4.0 tested) over any registered rag-gym id.
 
-verifiers finds a taskset by module name, so this module is the package its CLI loads::
+verifiers finds a taskset by the name of a top-level module; ``rag_gym_verifiers`` re-exports
+this one, so its CLI loads it as ``rag-gym-verifiers``::
 
-    vf-eval rag_gym.integrations.verifiers_taskset --env.taskset.env-id rag_gym/SynthHop-v0 \\
+    vf-eval rag-gym-verifiers --env.taskset.env-id rag_gym/SynthHop-v0 \\
         --env.taskset.interaction text --model <model> --client.base-url http://127.0.0.1:8080/v1 \\
         --client.api-key-var MY_KEY --no-push --no-rich -n 5
 
@@ -18,25 +19,34 @@ env's split), one ``Env`` (:class:`RagGymEnv`, which plays the episode) and one 
   ends or ``max_turns``.
 * ``tools``: the tools of :class:`~rag_gym.integrations.trl_env.RagGymToolEnv` (``search``,
   ``answer``, ``backtrack``, ``refuse``, and ``evaluate`` with the ``eval_rar`` preset), for
-  models that call tools; the harness runs the tool-calling loop and steps the env in-process.
+  models that call tools. They are served over MCP by a verifiers ``Toolset``, one server per
+  rollout holding that rollout's env (:mod:`rag_gym.integrations.verifiers_tools`), so any
+  harness that speaks MCP tools can play; :class:`RagGymHarness` calls them through verifiers'
+  MCP client. The episode ends the rollout through the task's ``@stop`` hooks
+  (``episode_over`` once the env is done, ``turn_limit`` after ``max_turns`` model turns).
 
 Rewards: ``em`` and ``f1`` of the final answer (weight 0.5 each: their weighted sum is the env's
-``em_f1`` score); metrics: ``episode_return`` (the sum of the reward
-preset's rewards), ``term/<name>`` for each preset term, ``searches``, ``format_errors`` and
-``steps``. The episode's outcome is kept in ``trace.info["rag_gym"]``.
+``em_f1`` score); metrics: ``episode_return`` (the sum of the reward preset's rewards),
+``term/<name>`` for each preset term, ``searches``, ``format_errors`` and ``steps``;
+:class:`RagGymHarness` adds ``unsent_tool_calls``. The episode's outcome is kept in
+``trace.info["rag_gym"]`` (for ``tools``, the task's ``finalize`` copies it there from the state
+the tool server wrote).
 
 Safe defaults: the agent runs in a ``subprocess`` runtime on this machine (not a remote one),
 the harness is rag-gym's own in-process chat loop (no shell, nothing installed), and it only
-talks to the run's interception endpoint. Pass ``--no-push`` (verifiers uploads runs by
-default) and point ``--client.base-url`` at your server; ``HOME`` is not written by this
-harness.
+talks to the run's interception endpoint and the rollout's tool server (127.0.0.1). Pass
+``--no-push`` (verifiers uploads runs by default) and point ``--client.base-url`` at your
+server. Neither the harness nor the tool server writes to ``HOME``; verifiers' subprocess
+runtimes keep a scratch folder under ``~/.cache/verifiers/runtimes`` while a rollout runs.
 
 Classes are built on first access (``verifiers`` is heavy and optional): importing this module
 needs nothing but rag-gym.
 """
 
-from __future__ import annotations
+# no "from __future__ import annotations": verifiers reads the hooks' annotations (a @stop's
+# ``trace: vf.Trace``) with get_type_hints, and ``vf`` is local to _classes.
 
+import contextlib
 import functools
 import json
 from typing import Any
@@ -52,46 +62,53 @@ _EXPORTS = (
     "RagGymHarness",
     "RagGymHarnessConfig",
     "RagGymTask",
+    "RagGymTaskConfig",
     "RagGymTaskset",
     "RagGymTasksetConfig",
 )
 
 _ARGS = {"search": "query", "answer": "answer", "evaluate": "note"}
 
+NOT_AN_OBJECT = (
+    "error: the arguments of {name} are not a JSON object ({detail}). "
+    "Call {name} again with a JSON object."
+)
+"""What :class:`RagGymHarness` answers a tool call whose arguments it cannot send (not a JSON
+object); the tool server answers the other malformed calls (see
+:mod:`rag_gym.integrations.verifiers_tools`)."""
+
+
+def tool_schema(tool: Any) -> dict[str, Any]:
+    """The OpenAI tool schema of one :class:`~rag_gym.integrations.trl_env.RagGymToolEnv` tool
+    (a method, bound or not), from its Google-style docstring as TRL and transformers read it:
+    the first line describes the tool, the ``Args:`` line its one string argument."""
+    doc = (tool.__doc__ or "").strip().splitlines()
+    description = doc[0].strip() if doc else tool.__name__
+    properties, required = {}, []
+    arg = _ARGS.get(tool.__name__)
+    if arg:
+        text = next(
+            (ln.split(":", 1)[1].strip() for ln in doc if ln.strip().startswith(f"{arg}:")),
+            arg,
+        )
+        properties[arg] = {"type": "string", "description": text}
+        required.append(arg)
+    return {
+        "type": "function",
+        "function": {
+            "name": tool.__name__,
+            "description": description,
+            "parameters": {"type": "object", "properties": properties, "required": required},
+        },
+    }
+
 
 def tool_schemas(env: Any) -> list[dict[str, Any]]:
-    """OpenAI tool schemas of a :class:`~rag_gym.integrations.trl_env.RagGymToolEnv`'s tools
-    (from their Google-style docstrings, as TRL and transformers read them)."""
+    """OpenAI tool schemas of a :class:`~rag_gym.integrations.trl_env.RagGymToolEnv`'s tools,
+    in TRL's order."""
     from rag_gym.integrations.trl_env import tools_of
 
-    schemas = []
-    for tool in tools_of(env):
-        doc = (tool.__doc__ or "").strip().splitlines()
-        description = doc[0].strip() if doc else tool.__name__
-        properties, required = {}, []
-        arg = _ARGS.get(tool.__name__)
-        if arg:
-            text = next(
-                (ln.split(":", 1)[1].strip() for ln in doc if ln.strip().startswith(f"{arg}:")),
-                arg,
-            )
-            properties[arg] = {"type": "string", "description": text}
-            required.append(arg)
-        schemas.append(
-            {
-                "type": "function",
-                "function": {
-                    "name": tool.__name__,
-                    "description": description,
-                    "parameters": {
-                        "type": "object",
-                        "properties": properties,
-                        "required": required,
-                    },
-                },
-            }
-        )
-    return schemas
+    return [tool_schema(tool) for tool in tools_of(env)]
 
 
 def outcome(env: Any, info: dict[str, Any], returns: float, terms: dict[str, float], **extra):
@@ -120,6 +137,19 @@ def _classes() -> dict[str, type]:
         raise ImportError(
             "the verifiers taskset needs verifiers: pip install 'rag-gym[verifiers]'"
         ) from exc
+    from rag_gym.integrations.verifiers_tools import (
+        RagGymState,
+        RagGymToolsConfig,
+        RagGymToolset,
+        tool_env_class,
+    )
+
+    class RagGymTaskConfig(vf.TaskConfig):
+        """What a task reads at run time (``--env.taskset.task.*``)."""
+
+        tools: RagGymToolsConfig | None = None
+        """Where the ``tools`` interaction's MCP tool server runs; the taskset sets it for that
+        interaction (``None``: no tool server, the ``text`` interaction)."""
 
     class RagGymTasksetConfig(vf.TasksetConfig):
         """Which rag-gym env and how it is played (``--env.taskset.*``)."""
@@ -131,13 +161,15 @@ def _classes() -> dict[str, type]:
         reward_preset: str | None = None
         """A reward preset (its return and terms become metrics)."""
         interaction: str = "text"
-        """``text`` (the text-tag protocol) or ``tools`` (tool calls)."""
+        """``text`` (the text-tag protocol) or ``tools`` (tool calls, served over MCP)."""
         tags: str = "search_r1"
         """The tag preset of the text interaction."""
         max_turns: int = Field(8, ge=1)
         """Most model turns per episode."""
         num_tasks: int | None = Field(None, ge=1)
         """Keep the first ``num_tasks`` questions of the split."""
+        task: RagGymTaskConfig = RagGymTaskConfig()
+        """Run-time task knobs: the tool server's placement (``task.tools``)."""
 
         @model_validator(mode="after")
         def _check(self):
@@ -152,6 +184,13 @@ def _classes() -> dict[str, type]:
                     f"expected interaction 'text' or 'tools', got {self.interaction!r}"
                 )
             tag_set(self.tags)
+            if self.interaction == "tools" and self.task.tools is None:
+                self.task = self.task.model_copy(update={"tools": RagGymToolsConfig()})
+            if self.interaction == "text" and self.task.tools is not None:
+                raise ValueError(
+                    "expected no task.tools with interaction 'text' (it serves no tools), got "
+                    f"{self.task.tools!r}; pass --env.taskset.interaction tools to serve them"
+                )
             return self
 
     class RagGymData(vf.TaskData):
@@ -167,8 +206,30 @@ def _classes() -> dict[str, type]:
     def _outcome(trace) -> dict[str, Any]:
         return trace.info.get("rag_gym") or {}
 
-    class RagGymTask(vf.Task[RagGymData]):
-        """Scores an episode from ``trace.info["rag_gym"]``."""
+    class RagGymTask(vf.Task[RagGymData, RagGymState, RagGymTaskConfig]):
+        """Scores an episode from ``trace.info["rag_gym"]``; for ``tools``, serves the env's
+        tools (:class:`~rag_gym.integrations.verifiers_tools.RagGymToolset`, one per rollout)
+        and ends the rollout when the episode ends."""
+
+        @classmethod
+        def toolsets(cls, config: RagGymTaskConfig) -> list:
+            return [] if config.tools is None else [RagGymToolset(config.tools)]
+
+        async def finalize(self, trace, runtime) -> None:
+            """Keep the tool server's outcome (``trace.state``, not serialised) in
+            ``trace.info["rag_gym"]``, which the rewards read and ``traces.jsonl`` keeps."""
+            if self.data.interaction == "tools":
+                trace.info["rag_gym"] = dict(trace.state.outcome) or _no_steps(self.data)
+
+        @vf.stop
+        async def episode_over(self, trace: vf.Trace) -> bool:
+            """The episode ended (an answer, a refusal, the env's step limit)."""
+            return bool(trace.state.outcome.get("done"))
+
+        @vf.stop
+        async def turn_limit(self, trace: vf.Trace) -> bool:
+            """The tools interaction's ``max_turns`` model turns are spent."""
+            return self.data.interaction == "tools" and trace.num_turns >= self.data.max_turns
 
         @vf.reward(weight=0.5)
         async def em(self, trace) -> float:
@@ -217,7 +278,7 @@ def _classes() -> dict[str, type]:
                 system = instructions(tag_set(cfg.tags))
             else:
                 system = trl_env.system_prompt(
-                    _tool_env_class(
+                    tool_env_class(
                         cfg.env_id, cfg.reward_preset, json.dumps(cfg.env_kwargs, sort_keys=True)
                     )
                 )
@@ -245,7 +306,8 @@ def _classes() -> dict[str, type]:
         """The one seat; its runtime is a subprocess on this machine."""
 
     class RagGymEnv(vf.Env[RagGymEnvConfig]):
-        """Plays one episode: host-side steps for ``text``, the harness's tool loop for ``tools``."""
+        """Plays one episode: host-side steps for ``text``; for ``tools``, the seat's harness
+        calls the rollout's MCP tool server until a ``@stop`` ends the rollout."""
 
         async def run(self, task, agents):
             data = task.data
@@ -286,11 +348,15 @@ def _classes() -> dict[str, type]:
 
     class RagGymHarness(vf.Harness[RagGymHarnessConfig]):
         """A chat loop against the run's interception endpoint: one completion per segment
-        for the text interaction; for ``tools``, completions and tool calls (executed on a
-        :class:`~rag_gym.integrations.trl_env.RagGymToolEnv` in this process) until the
-        episode ends, the model stops calling tools, or ``max_turns``."""
+        for the text interaction; for ``tools``, completions offering the rollout's MCP tools
+        (listed and called with verifiers' MCP client) until the model stops calling tools or
+        a ``@stop`` refuses the next turn (the episode ended, or ``max_turns``). A call whose
+        arguments are not a JSON object, or names no served tool, is answered here
+        (:data:`NOT_AN_OBJECT`, ``UNKNOWN_TOOL``) and counted in the ``unsent_tool_calls``
+        metric; the tool server answers every other call."""
 
         APPENDS_SYSTEM_PROMPT = True
+        SUPPORTS_MCP = True
         SUPPORTS_RESUME = True
         EXECUTES_CODE = False
         NEEDS_CONTAINER = False
@@ -322,10 +388,16 @@ def _classes() -> dict[str, type]:
                 if getattr(data, "interaction", "text") != "tools":
                     await client.chat.completions.create(model=ctx.model, messages=messages)
                 else:
-                    await _tool_loop(client, ctx.model, messages, data, trace)
+                    await _tool_loop(
+                        client, ctx.model, messages, mcp_urls, trace, self.config.tool_timeout
+                    )
             finally:
                 await client.close()
             return ProgramResult(exit_code=0, stdout="", stderr="")
+
+        @vf.metric
+        async def unsent_tool_calls(self, trace) -> float:
+            return float(trace.info.get("rag_gym_harness", {}).get("unsent_tool_calls", 0))
 
     out = {
         "RagGymData": RagGymData,
@@ -334,6 +406,7 @@ def _classes() -> dict[str, type]:
         "RagGymHarness": RagGymHarness,
         "RagGymHarnessConfig": RagGymHarnessConfig,
         "RagGymTask": RagGymTask,
+        "RagGymTaskConfig": RagGymTaskConfig,
         "RagGymTaskset": RagGymTaskset,
         "RagGymTasksetConfig": RagGymTasksetConfig,
     }
@@ -349,17 +422,26 @@ def __getattr__(name: str) -> Any:  # the verifiers classes, built on first acce
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-@functools.cache
-def _tool_env_class(env_id: str, reward_preset: str | None, env_kwargs_json: str):
-    from rag_gym.integrations.trl_env import make_env_class
-
-    return make_env_class(
-        env_id, reward_preset=reward_preset, env_kwargs=json.loads(env_kwargs_json)
+def _no_steps(data: Any) -> dict[str, Any]:
+    """The outcome of a tools episode in which the model called no tool."""
+    return json_safe(
+        {
+            "question_id": data.question_id,
+            "prediction": None,
+            "em": 0.0,
+            "f1": 0.0,
+            "episode_return": 0.0,
+            "return_terms": {},
+            "searches": 0,
+            "format_errors": 0,
+            "steps": 0,
+            "done": False,
+            "calls": [],
+        }
     )
 
 
 def _text_env(data: Any):
-
     from rag_gym.wrappers.presets import make as make_with_preset
     from rag_gym.wrappers.text_actions import TextActions
 
@@ -367,46 +449,48 @@ def _text_env(data: Any):
     return env if text_actions_of(env) is not None else TextActions(env, tags=data.tags)
 
 
-async def _tool_loop(client: Any, model: str, messages: list, data: Any, trace: Any) -> None:
-    env_cls = _tool_env_class(
-        data.env_id, data.reward_preset, json.dumps(data.env_kwargs, sort_keys=True)
-    )
-    env = env_cls()
-    env.reset(question_id=data.question_id)
-    tools = tool_schemas(env)
-    names = {t["function"]["name"] for t in tools}
-    format_errors = 0
-    for _ in range(data.max_turns):
-        response = await client.chat.completions.create(model=model, messages=messages, tools=tools)
-        message = response.choices[0].message
-        messages.append(message.model_dump(exclude_none=True))
-        if not message.tool_calls:
-            break
-        for call in message.tool_calls:
-            name = call.function.name
+async def _tool_loop(
+    client: Any, model: str, messages: list, mcp_urls: dict[str, str], trace: Any, timeout: float
+) -> None:
+    """Complete, offering the MCP servers' tools, and answer each tool call through verifiers'
+    MCP client, until the model calls no tool or a ``@stop`` refuses the turn."""
+    from openai import APIStatusError
+    from verifiers.v1.harnesses.utils.mcp import call_mcp, connect_mcp
+
+    from rag_gym.integrations.verifiers_tools import UNKNOWN_TOOL
+
+    servers_config = {name: {"url": url, "timeout": timeout} for name, url in mcp_urls.items()}
+    counts = trace.info.setdefault("rag_gym_harness", {"unsent_tool_calls": 0})
+    async with contextlib.AsyncExitStack() as stack:
+        tools, dispatch, servers = await connect_mcp({"mcpServers": servers_config}, stack)
+        while True:
             try:
-                args = json.loads(call.function.arguments or "{}")
-                if not isinstance(args, dict):
-                    raise ValueError("tool arguments must be a JSON object")
-                if name not in names:
-                    raise ValueError(f"unknown tool {name!r}; the tools are {sorted(names)}")
-                content = getattr(env, name)(**args)
-            except (ValueError, TypeError) as exc:
-                format_errors += 1
-                content = f"error: {exc}"
-            messages.append(
-                {"role": "tool", "tool_call_id": call.id, "name": name, "content": content}
-            )
-        trace.info["rag_gym"] = outcome(
-            env,
-            env.info,
-            env.episode_return,
-            env.return_terms,
-            searches=sum(1 for c in env.calls if c[0] == "search"),
-            format_errors=format_errors,
-            steps=len(env.calls),
-            done=env.done,
-            calls=[list(c) for c in env.calls],
-        )
-        if env.done:
-            break
+                response = await client.chat.completions.create(
+                    model=model, messages=messages, tools=tools
+                )
+            except APIStatusError:
+                if trace.stop_condition is not None:  # a @stop refused the turn: done
+                    return
+                raise
+            message = response.choices[0].message
+            messages.append(message.model_dump(exclude_none=True))
+            if not message.tool_calls:
+                return
+            for call in message.tool_calls:
+                name = call.function.name
+                try:
+                    arguments = json.loads(call.function.arguments or "{}")
+                    if not isinstance(arguments, dict):
+                        raise ValueError(f"got {type(arguments).__name__}")
+                except ValueError as exc:  # json.JSONDecodeError is a ValueError
+                    content = NOT_AN_OBJECT.format(name=name, detail=exc)
+                    counts["unsent_tool_calls"] += 1
+                else:
+                    if name in dispatch:
+                        content = await call_mcp(servers, dispatch, name, arguments)
+                    else:
+                        content = UNKNOWN_TOOL.format(name=name, tools=", ".join(sorted(dispatch)))
+                        counts["unsent_tool_calls"] += 1
+                messages.append(
+                    {"role": "tool", "tool_call_id": call.id, "name": name, "content": content}
+                )
