@@ -5,7 +5,9 @@
 * :mod:`rag_gym.integrations.trl_env`: a class for TRL's ``GRPOTrainer(environment_factory=...)``,
   a dataset builder and a tool-capable chat template helper;
 * :mod:`rag_gym.integrations.verifiers_taskset`: a ``verifiers.v1`` Taskset over any id, played
-  through the text-tag protocol or through tools.
+  through the text-tag protocol or through tools;
+* :mod:`rag_gym.integrations.verifiers_tools`: those tools as a verifiers MCP ``Toolset``, one
+  server per rollout, so that any harness that calls MCP tools can play.
 
 Each is an optional extra (``openenv``, ``train``, ``verifiers``); importing this package imports
 none of them, and each module imports its package only when used.
