@@ -19,7 +19,7 @@ from rag_gym.data.synthhop import world_for
 from rag_gym.retrieval import BM25Retriever, persist
 from rag_gym.retrieval.persist import load_index
 from tests.conftest import SMALL_WORLD
-from tests.retrieval.index_tools import edit_params
+from tests.retrieval.index_tools import edit_params, reseal
 
 
 @pytest.fixture(scope="module")
@@ -395,3 +395,28 @@ def test_a_killed_build_leaves_nothing_the_next_build_keeps(tmp_path):
     retriever.save(tmp_path / "idx")
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left == [f".idx.tmp-{os.getppid()}", "idx"]
+
+
+def test_an_index_without_a_corpus_map_reads_its_corpus_whole(two_indexes, world, tmp_path):
+    # an index written before corpus maps: the same answers from a Corpus read at load
+    a, _ = two_indexes
+    out = fresh(a, tmp_path)
+    shutil.rmtree(out / "corpus_map")
+    reseal(out)
+    legacy, mapped = BM25Retriever.load(out), BM25Retriever.load(a)
+    assert type(legacy.corpus) is Corpus and type(mapped.corpus).__name__ == "MappedCorpus"
+    queries = [q.question for q in world.questions["validation"]][:20]
+    pools = [list(q.supporting_ids) + world.corpus.ids[:5] for q in world.questions["validation"]][
+        :20
+    ]
+    for kwargs in ({}, {"within": pools}, {"exclude": [world.corpus.ids[:3]] * len(queries)}):
+        got, want = legacy.retrieve(queries, k=3, **kwargs), mapped.retrieve(queries, k=3, **kwargs)
+        assert got.ids == want.ids and got.scores == want.scores
+    assert [legacy.corpus[i] for i in got.ids[0]] == [mapped.corpus[i] for i in got.ids[0]]
+    # and a damaged corpus is still caught at load, through its content checksum
+    raw = bytearray((out / "corpus.jsonl").read_bytes())
+    raw[raw.index(b'"text": "', len(raw) // 2) + 12] ^= 0x01  # a letter of a passage's text
+    (out / "corpus.jsonl").write_bytes(bytes(raw))
+    reseal(out)
+    with pytest.raises(ValueError, match=r"corpus\.jsonl does not match .*rebuild the index"):
+        BM25Retriever.load(out)
