@@ -4,8 +4,10 @@ The policy calls tools (``search``, ``answer``, ``backtrack``, ``refuse``) that 
 the reward is the reward preset's episode return, read from the env instances, with each term
 logged at weight 0. Env-written tokens (the tool results) get TRL's ``tool_mask`` 0.
 
-1. Start from a checkpoint: the SFT checkpoint of ``rag-gym train sft`` (``--model
-   runs/<sft run>/checkpoint``), the embedded SmolLM2-135M (``--model embedded``) or a hub id.
+1. Start from a checkpoint: the SFT checkpoint of ``rag-gym train sft`` (``--init runs/<sft run>``
+   or the shipped adapter, ``--init rag_gym/checkpoints/synthhop-search-r1``: its LoRA adapter
+   over ``--model embedded`` goes on training), the embedded SmolLM2-135M alone
+   (``--model embedded``) or a hub id.
 2. Give its tokenizer a tool-capable chat template (SmolLM2's own drops tool calls).
 3. Warm start: a short SFT on the scripted expert's tool-call transcripts (``--warm-start N``),
    because a model that has never called these tools emits no parsable call; the transcripts
@@ -17,9 +19,15 @@ CPU, small budgets (shows the loop, not learning; about 2-3 minutes a GRPO step)
     OMP_NUM_THREADS=2 python examples/trl_environment_factory.py --model embedded \\
         --warm-start 64 --sft-steps 60 --max-steps 2
 
+From the SFT checkpoint of the learning pipeline (it already searches and reads in the text-tag
+protocol; the warm start moves it to tool calls)::
+
+    OMP_NUM_THREADS=2 python examples/trl_environment_factory.py \\
+        --init rag_gym/checkpoints/synthhop-search-r1 --warm-start 64 --sft-steps 16 --max-steps 2
+
 GPU::
 
-    python examples/trl_environment_factory.py --model runs/sft-synthhop/checkpoint \\
+    python examples/trl_environment_factory.py --init runs/sft-synthhop \\
         --reward-preset evo_rag --warm-start 400 --sft-steps 200 --max-steps 200 \\
         --prompts-per-step 8 --track
 
@@ -44,7 +52,10 @@ class Args:
     reward_preset: str = "evo_rag"
     """the reward stack whose episode return is the reward"""
     model: str = "embedded"
-    """an SFT checkpoint directory | embedded | tiny | a hub id"""
+    """the base: embedded | tiny | a hub id | a full checkpoint directory"""
+    init: str = ""
+    """a LoRA adapter to start from and go on training (an SFT run of `rag-gym train sft`, or
+    rag_gym/checkpoints/synthhop-search-r1); its base is --model"""
     exp_name: str = "trl_environment_factory"
     seed: int = 1
     warm_start: int = 64
@@ -109,7 +120,12 @@ def main() -> None:
         reward_preset=args.reward_preset,
         env_kwargs={"dataset_kwargs": {"n_passages": args.n_passages}},
     )
-    model, tokenizer = load_policy(args.model)
+    if args.init:
+        from rag_gym.train.grpo import load_with_adapter
+
+        model, tokenizer = load_with_adapter(args.model, args.init)  # the adapter trains on
+    else:
+        model, tokenizer = load_policy(args.model)
     prepare_tokenizer(tokenizer)
 
     if args.warm_start:
