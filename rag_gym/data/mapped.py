@@ -55,7 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from rag_gym.data.types import Corpus, Passage
+from rag_gym.data.types import Corpus, Passage, hash_passage
 
 #: The folder of the corpus map, beside ``corpus.jsonl``.
 CORPUS_MAP = "corpus_map"
@@ -90,14 +90,8 @@ class CorpusFileWriter:
         self._f.write(line)
         self._offsets.append(self._offsets[-1] + len(line))
         self._crc.append(zlib.crc32(line))
-        pid, title, text = p.id.encode(), p.title.encode(), p.text.encode()
-        h = self._h
-        h.update(pid)
-        h.update(b"\x00")
-        h.update(title)
-        h.update(b"\x00")
-        h.update(text)
-        h.update(b"\x01")
+        hash_passage(self._h, p.id, p.title, p.text)
+        pid = p.id.encode()
         self._ids += pid
         self._id_lengths.append(len(pid))
         return f"{p.title}\n{p.text}" if p.title else p.text
@@ -270,10 +264,11 @@ class MappedCorpus(Corpus):
     """A read-only corpus over ``FOLDER/corpus.jsonl`` and ``FOLDER/corpus_map/``, mapped and
     read on access (see the module docstring for the layout).
 
-    It answers what a :class:`~rag_gym.data.types.Corpus` answers: ``len``, ``in``,
-    ``corpus[id]``, ``position``, ``ids``/``titles``/``texts`` (sequences read on access),
-    iteration, ``contents()`` and ``checksum()`` (these two read the whole file). Loading costs
-    the time to map five files and check the map's shape: no passage is read.
+    It answers with :class:`~rag_gym.data.types.Corpus`'s own methods (``len``, ``in``,
+    ``corpus[id]``, ``position``, iteration, ``contents()``, ``checksum()``), over ``ids``,
+    ``titles`` and ``texts`` sequences read on access and an id lookup by binary search;
+    iteration, ``contents()`` and ``checksum()`` read the whole file. Loading costs the time to
+    map the files and check the map's shape: no passage is read.
 
     Args:
         folder: The folder that holds ``corpus.jsonl`` and ``corpus_map/``.
@@ -409,32 +404,6 @@ class MappedCorpus(Corpus):
         raise TypeError(
             f"{self!r} is read-only (mapped from an index folder); build a Corpus to add passages"
         )
-
-    def __len__(self) -> int:
-        return len(self._by_id)
-
-    def __iter__(self) -> Iterator[Passage]:
-        for i in range(len(self)):
-            _, title, text = self._row(i)
-            yield Passage(self._id(i), title, text)
-
-    def __getitem__(self, pid: str) -> Passage:
-        i = self._index.find(pid)
-        if i < 0:
-            raise KeyError(f"no passage with id {pid!r} in corpus {self.name!r}")
-        _, title, text = self._row(i)
-        return Passage(pid, title, text)
-
-    def contents(self) -> list[str]:
-        return [p.contents for p in self]
-
-    def checksum(self) -> str:
-        h = hashlib.sha256()
-        for p in self:
-            for part, sep in ((p.id, b"\x00"), (p.title, b"\x00"), (p.text, b"\x01")):
-                h.update(part.encode())
-                h.update(sep)
-        return h.hexdigest()
 
     def __repr__(self) -> str:
         return f"MappedCorpus(name={self.name!r}, passages={len(self)})"

@@ -173,12 +173,7 @@ class Corpus:
         """SHA-256 over ids, titles and texts, for index metadata."""
         h = hashlib.sha256()
         for pid, title, text in zip(self.ids, self.titles, self.texts, strict=True):
-            h.update(pid.encode())
-            h.update(b"\x00")
-            h.update(title.encode())
-            h.update(b"\x00")
-            h.update(text.encode())
-            h.update(b"\x01")
+            hash_passage(h, pid, title, text)
         return h.hexdigest()
 
     def __repr__(self) -> str:
@@ -219,6 +214,17 @@ class Corpus:
                 else:
                     rec = {"id": pid, "title": title, "text": text}
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+
+
+def hash_passage(h: Any, pid: str, title: str, text: str) -> None:
+    """Feed one passage into a SHA-256 as :meth:`Corpus.checksum` does (a streamed corpus is
+    hashed passage by passage with it)."""
+    h.update(pid.encode())
+    h.update(b"\x00")
+    h.update(title.encode())
+    h.update(b"\x00")
+    h.update(text.encode())
+    h.update(b"\x01")
 
 
 def iter_corpus_jsonl(path: str | Path) -> Iterator[tuple[int, Passage]]:
