@@ -230,18 +230,27 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _sample_starts(size: int) -> list[int] | None:
+    """Where the _SAMPLE_BLOCKS evenly spread blocks of a ``size``-byte file start (each _BLOCK
+    long), or ``None`` for a small file, which is hashed whole."""
+    if size <= _SAMPLE_WHOLE:
+        return None
+    last = size - _BLOCK
+    return [i * last // (_SAMPLE_BLOCKS - 1) for i in range(_SAMPLE_BLOCKS)]
+
+
 def _sample_sha256(path: Path) -> str:
     """SHA-256 of the size and of _SAMPLE_BLOCKS evenly spread blocks (the whole of a small file)."""
     size = path.stat().st_size
     h = hashlib.sha256(str(size).encode() + b"\x00")
+    starts = _sample_starts(size)
     with open(path, "rb") as f:
-        if size <= _SAMPLE_WHOLE:
+        if starts is None:
             h.update(f.read())
         else:
             fd = f.fileno()
-            last = size - _BLOCK
-            for i in range(_SAMPLE_BLOCKS):
-                h.update(os.pread(fd, _BLOCK, i * last // (_SAMPLE_BLOCKS - 1)))
+            for start in starts:
+                h.update(os.pread(fd, _BLOCK, start))
     return h.hexdigest()
 
 

@@ -94,12 +94,8 @@ def test_a_flipped_byte_is_an_error_naming_the_file(two_indexes, tmp_path, name,
 
 def _sampled(path: Path, offset: int) -> bool:
     """Whether the load's sampled checksum reads the byte at ``offset``."""
-    size = path.stat().st_size
-    if size <= persist._SAMPLE_WHOLE:
-        return True
-    last = size - persist._BLOCK
-    starts = (i * last // (persist._SAMPLE_BLOCKS - 1) for i in range(persist._SAMPLE_BLOCKS))
-    return any(start <= offset < start + persist._BLOCK for start in starts)
+    starts = persist._sample_starts(path.stat().st_size)
+    return starts is None or any(s <= offset < s + persist._BLOCK for s in starts)
 
 
 def test_a_damaged_passage_between_sampled_blocks_is_refused_when_read(tmp_path):
@@ -110,9 +106,9 @@ def test_a_damaged_passage_between_sampled_blocks_is_refused_when_read(tmp_path)
     out = BM25Retriever(corpus).save(tmp_path / "big")
     path = out / "corpus.jsonl"
     raw = bytearray(path.read_bytes())
-    assert len(raw) > persist._SAMPLE_WHOLE
-    step = (len(raw) - persist._BLOCK) // (persist._SAMPLE_BLOCKS - 1)
-    offset = persist._BLOCK + (step - persist._BLOCK) // 2  # between blocks 0 and 1
+    starts = persist._sample_starts(len(raw))
+    assert starts is not None  # past the sampled size
+    offset = (starts[0] + persist._BLOCK + starts[1]) // 2  # between blocks 0 and 1
     assert not _sampled(path, offset)
     line = raw[:offset].count(b"\n")  # 0-based line of the flipped byte
     raw[offset] ^= 0x01
