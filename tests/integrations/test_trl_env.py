@@ -188,6 +188,8 @@ def test_grpo_environment_factory_two_steps_on_cpu(tmp_path):
             logging_steps=1,
             report_to=[],
             use_cpu=True,
+            bf16=False,  # TRL's default is True: emulated, and many times slower, on a CPU without bf16
+            gradient_checkpointing=False,
             save_strategy="no",
             seed=0,
         ),
