@@ -23,7 +23,10 @@ From the SFT checkpoint of the learning pipeline (it already searches and reads 
 protocol; the warm start moves it to tool calls)::
 
     OMP_NUM_THREADS=2 python examples/trl_environment_factory.py \\
-        --init rag_gym/checkpoints/synthhop-search-r1 --warm-start 64 --sft-steps 16 --max-steps 2
+        --init rag_gym/checkpoints/synthhop-search-r1 --warm-start 64 --sft-steps 16 \\
+        --sft-learning-rate 1e-3 --max-steps 1
+
+(the LoRA adapter needs the learning rate it was trained with: at 5e-5 it makes no tool call).
 
 GPU::
 
@@ -62,6 +65,7 @@ class Args:
     """expert tool-call transcripts for the warm-start SFT (0: none)"""
     sft_steps: int = 60
     sft_learning_rate: float = 5e-5
+    """5e-5 suits full weights (--model embedded); a LoRA adapter (--init) needs about 1e-3"""
     max_steps: int = 2
     """GRPO steps"""
     num_generations: int = 2
