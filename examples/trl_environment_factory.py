@@ -143,8 +143,8 @@ def main() -> None:
                 max_steps=args.sft_steps,
                 # 4 transcripts a step; on a CPU one per forward pass (4 at once: 12.8 GB RSS,
                 # SmolLM2's 49,152-word logits in fp32)
-                per_device_train_batch_size=4 if not cpu else 1,
-                gradient_accumulation_steps=1 if not cpu else 4,
+                per_device_train_batch_size=1 if cpu else 4,
+                gradient_accumulation_steps=4 if cpu else 1,
                 learning_rate=args.sft_learning_rate,
                 max_length=2048,
                 logging_steps=10,

@@ -82,13 +82,13 @@ def learning_curve(
     for ax, key in zip(axes[:, 0], present, strict=True):
         xs = [row.get(x_key, i) for i, row in enumerate(log_history) if key in row]
         ys = [row[key] for row in log_history if key in row]
-        window = max(1, len(xs) // 10) if len(xs) >= 20 else 1
+        window = len(xs) // 10 if len(xs) >= 20 else 1
         if window > 1:  # a noisy per-step series: draw it faint, with its moving mean on top
             ax.plot(xs, ys, alpha=0.35, linewidth=0.8, label="per step")
             ax.plot(xs, rolling_mean(ys, window), linewidth=1.8, label=f"mean of {window} steps")
             ax.legend(fontsize=7, loc="best")
         else:
-            ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3)
+            ax.plot(xs, ys, marker="o", markersize=3)
         ax.set_ylabel(key, fontsize=8)
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel(x_key)
