@@ -196,6 +196,56 @@ def test_text_episodes_match_in_process(server):
             assert client.state()["episode_return"] == pytest.approx(returns)
 
 
+def load_deploy_package():
+    """deploy/openenv as the package its pyproject installs (``openenv_rag_gym``)."""
+    import importlib.util
+
+    folder = ROOT / "deploy" / "openenv"
+    spec = importlib.util.spec_from_file_location(
+        "openenv_rag_gym", folder / "__init__.py", submodule_search_locations=[str(folder)]
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["openenv_rag_gym"] = module
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.modules.pop("openenv_rag_gym", None)
+    return module
+
+
+@pytest.mark.slow
+def test_typed_client_of_the_deploy_package_matches_in_process(server):
+    """The typed client and models of deploy/openenv (``openenv init``'s client.py and
+    models.py) play the same episodes as an in-process env, with typed results."""
+    package = load_deploy_package()
+    Action, Client = package.RagGymAction, package.RagGymEnvClient
+    local = local_env()
+    with Client(base_url=server["auth"]).sync() as client:
+        remote = client.reset(seed=5, tags=None)
+        obs, info = local.reset(seed=5)
+        assert isinstance(remote.observation, package.RagGymObservation)
+        assert remote.observation.text == obs
+        assert remote.metadata == expected_metadata(info, False)
+        for step in DICT_SCRIPT:
+            text = info["question"] if step["text"] is None else step["text"]
+            remote = client.step(Action(type=step["type"], text=text))
+            obs, reward, term, trunc, info = local.step(
+                {"type": ActionType[step["type"].upper()], "text": text}
+            )
+            assert remote.observation.text == obs
+            assert remote.reward == remote.observation.reward == reward
+            assert remote.done == remote.observation.done == (term or trunc)
+            assert remote.observation.truncated == trunc
+            assert remote.observation.metadata == expected_metadata(info, term)
+        state = client.state()
+        assert isinstance(state, package.RagGymState)
+        assert state.step_count == len(DICT_SCRIPT) and state.done
+        assert state.question_id == info["question_id"]
+        # a dict action is checked by the model before it travels
+        with pytest.raises(ValueError, match="type"):
+            client.step({"type": "jump", "text": "x"})
+
+
 @pytest.mark.slow
 def test_malformed_actions_are_protocol_errors_and_the_session_goes_on(server):
     with GenericEnvClient(base_url=server["auth"]).sync() as client:
