@@ -357,6 +357,11 @@ def test_over_capacity_and_dropped_connections(server):
             c._ws.transport.abort()
         left = await asyncio.to_thread(active_sessions, server["base"], MAX_SESSIONS - 8)
         assert left == MAX_SESSIONS - 8
+        # a dropped client's next step fails at once with a connection error, never hangs
+        from websockets.exceptions import ConnectionClosed
+
+        with pytest.raises((ConnectionError, ConnectionClosed)):
+            await asyncio.wait_for(clients[0].step({"type": "search", "text": "x"}), 10)
         fresh = GenericEnvClient(base_url=server["auth"])
         result = await fresh.reset(seed=5)
         assert result.observation["text"].startswith("Question: ")
