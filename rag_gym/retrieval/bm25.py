@@ -34,6 +34,7 @@ float32 scores, the same ids, the same tie-breaks):
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import threading
@@ -420,7 +421,11 @@ class BM25Retriever:
                 with self._lock:
                     if self._pool is None:
                         self._pool = ThreadPoolExecutor(self.n_threads, "rag-gym-bm25")
-            list(self._pool.map(run, bounds[:-1], bounds[1:]))
+            # the first part runs on this thread while the pool runs the others
+            futures = [self._pool.submit(run, lo, hi) for lo, hi in itertools.pairwise(bounds[1:])]
+            run(bounds[0], bounds[1])
+            for future in futures:
+                future.result()
         if (out_n == k).all():  # the usual case: every row full, converted in one go
             for i, ids, scores in zip(
                 rows, self._ids.take(out_pos), out_val.astype(float).tolist(), strict=True
