@@ -885,6 +885,88 @@ def train_grpo(
     typer.echo(f"results: {cfg.run_dir}")
 
 
+@train_app.command("pipeline")
+def train_pipeline(
+    env: Annotated[str, typer.Option(help="A SynthHop search env id.")] = "rag_gym/SynthHop-v0",
+    env_kwargs: Annotated[
+        str | None, typer.Option(help="More gym.make kwargs as a JSON object.")
+    ] = None,
+    tags: Annotated[str, typer.Option(help="TextActions tag preset.")] = "search_r1",
+    demos: Annotated[int, typer.Option(help="SFT: expert demonstrations (train split).")] = 300,
+    model: Annotated[
+        str, typer.Option(help="embedded, tiny, a hub id or a directory.")
+    ] = "embedded",
+    sft_lr: Annotated[float, typer.Option(help="SFT: peak learning rate (LoRA).")] = 1e-3,
+    algorithm: Annotated[str, typer.Option(help="RL: grpo or dapo.")] = "dapo",
+    steps: Annotated[int, typer.Option(help="RL steps (0: ship the SFT adapter).")] = 100,
+    lr: Annotated[float, typer.Option(help="RL: learning rate.")] = 2e-4,
+    num_generations: Annotated[int, typer.Option(help="RL: episodes per question (G).")] = 4,
+    prompts_per_step: Annotated[int, typer.Option(help="RL: questions per step.")] = 1,
+    step_cost: Annotated[float, typer.Option(help="RL: EVO-RAG step cost weight.")] = 0.0,
+    eval_n: Annotated[
+        int,
+        typer.Option(help="Validation questions for each stage's EM (transformers; 0: none)."),
+    ] = 0,
+    test_n: Annotated[
+        int, typer.Option(help="Test questions for the final llama.cpp evaluation (0: none).")
+    ] = 200,
+    seed: Annotated[int, typer.Option()] = 0,
+    out: Annotated[Path, typer.Option(help="Parent folder of the run folder.")] = Path("runs"),
+    run_name: Annotated[str | None, typer.Option(help="Run folder name.")] = None,
+    track: Annotated[bool, typer.Option(help="Log to W&B (offline).")] = False,
+) -> None:
+    """SFT cold start, GRPO/DAPO from it, the shipped checkpoint, and its test evaluation."""
+    import shlex
+    import sys
+    import time
+
+    from rag_gym.train.pipeline import PipelineConfig, train_and_ship, write_report
+    from rag_gym.train.sft import SFTConfig
+
+    root = _run_dir(out, run_name, env, "pipeline", seed)
+    try:
+        sft_cfg = SFTConfig(
+            env_id=env,
+            env_kwargs=_json_option(env_kwargs, "--env-kwargs"),
+            tags=tags,
+            n_demos=demos,
+            model=model,
+            learning_rate=sft_lr,
+            eval_n=eval_n,
+            eval_before=False,
+            seed=seed,
+            run_dir=str(root / "sft"),
+            track=track,
+        )
+        pipeline = PipelineConfig(
+            grpo_steps=steps,
+            algorithm=algorithm,
+            grpo_learning_rate=lr,
+            num_generations=num_generations,
+            prompts_per_step=prompts_per_step,
+            step_cost=step_cost,
+            test_n=test_n,
+        )
+    except (TypeError, ValueError) as exc:
+        _fail(str(exc))
+    command = "rag-gym " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    started = time.perf_counter()
+    report = train_and_ship(sft_cfg, pipeline, root, command)
+    if report["checkpoint"] and test_n:
+        from rag_gym.evaluate import evaluate_checkpoint
+
+        t0 = time.perf_counter()
+        row = evaluate_checkpoint(report["checkpoint"], env, test_n, root, "test", seed=seed)
+        report["test"] = row
+        report["seconds"]["test"] = round(time.perf_counter() - t0, 1)
+        typer.echo(f"test ({test_n} questions, llama.cpp): EM {row['em']:.3f}")
+    report["seconds"]["total"] = round(time.perf_counter() - started, 1)
+    write_report(root, report)
+    minutes = {k: f"{v / 60:.1f} min" for k, v in report["seconds"].items()}
+    typer.echo(f"wall time: {minutes}")
+    typer.echo(f"results: {root / 'results.json'}")
+
+
 @train_app.command("export")
 def train_export(
     adapter: Annotated[Path, typer.Argument(help="A PEFT LoRA adapter folder (or SFT/GRPO run).")],

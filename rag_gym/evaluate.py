@@ -934,6 +934,37 @@ def evaluate(
     return result
 
 
+def evaluate_checkpoint(
+    checkpoint: str | Path,
+    env_id: str,
+    n: int,
+    out_dir: str | Path,
+    run_name: str,
+    split: str = "test",
+    seed: int = 0,
+) -> dict[str, Any]:
+    """``rag-gym evaluate --split SPLIT --n N --agents search_r1:CHECKPOINT``: the checkpoint
+    folder of a training run played greedily through llama.cpp (the main command's backend, its
+    GGUF adapter over the embedded model) on ``n`` questions of ``split``. Writes the run folder
+    ``out_dir/run_name`` and returns the agent's leaderboard row."""
+    from rag_gym.baselines import make_agent
+    from rag_gym.generation.backends import make_lm
+
+    lm = make_lm("llama_cpp", seed=seed)
+    config = EvalConfig(
+        env_id=env_id,
+        split=split,
+        n=n,
+        seed=seed,
+        agents=(f"search_r1:{checkpoint}",),
+        lm_spec="llama_cpp",
+        out_dir=str(out_dir),
+        run_name=run_name,
+    )
+    result = evaluate(config, lambda name, env: make_agent(name, lm=lm, seed=seed, env=env))
+    return result.rows[0]
+
+
 def _protocol_text(protocol: dict[str, Any]) -> str:
     return json.dumps(protocol, indent=2, default=str) + "\n"
 

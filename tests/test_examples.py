@@ -191,10 +191,12 @@ def test_train_synthhop_agent_example_runs(tmp_path):
         check=True,
         env={**os.environ, "OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1"},
     ).stdout
-    assert "SFT: validation EM" in out and "GRPO: validation EM" in out
+    assert "SFT:" in out and "DAPO:" in out and "validation EM" in out
     (run,) = tmp_path.iterdir()
     report = json.loads((run / "results.json").read_text())
     assert set(report["stages"]) == {"sft", "grpo"}
+    assert report["pipeline"]["algorithm"] == "dapo"
+    assert set(report["seconds"]) == {"sft", "grpo", "total"}  # the tiny model is not shipped
     assert report["stages"]["sft"]["data"]["demonstrations"] == 8
     assert report["stages"]["grpo"]["after"]["n"] == 2
     for stage in ("sft", "grpo"):
