@@ -477,6 +477,7 @@ def warm_up(data, indices, indptr, id_rank) -> None:
         blocks["block_ptr"],
         blocks["block_max"],
         blocks["block_last"],
+        block_min_rank(ix, ip, blocks, rank),
         rank,
         rank,
         tok,
@@ -561,6 +562,7 @@ def top_k_blockmax(
     block_ptr,
     block_max,
     block_last,
+    block_rank,
     id_rank,
     by_rank,
     tokens,
@@ -588,6 +590,14 @@ def top_k_blockmax(
     that survives is scored exactly as bm25s sums: its contributions in query order, in float32.
     Every comparison that drops a passage keeps a margin larger than any float32 rounding of the
     sums, so a dropped passage scores strictly below the k-th best and cannot even tie with it.
+
+    Ties are skipped exactly: a range is also skipped when its bound, summed as bm25s sums (each
+    occurrence's block maximum, or its list's maximum for a non-essential list, in query order, in
+    float32, then the base; rounding is monotone, so this bounds every passage's exact score),
+    is below the k-th best score, or equals it while every passage of the range's blocks ranks
+    after the k-th best's passage (``block_rank``: each block's smallest id rank). A corpus where
+    thousands of passages tie at the k-th best score (templated text) is then not walked passage
+    by passage.
     """
     hs = np.empty(k, dtype=out_scores.dtype)
     hr = np.empty(k, dtype=np.int64)
@@ -644,6 +654,11 @@ def top_k_blockmax(
             bend[u] = block_ptr[tok[u] + 1]
         contrib = np.zeros(n_u, dtype=out_scores.dtype)
         hit = np.zeros(n_u, dtype=np.bool_)
+        ess = np.zeros(n_u, dtype=np.bool_)
+        noness = np.zeros(n_u, dtype=np.bool_)
+        tmax = np.empty(n_u, dtype=out_scores.dtype)
+        for u in range(n_u):
+            tmax[u] = token_max[tok[u]]  # a float32 maximum, so exact
         size = 0
         # a head start: the k largest contributions of each list's best block, scored exactly,
         # set a k-th best score that lets the scan below skip from its first passage on (a
@@ -698,6 +713,8 @@ def top_k_blockmax(
             ne += 1
         region_hi = -1  # passages up to here score at most region_bound
         region_bound = np.inf
+        region_ub = zero  # the same bound summed in float32 as bm25s sums: exact, no margin
+        region_rank = -1  # the smallest id rank of the passages in the range's blocks
         while ne < n_u:
             # the next passage of an essential list
             d = big
@@ -709,20 +726,45 @@ def top_k_blockmax(
                 break
             if size == k:
                 if d > region_hi:
-                    # the essential lists' blocks holding d (or the first after it), and the
-                    # non-essential lists' bounds, bound every passage up to the first block end
+                    # the essential lists' blocks holding d (a list whose next passage comes
+                    # after d adds nothing before it), and the non-essential lists' bounds,
+                    # bound every passage up to the first block end or next passage
                     region_bound = prefix[ne - 1] if ne > 0 else 0.0
                     region_hi = big
+                    region_rank = big
+                    for u in range(n_u):
+                        ess[u] = False
+                        noness[u] = False
+                    for i in range(ne):
+                        noness[ord_[i]] = True  # bounded by its list's maximum
                     for i in range(ne, n_u):
                         u = ord_[i]
                         c = bcur[u]
                         while c < bend[u] and block_last[c] < d:
                             c += 1
                         bcur[u] = c
-                        if c < bend[u]:
+                        nxt = indices[pos[u]] if pos[u] < end[u] else big
+                        if nxt > d:
+                            # u has no posting from d to nxt - 1: it adds nothing there
+                            region_hi = min(region_hi, nxt - 1)
+                        else:
+                            ess[u] = True  # u's current block bounds it
                             region_bound += mult[u] * block_max[c]
                             region_hi = min(region_hi, block_last[c])
-                if region_bound + margin < theta:
+                            region_rank = min(region_rank, block_rank[c])
+                    ub = zero
+                    for i in range(m):
+                        u = occ[i]
+                        if ess[u]:
+                            ub += block_max[bcur[u]]
+                        elif noness[u]:
+                            ub += tmax[u]
+                    region_ub = ub + b
+                if (
+                    region_bound + margin < theta
+                    or region_ub < hs[0]
+                    or (region_ub == hs[0] and region_rank > hr[0])
+                ):
                     # nothing up to region_hi can reach the k best: skip past it
                     for i in range(ne, n_u):
                         u = ord_[i]
@@ -786,6 +828,29 @@ def top_k_blockmax(
             size = _fill_untouched(hs, hr, hp, size, k, b, by_rank, stamp, gone)
         out_n[q] = size
         _pop_into(hs, hr, hp, size, out_pos, out_scores, q)
+
+
+@njit(nogil=True, cache=True)
+def _block_min_rank(indices, indptr, block, block_ptr, id_rank, out) -> None:
+    for t in range(indptr.shape[0] - 1):
+        lo, hi = indptr[t], indptr[t + 1]
+        c = block_ptr[t]
+        for start in range(lo, hi, block):
+            r = id_rank[indices[start]]
+            for j in range(start + 1, min(start + block, hi)):
+                if id_rank[indices[j]] < r:
+                    r = id_rank[indices[j]]
+            out[c] = r
+            c += 1
+
+
+def block_min_rank(indices, indptr, blocks: dict, id_rank) -> np.ndarray:
+    """Each block's smallest passage-id rank (``block_rank`` of :func:`top_k_blockmax`): the
+    blocks of :func:`compute_blocks`'s ``blocks``, ranks ``id_rank`` (one read of every
+    posting)."""
+    out = np.empty(int(blocks["block_ptr"][-1]), dtype=np.int64)
+    _block_min_rank(indices, indptr, int(blocks["block"]), blocks["block_ptr"], id_rank, out)
+    return out
 
 
 def compute_blocks(data, indices, indptr, block: int = BLOCK) -> dict:

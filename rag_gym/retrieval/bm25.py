@@ -382,6 +382,7 @@ class BM25Retriever:
                         blocks["block_ptr"],
                         blocks["block_max"],
                         blocks["block_last"],
+                        self._block_rank(blocks),
                         self._id_rank,
                         self._by_rank,
                         *query,
@@ -436,6 +437,16 @@ class BM25Retriever:
             m = int(out_n[row])
             out_ids[i] = self._ids.take(out_pos[row, :m])
             out_scores[i] = out_val[row, :m].astype(float).tolist()
+
+    def _block_rank(self, blocks: dict) -> np.ndarray:
+        """``blocks``' smallest id rank per block (the exact tie skip of the block-max kernel):
+        stored in an index saved since it existed, else computed once (one read of every
+        posting) and kept in ``blocks``."""
+        rank = blocks.get("block_rank")
+        if rank is None:
+            rank = self._kernels.block_min_rank(self._indices, self._indptr, blocks, self._id_rank)
+            blocks["block_rank"] = rank
+        return rank
 
     def _take_scratch(self) -> tuple:
         # one scratch set per concurrent batch part, kept for the next call (no re-zeroing)
@@ -589,4 +600,13 @@ def _load_serving(d: Path, params: dict, model, n_docs: int, mmap: bool) -> dict
         "prunable": prunable,
         **{name: arrays[name] for name in ("token_max", "block_ptr", "block_max", "block_last")},
     }
+    rank_file = folder / "block_rank.npy"
+    if rank_file.is_file():  # absent from indexes saved before it existed: then computed
+        try:
+            rank = np.load(rank_file, mmap_mode=mode, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{folder}: cannot load block_rank.npy ({exc}); rebuild") from None
+        if rank.ndim != 1 or len(rank) != len(arrays["block_max"]):
+            raise ValueError(f"{folder}: block_rank.npy must hold one rank per block; rebuild")
+        blocks["block_rank"] = rank
     return {"blocks": blocks, "id_rank": arrays["id_rank"], "by_rank": arrays["by_rank"]}

@@ -327,6 +327,7 @@ def write_serving_files(out: Path, data, indices, indptr, id_rank: np.ndarray) -
     np.save(folder / "by_rank.npy", by_rank)
     for name in ("token_max", "block_ptr", "block_max", "block_last"):
         np.save(folder / f"{name}.npy", blocks[name])
+    np.save(folder / "block_rank.npy", _bm25_numba.block_min_rank(indices, indptr, blocks, id_rank))
     return {SERVING: {"block": blocks["block"], "prunable": blocks["prunable"]}}
 
 

@@ -103,6 +103,7 @@ def test_mmap_load_answers_as_in_memory(corpus_file, tmp_path):
     mapped = BM25Retriever.load(tmp_path / "idx")
     assert isinstance(mapped._data, np.memmap) or isinstance(mapped._data.base, np.memmap)
     assert isinstance(mapped._blocks["block_max"], np.memmap)
+    assert isinstance(mapped._blocks["block_rank"], np.memmap)
     assert isinstance(mapped._id_rank, np.memmap)
     rng = random.Random(0)
     queries = [" ".join(rng.sample(corpus.texts[i].split(), 3)) for i in range(0, 100_000, 997)]
@@ -112,6 +113,37 @@ def test_mmap_load_answers_as_in_memory(corpus_file, tmp_path):
     for kwargs in ({}, {"exclude": exclude}, {"within": pools}):
         for k in (1, 3, 10):
             assert mapped.retrieve(queries, k, **kwargs) == in_memory.retrieve(queries, k, **kwargs)
+
+
+@needs_numba
+def test_index_saved_before_block_rank_loads_and_answers_the_same(corpus_file, tmp_path):
+    """An index written before serving/block_rank.npy existed (no such file, nor in the
+    manifest) loads, computes each block's smallest id rank on its first query, and answers
+    exactly as one that has it."""
+    import json
+
+    from rag_gym.retrieval import _bm25_numba
+    from rag_gym.retrieval.persist import _params_digest
+
+    corpus = Corpus.from_jsonl(corpus_file)
+    build_bm25_index((p for _, p in iter_corpus_jsonl(corpus_file)), tmp_path / "new")
+    build_bm25_index((p for _, p in iter_corpus_jsonl(corpus_file)), tmp_path / "old")
+    old = tmp_path / "old"
+    (old / "serving" / "block_rank.npy").unlink()
+    params = json.loads((old / "params.json").read_text())
+    manifest = params["files"]
+    manifest.pop("serving/block_rank.npy")
+    params["params_sha256"] = _params_digest(params)  # as an index of that time was written
+    (old / "params.json").write_text(json.dumps(params))
+    new_ix, old_ix = BM25Retriever.load(tmp_path / "new"), BM25Retriever.load(old)
+    assert "block_rank" not in old_ix._blocks
+    queries = [" ".join(corpus.texts[i].split()[:4]) for i in range(0, 100_000, 1999)]
+    for k in (1, 3, 10):
+        assert old_ix.retrieve(queries, k) == new_ix.retrieve(queries, k)
+    blocks = new_ix._blocks
+    expected = _bm25_numba.block_min_rank(new_ix._indices, new_ix._indptr, blocks, new_ix._id_rank)
+    assert np.array_equal(old_ix._blocks["block_rank"], expected)
+    assert np.array_equal(blocks["block_rank"], expected)
 
 
 @needs_numba

@@ -89,6 +89,41 @@ def test_pruned_equals_exhaustive(method):
     bm25._blocks = default_blocks
 
 
+@pytest.mark.parametrize("id_order", ["passage order", "shuffled"])
+def test_templated_ties_at_the_kth_score(id_order):
+    """Thousands of passages tie at the k-th best score (one template, one length, as SynthHop's
+    work passages do); the kernel skips such ranges only when its float32 bound and the blocks'
+    id ranks prove nothing there can enter, so it returns exhaustive scoring's top-k, ties broken
+    by id, whether id order follows passage order or not."""
+    rng = random.Random(13)
+    n = 3000
+    nouns = ["lantern", "harbour", "mirror"]
+    texts = [f"the {RARE[i % 300]}x{i} {nouns[i % 3]}" for i in range(n)]
+    texts += [f"the {RARE[i]}y {nouns[i % 3]} of the north guild" for i in range(60)]  # longer
+    ids = [f"w{i:05d}" for i in range(len(texts))]
+    if id_order == "shuffled":
+        rng.shuffle(ids)
+    corpus = Corpus([Passage(pid, "", t) for pid, t in zip(ids, texts, strict=True)])
+    bm25 = BM25Retriever(corpus, backend="numba")
+    queries = [f"{RARE[i % 300]}x{i} {nouns[i % 3]}" for i in rng.sample(range(n), 40)]
+    queries += ["lantern", "harbour mirror", "lantern lantern guild", "north lantern"]
+    for k in (1, 3, 50):
+        exclude = [rng.sample(corpus.ids, 3) for _ in queries]
+        for excl in (None, exclude):
+            results = {}
+            for kernel in kernels(bm25):
+                bm25.kernel = kernel
+                results[kernel] = bm25.retrieve(queries, k, exclude=excl)
+            bm25.kernel = "blockmax"
+            expected = results["dense"]
+            for kernel, got in results.items():
+                assert got.ids == expected.ids, (id_order, k, kernel)
+                assert got.scores == expected.scores, (id_order, k, kernel)
+    # the ties are real: a two-word query's 2nd to k-th results share one score
+    got = bm25.retrieve([queries[0]], 3)
+    assert got.scores[0][1] == got.scores[0][2]
+
+
 def test_pruned_equals_numpy_and_pools():
     corpus = zipf_corpus(seed=11)
     fast = BM25Retriever(corpus, backend="numba")
