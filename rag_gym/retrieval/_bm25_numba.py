@@ -478,6 +478,7 @@ def warm_up(data, indices, indptr, id_rank) -> None:
         blocks["block_max"],
         blocks["block_last"],
         block_min_rank(ix, ip, blocks, rank),
+        best_blocks(blocks),
         rank,
         rank,
         tok,
@@ -563,6 +564,7 @@ def top_k_blockmax(
     block_max,
     block_last,
     block_rank,
+    best_block,
     id_rank,
     by_rank,
     tokens,
@@ -668,10 +670,7 @@ def top_k_blockmax(
             lo_b, hi_b = block_ptr[tok[u]], block_ptr[tok[u] + 1]
             if lo_b == hi_b:
                 continue
-            best_b = lo_b
-            for c in range(lo_b + 1, hi_b):
-                if block_max[c] > block_max[best_b]:
-                    best_b = c
+            best_b = best_block[tok[u]]  # its first block holding the list's maximum
             start = indptr[tok[u]] + (best_b - lo_b) * block
             stop = min(start + block, end[u])
             taken[:] = False
@@ -739,9 +738,7 @@ def top_k_blockmax(
                         noness[ord_[i]] = True  # bounded by its list's maximum
                     for i in range(ne, n_u):
                         u = ord_[i]
-                        c = bcur[u]
-                        while c < bend[u] and block_last[c] < d:
-                            c += 1
+                        c = _gallop(block_last, bcur[u], bend[u], d)
                         bcur[u] = c
                         nxt = indices[pos[u]] if pos[u] < end[u] else big
                         if nxt > d:
@@ -791,9 +788,7 @@ def top_k_blockmax(
                 for i in range(ne - 1, -1, -1):
                     u = ord_[i]
                     rest = prefix[i - 1] if i > 0 else 0.0
-                    c = bcur[u]
-                    while c < bend[u] and block_last[c] < d:
-                        c += 1
+                    c = _gallop(block_last, bcur[u], bend[u], d)
                     bcur[u] = c
                     here = mult[u] * block_max[c] if c < bend[u] else 0.0
                     if known + here + rest + margin < theta:
@@ -850,6 +845,25 @@ def block_min_rank(indices, indptr, blocks: dict, id_rank) -> np.ndarray:
     posting)."""
     out = np.empty(int(blocks["block_ptr"][-1]), dtype=np.int64)
     _block_min_rank(indices, indptr, int(blocks["block"]), blocks["block_ptr"], id_rank, out)
+    return out
+
+
+@njit(nogil=True, cache=True)
+def _best_blocks(block_ptr, block_max, out) -> None:
+    for t in range(block_ptr.shape[0] - 1):
+        best = block_ptr[t]
+        for c in range(block_ptr[t] + 1, block_ptr[t + 1]):
+            if block_max[c] > block_max[best]:
+                best = c
+        out[t] = best
+
+
+def best_blocks(blocks: dict) -> np.ndarray:
+    """Each token's first block holding its largest contribution (``best_block`` of
+    :func:`top_k_blockmax`, where the head start begins); a token without postings gets its
+    (empty) first block."""
+    out = np.empty(len(blocks["block_ptr"]) - 1, dtype=np.int64)
+    _best_blocks(blocks["block_ptr"], blocks["block_max"], out)
     return out
 
 

@@ -382,7 +382,7 @@ class BM25Retriever:
                         blocks["block_ptr"],
                         blocks["block_max"],
                         blocks["block_last"],
-                        self._block_rank(blocks),
+                        *self._block_extras(blocks),
                         self._id_rank,
                         self._by_rank,
                         *query,
@@ -438,15 +438,19 @@ class BM25Retriever:
             out_ids[i] = self._ids.take(out_pos[row, :m])
             out_scores[i] = out_val[row, :m].astype(float).tolist()
 
-    def _block_rank(self, blocks: dict) -> np.ndarray:
-        """``blocks``' smallest id rank per block (the exact tie skip of the block-max kernel):
-        stored in an index saved since it existed, else computed once (one read of every
-        posting) and kept in ``blocks``."""
+    def _block_extras(self, blocks: dict) -> tuple[np.ndarray, np.ndarray]:
+        """``blocks``' smallest id rank per block (the block-max kernel's exact tie skip; stored
+        in an index saved since it existed, else computed once from every posting) and each
+        token's best block (where its head start begins; computed once from the block maxima),
+        both kept in ``blocks``."""
         rank = blocks.get("block_rank")
         if rank is None:
             rank = self._kernels.block_min_rank(self._indices, self._indptr, blocks, self._id_rank)
             blocks["block_rank"] = rank
-        return rank
+        best = blocks.get("best_block")
+        if best is None:
+            best = blocks["best_block"] = self._kernels.best_blocks(blocks)
+        return rank, best
 
     def _take_scratch(self) -> tuple:
         # one scratch set per concurrent batch part, kept for the next call (no re-zeroing)
