@@ -354,6 +354,13 @@ def _decode_words(codes: np.ndarray, n_syl: int, rng_codas: np.ndarray) -> list[
     return [w.capitalize() for w in words.tolist()]
 
 
+def _currency_syllables(n_countries: int) -> int:
+    """Syllables of the currency words: two while they are plentiful (every world up to about
+    10M passages, so those worlds are unchanged), three beyond (a 21M-passage world, Search-R1's
+    scale, has 210,000 countries)."""
+    return 2 if n_countries <= len(_SYLLABLES) ** 2 * len(_CODAS) // 4 else 3
+
+
 def _unique_words(rng: np.random.Generator, n: int, n_syl: int) -> list[str]:
     """``n`` distinct generated words of ``n_syl`` syllables plus an optional coda."""
     space = len(_SYLLABLES) ** n_syl * len(_CODAS)
@@ -469,7 +476,7 @@ class _Generator:
         self.city_country[capital] = np.arange(c["country"])  # a capital lies in its country
         self.country_capital = capital
         self.country_year = rng.integers(900, 1900, size=c["country"])
-        currency_words = _unique_words(rng, c["country"], 2)
+        currency_words = _unique_words(rng, c["country"], _currency_syllables(c["country"]))
         self.country_currency = [
             f"{w.lower()} {_CURRENCY_UNITS[i % len(_CURRENCY_UNITS)]}"
             for i, w in enumerate(currency_words)

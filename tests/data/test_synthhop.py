@@ -151,3 +151,18 @@ def test_preset_errors():
         world_for("hrd")
     with pytest.raises(TypeError, match=r"unknown SynthHop config fields \['size'\]"):
         world_for("default", size=3)
+
+
+def test_currency_words_of_a_wikipedia_scale_world_fit_their_name_space():
+    """A 21M-passage world has 210,000 countries, more distinct currency words than two
+    syllables give: they take three there, and two in every smaller world (unchanged)."""
+    import numpy as np
+
+    from rag_gym.data.synthhop import _currency_syllables, _unique_words
+
+    assert _currency_syllables(2_000) == 2 and _currency_syllables(100_000) == 2
+    assert _currency_syllables(210_000) == 3
+    with pytest.raises(ValueError, match="cannot draw 210000 distinct 2-syllable names"):
+        _unique_words(np.random.default_rng(0), 210_000, 2)
+    words = _unique_words(np.random.default_rng(0), 210_000, _currency_syllables(210_000))
+    assert len(set(words)) == 210_000
