@@ -1,5 +1,5 @@
 """The ``rag-gym`` command line: ``evaluate``, ``compare``, ``view``, ``agents``, ``envs``,
-``synth``, ``index build``, ``serve``, ``train`` (``sft``, ``grpo``, ``export``) and
+``synth``, ``index build``, ``serve``, ``train`` (``sft``, ``grpo``, ``pipeline``, ``export``) and
 ``openenv serve``."""
 
 from __future__ import annotations
