@@ -9,6 +9,8 @@ The engine drives a model's own forward pass, with three hooks:
   ``model.config._attn_implementation``, which the attention layers read on every call
   (the public ``set_attn_implementation`` validates and walks every sub-config: too slow per
   decoding step);
+* :func:`cache_argument` names the forward parameter that takes the KV cache
+  (``cache`` from transformers 5.24, ``past_key_values`` before it);
 * :func:`linear_forwards` binds a replacement ``forward`` to given ``nn.Linear`` *instances* for
   one forward pass (an instance attribute shadows the class's method; deleting it restores
   the class's).
@@ -26,7 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 #: The transformers versions the engine was tested with (PEP 440).
-SUPPORTED = ">=5.23,<5.24"
+SUPPORTED = ">=5.23,<5.25"
 #: The parameters the engine passes to transformers' sdpa attention function, in order.
 SDPA_PARAMETERS = ("module", "query", "key", "value", "attention_mask")
 
@@ -38,7 +40,7 @@ def version_problem(version: str | None = None) -> str | None:
     >>> version_problem("5.23.0") is None
     True
     >>> version_problem("4.46.0")
-    "the continuous-batching engine is tested with transformers >=5.23,<5.24, got 4.46.0; pip install 'transformers>=5.23,<5.24'"
+    "the continuous-batching engine is tested with transformers >=5.23,<5.25, got 4.46.0; pip install 'transformers>=5.23,<5.25'"
     """
     from packaging.specifiers import SpecifierSet
     from packaging.version import Version
@@ -79,6 +81,28 @@ def attention_implementation(model: Any, name: str) -> Iterator[None]:
         yield
     finally:
         config._attn_implementation = previous
+
+
+def cache_argument(model: Any) -> str:
+    """The keyword ``model.forward`` takes its KV cache by: ``"cache"`` (transformers 5.24
+    renamed it; ``past_key_values`` warns there) or ``"past_key_values"`` (5.23 and older).
+
+    The answer is read from the forward's signature once per model class and kept; a PEFT
+    wrapper (whose forward takes ``**kwargs``) is answered for by the model it wraps.
+    """
+    cls = type(model)
+    name = _CACHE_ARGUMENT.get(cls)
+    if name is None:
+        import inspect
+
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        parameters = inspect.signature(type(base).forward).parameters
+        name = "cache" if "cache" in parameters else "past_key_values"
+        _CACHE_ARGUMENT[cls] = name
+    return name
+
+
+_CACHE_ARGUMENT: dict[type, str] = {}
 
 
 @contextlib.contextmanager

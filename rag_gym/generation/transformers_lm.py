@@ -746,8 +746,8 @@ class _Engine:
             out = model(
                 input_ids=torch.tensor([ids], device=device),
                 position_ids=torch.tensor([positions], device=device),
-                past_key_values=self.cache,
                 use_cache=True,
+                **{hf_compat.cache_argument(model): self.cache},
                 logits_to_keep=torch.tensor(last, device=device),
             )
         return out.logits[0].float()

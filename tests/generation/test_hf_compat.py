@@ -23,9 +23,10 @@ requires_policy = pytest.mark.skipif(
 
 def test_versions_outside_the_tested_range_name_the_range_and_the_fix():
     assert hf_compat.version_problem("5.23.0") is None
-    for version in ("4.46.0", "5.24.0", "6.0.0"):
+    assert hf_compat.version_problem("5.24.0") is None
+    for version in ("4.46.0", "5.25.0", "6.0.0"):
         problem = hf_compat.version_problem(version)
-        assert version in problem and "pip install 'transformers>=5.23,<5.24'" in problem
+        assert version in problem and "pip install 'transformers>=5.23,<5.25'" in problem
 
 
 def test_installed_transformers_is_the_tested_one():
