@@ -96,6 +96,8 @@ def _fill_untouched(hs, hr, hp, size, k, b, by_rank, stamp, gone) -> int:
         if added >= k:
             break
         d = by_rank[r]
+        if d < 0 or d >= stamp.shape[0]:  # a damaged by_rank.npy: never read outside stamp
+            continue
         if stamp[d] == gone:
             continue
         if size == k and not _worse(hs[0], hr[0], b, r):
@@ -491,6 +493,9 @@ def warm_up(data, indices, indptr, id_rank) -> None:
         scratch[4],
         *out,
     )
+    blocks["best_block"] = best_blocks(blocks)
+    check_lists(tok, ip, ix, 1, blocks, np.zeros(1, np.uint8))
+    check_lists(tok, ip, ix, 1, None, np.zeros(1, np.uint8))
     top_k_pruned(
         d, ix, ip, token_max, rank, rank, tok, ptr, base, none[:0], none, 1, *scratch, *out
     )
@@ -846,6 +851,68 @@ def block_min_rank(indices, indptr, blocks: dict, id_rank) -> np.ndarray:
     out = np.empty(int(blocks["block_ptr"][-1]), dtype=np.int64)
     _block_min_rank(indices, indptr, int(blocks["block"]), blocks["block_ptr"], id_rank, out)
     return out
+
+
+@njit(nogil=True, cache=True)
+def _check_lists(
+    tokens, indptr, indices, n_docs, block, block_ptr, block_max, block_last, checked, best
+):
+    n_tok = indptr.shape[0] - 1
+    n_data = indices.shape[0]
+    n_blocks = block_max.shape[0]
+    for q in range(tokens.shape[0]):
+        t = tokens[q]
+        if t < 0 or t >= n_tok:
+            return t
+        if checked[t]:
+            continue
+        lo, hi = indptr[t], indptr[t + 1]
+        if lo < 0 or lo > hi or hi > n_data:
+            return t
+        for j in range(lo, hi):
+            if indices[j] < 0 or indices[j] >= n_docs:
+                return t
+        if block > 0:
+            b_lo, b_hi = block_ptr[t], block_ptr[t + 1]
+            if b_lo < 0 or b_hi > n_blocks or b_hi - b_lo != (hi - lo + block - 1) // block:
+                return t
+            top = b_lo
+            for c in range(b_lo, b_hi):
+                if block_last[c] < 0 or block_last[c] >= n_docs:
+                    return t
+                if block_max[c] > block_max[top]:
+                    top = c
+            best[t] = top
+        checked[t] = 1
+    return -1
+
+
+def check_lists(tokens, indptr, indices, n_docs: int, blocks: dict | None, checked) -> int:
+    """The first of ``tokens`` (columns) whose posting list could make a kernel read outside an
+    array, or ``-1``: its ``indptr`` span inside the postings, its passage numbers in
+    ``[0, n_docs)``, and with ``blocks`` its block span (as :func:`compute_blocks` lays it out)
+    and block ends in range. A loaded index checks each list the first time a query reads it
+    (``checked`` marks those found sound) instead of reading every posting at load; the same
+    pass records each checked token's ``best_block`` (:func:`best_blocks`)."""
+    if blocks is None:
+        none = np.zeros(0, np.int64)
+        return int(
+            _check_lists(tokens, indptr, indices, n_docs, 0, none, none, none, checked, none)
+        )
+    return int(
+        _check_lists(
+            tokens,
+            indptr,
+            indices,
+            n_docs,
+            int(blocks["block"]),
+            blocks["block_ptr"],
+            blocks["block_max"],
+            blocks["block_last"],
+            checked,
+            blocks["best_block"],
+        )
+    )
 
 
 @njit(nogil=True, cache=True)

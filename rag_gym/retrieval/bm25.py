@@ -251,7 +251,19 @@ class BM25Retriever:
     def scores(self, query: str) -> np.ndarray:
         """BM25 score of every passage for one query (aligned with ``corpus.ids``)."""
         assert self.model is not None
-        return self._scores_from_ids(self.model.get_tokens_ids(self.tokenize([query])[0]))
+        return self._scores_from_ids(self._token_ids(self.tokenize([query]))[0])
+
+    def _token_ids(self, tokens: list[list[str]]) -> list[list[int]]:
+        # bm25s.BM25.get_tokens_ids per query; a mapped vocabulary looks all of them up at once
+        vocab = self.model.vocab_dict
+        if not hasattr(vocab, "columns"):  # a dict, not a _vocab_numba.MappedVocab
+            return [self.model.get_tokens_ids(toks) for toks in tokens]
+        cols = vocab.columns([t for toks in tokens for t in toks]).tolist()
+        out, at = [], 0
+        for toks in tokens:
+            out.append([c for c in cols[at : at + len(toks)] if c >= 0])
+            at += len(toks)
+        return out
 
     def _base(self, ids: list[int]) -> np.float32:
         # the score of a passage no query token occurs in (non-zero for bm25l and bm25+ only),
@@ -268,6 +280,7 @@ class BM25Retriever:
         if self._kernels is None:
             return self.model.get_scores_from_ids(ids)
         scores = np.zeros(len(self.corpus), dtype=self._data.dtype)
+        self._check_lists(np.asarray(ids, dtype=np.int64))
         self._kernels.full_scores(
             self._data, self._indices, self._indptr, np.asarray(ids, dtype=np.int64), scores
         )
@@ -300,7 +313,7 @@ class BM25Retriever:
         if within is None:
             check_k(k, len(self.corpus))
         tokens = self.tokenize(queries) if queries else []
-        token_ids = [self.model.get_tokens_ids(toks) for toks in tokens]
+        token_ids = self._token_ids(tokens)
         n_columns = len(self._indptr) - 1
         if max((max(ids) for ids in token_ids if ids), default=-1) >= n_columns:  # as bm25s
             raise ValueError("a query token maps outside the index's columns; rebuild the index")
@@ -357,6 +370,7 @@ class BM25Retriever:
             excluded = np.concatenate(banned)
         else:
             excluded = np.zeros(0, np.int64)
+        self._check_lists(tokens)
         out_pos = np.empty((n, k), dtype=np.int64)
         out_val = np.empty((n, k), dtype=self._data.dtype)
         out_n = np.empty(n, dtype=np.int64)
@@ -447,10 +461,27 @@ class BM25Retriever:
         if rank is None:
             rank = self._kernels.block_min_rank(self._indices, self._indptr, blocks, self._id_rank)
             blocks["block_rank"] = rank
-        best = blocks.get("best_block")
-        if best is None:
-            best = blocks["best_block"] = self._kernels.best_blocks(blocks)
-        return rank, best
+        return rank, blocks["best_block"]
+
+    def _check_lists(self, tokens: np.ndarray) -> None:
+        """Check the posting lists of ``tokens`` (columns) that no query has read yet, before a
+        kernel reads them (:func:`~rag_gym.retrieval._bm25_numba.check_lists`): a damaged list
+        is a ``ValueError`` naming the file, never a read outside an array."""
+        blocks = self._blocks
+        with self._lock:
+            if "checked" not in blocks:  # the lists found sound, and their best blocks
+                n_tokens = len(self._indptr) - 1
+                blocks["best_block"] = np.empty(n_tokens, dtype=np.int64)
+                blocks["checked"] = np.zeros(n_tokens, dtype=np.uint8)
+            bad = self._kernels.check_lists(
+                tokens, self._indptr, self._indices, len(self.corpus), blocks, blocks["checked"]
+            )
+        if bad >= 0:
+            raise ValueError(
+                f"the posting list of token column {bad} is damaged (indices.csc.index.npy, "
+                "indptr.csc.index.npy or serving/block_*.npy point outside their arrays); "
+                "rebuild the index"
+            )
 
     def _take_scratch(self) -> tuple:
         # one scratch set per concurrent batch part, kept for the next call (no re-zeroing)
@@ -477,7 +508,12 @@ class BM25Retriever:
         def write_files(tmp: Path) -> dict:
             model.save(str(tmp / "bm25s"), show_progress=False)
             serving = write_serving_files(
-                tmp, self._data, self._indices, self._indptr, np.asarray(self._id_rank)
+                tmp,
+                self._data,
+                self._indices,
+                self._indptr,
+                np.asarray(self._id_rank),
+                dict(model.vocab_dict),
             )
             return {"params": serving}
 
@@ -510,8 +546,21 @@ class BM25Retriever:
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{d / 'params.json'}: bad BM25 config ({exc}); rebuild") from None
         retriever = cls(config=config, backend=backend, n_threads=n_threads)
+        from rag_gym.retrieval.bm25_build import SERVING as SERVING_KEY
+
+        # with the numba backend, a vocabulary stored as arrays is mapped, not parsed
+        mapped_vocab = retriever._kernels is not None and bool(
+            (params.get(SERVING_KEY) or {}).get("vocab")
+        )
         try:
-            model = retriever._bm25s.BM25.load(str(d / "bm25s"), mmap=mmap)
+            model = retriever._bm25s.BM25.load(
+                str(d / "bm25s"), mmap=mmap, load_vocab=not mapped_vocab
+            )
+            if mapped_vocab:
+                from rag_gym.retrieval._vocab_numba import MappedVocab
+
+                model.vocab_dict = MappedVocab.load(d / SERVING_KEY, mmap=mmap)
+                model.unique_token_ids_set = range(len(model.vocab_dict))
         except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError) as exc:
             raise ValueError(
                 f"{d / 'bm25s'}: cannot load the BM25 arrays ({exc}); rebuild the index"
@@ -520,12 +569,15 @@ class BM25Retriever:
             raise ValueError(
                 f"{d / 'bm25s'} indexes {model.scores['num_docs']} documents, the corpus has {len(corpus)}"
             )
-        problem = _check_arrays(model)
+        # the numba kernels check each posting list before they first read it; numpy's
+        # indexing checks its own bounds, so a full read of every posting happens only there
+        # and with ``verify``
+        problem = _check_arrays(model, full=verify or retriever._kernels is None)
         if problem:
             raise ValueError(f"{d / 'bm25s'}: {problem}; rebuild the index")
         serving = {}
         if retriever._kernels is not None:
-            serving = _load_serving(d, params, model, len(corpus), mmap)
+            serving = _load_serving(d, params, model, len(corpus), mmap, full=verify)
         retriever._install(model, corpus, **serving)
         return retriever
 
@@ -535,9 +587,10 @@ class BM25Retriever:
         )
 
 
-def _check_arrays(model) -> str | None:
+def _check_arrays(model, full: bool = True) -> str | None:
     """What is wrong with a loaded bm25s index's arrays, or ``None``: a file edited by hand must
-    not make a compiled kernel read or write outside its arrays."""
+    not make a compiled kernel read or write outside its arrays. Shapes and ends are checked
+    always; every posting and pointer (a read of the whole index) only when ``full``."""
     data, indices, indptr = (model.scores[key] for key in ("data", "indices", "indptr"))
     n_docs = model.scores["num_docs"]
     if data.ndim != 1 or indices.ndim != 1 or indptr.ndim != 1 or len(indptr) < 1:
@@ -547,10 +600,16 @@ def _check_arrays(model) -> str | None:
             f"indptr.csc.index.npy spans {int(indptr[-1]) - int(indptr[0])} entries, "
             f"data.csc.index.npy has {len(data)} and indices.csc.index.npy {len(indices)}"
         )
+    if not full:
+        return None
     if (np.diff(indptr) < 0).any():
         return "indptr.csc.index.npy is not non-decreasing"
     if len(indices) and (indices.min() < 0 or indices.max() >= n_docs):
         return f"indices.csc.index.npy holds passage numbers outside [0, {n_docs})"
+    if hasattr(model.vocab_dict, "columns"):
+        # a mapped vocabulary checks each column it reads, and retrieve checks every query
+        # token's column against the index: nothing to read whole here
+        return None
     # bm25s gives the empty token the id after the last column
     ids = [i for token, i in model.vocab_dict.items() if token != ""]
     if ids and (min(ids) < 0 or max(ids) >= len(indptr) - 1):
@@ -558,9 +617,14 @@ def _check_arrays(model) -> str | None:
     return None
 
 
-def _load_serving(d: Path, params: dict, model, n_docs: int, mmap: bool) -> dict:
+def _load_serving(d: Path, params: dict, model, n_docs: int, mmap: bool, full: bool) -> dict:
     """``serving/``'s arrays (mapped with ``mmap``), checked so that no kernel can read outside
-    an array; ``{}`` for an index without them (they are then computed from the postings)."""
+    an array; ``{}`` for an index without them (they are then computed from the postings).
+
+    Shapes are checked always; the values (a read of every array) only when ``full``. Without
+    it, each posting list's blocks are checked the first time a query reads them
+    (:meth:`BM25Retriever._check_lists`), and ranks are only ever compared, never used to
+    index an array."""
     from rag_gym.retrieval.bm25_build import SERVING, block_pointers
 
     info = params.get(SERVING)
@@ -578,17 +642,24 @@ def _load_serving(d: Path, params: dict, model, n_docs: int, mmap: bool) -> dict
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{folder}: cannot load the serving arrays ({exc}); rebuild") from None
     indptr = np.asarray(model.scores["indptr"])
+    n_tok = len(indptr) - 1
     problem = None
     if any(arr.ndim != 1 for arr in arrays.values()):
         problem = "every array must be 1-D"
+    elif block < 1:
+        problem = f"blocks of {block} postings"
     elif len(arrays["id_rank"]) != n_docs or len(arrays["by_rank"]) != n_docs:
         problem = f"id_rank.npy and by_rank.npy must hold {n_docs} ranks"
-    elif not np.array_equal(arrays["block_ptr"], block_pointers(indptr, block)):
-        problem = f"block_ptr.npy does not match blocks of {block} postings"
-    elif len(arrays["token_max"]) != len(indptr) - 1:
-        problem = f"token_max.npy must hold {len(indptr) - 1} bounds"
+    elif len(arrays["block_ptr"]) != n_tok + 1 or int(arrays["block_ptr"][0]) != 0:
+        problem = f"block_ptr.npy must hold {n_tok + 1} block pointers from 0"
+    elif len(arrays["token_max"]) != n_tok:
+        problem = f"token_max.npy must hold {n_tok} bounds"
     elif not len(arrays["block_max"]) == len(arrays["block_last"]) == int(arrays["block_ptr"][-1]):
         problem = "block_max.npy and block_last.npy must hold one entry per block"
+    elif not full:
+        pass
+    elif not np.array_equal(arrays["block_ptr"], block_pointers(indptr, block)):
+        problem = f"block_ptr.npy does not match blocks of {block} postings"
     elif n_docs and (arrays["by_rank"].min() < 0 or arrays["by_rank"].max() >= n_docs):
         problem = f"by_rank.npy holds passage numbers outside [0, {n_docs})"
     elif not np.array_equal(np.asarray(arrays["id_rank"])[arrays["by_rank"]], np.arange(n_docs)):

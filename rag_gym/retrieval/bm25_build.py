@@ -310,12 +310,16 @@ def write_bm25s_metadata(arrays: dict[str, Any], out: Path) -> None:
         json.dump(params, f, indent=4)
 
 
-def write_serving_files(out: Path, data, indices, indptr, id_rank: np.ndarray) -> dict[str, Any]:
+def write_serving_files(
+    out: Path, data, indices, indptr, id_rank: np.ndarray, vocab: dict[str, int]
+) -> dict[str, Any]:
     """``serving/``: the tie-break ranks and the pruning bounds, so that a loaded index maps
-    them instead of recomputing them (which would read every posting). Returns the params
-    entry that describes them. Needs numba; without it, nothing is written and ``{}``."""
+    them instead of recomputing them (which would read every posting), and the vocabulary as
+    mapped arrays (:mod:`rag_gym.retrieval._vocab_numba`), so that a load parses no JSON
+    dictionary. Returns the params entry that describes them. Needs numba; without it,
+    nothing is written and ``{}``."""
     try:
-        from rag_gym.retrieval import _bm25_numba
+        from rag_gym.retrieval import _bm25_numba, _vocab_numba
     except ImportError:
         return {}
     blocks = _bm25_numba.compute_blocks(data, indices, indptr)
@@ -328,7 +332,10 @@ def write_serving_files(out: Path, data, indices, indptr, id_rank: np.ndarray) -
     for name in ("token_max", "block_ptr", "block_max", "block_last"):
         np.save(folder / f"{name}.npy", blocks[name])
     np.save(folder / "block_rank.npy", _bm25_numba.block_min_rank(indices, indptr, blocks, id_rank))
-    return {SERVING: {"block": blocks["block"], "prunable": blocks["prunable"]}}
+    mapped_vocab = _vocab_numba.write_vocab(folder, vocab)
+    return {
+        SERVING: {"block": blocks["block"], "prunable": blocks["prunable"], "vocab": mapped_vocab}
+    }
 
 
 def build_bm25_index(
@@ -382,7 +389,9 @@ def build_bm25_index(
         data, indices = arrays["data"], arrays["indices"]
         data.flush()
         indices.flush()
-        serving = write_serving_files(tmp, data, indices, arrays["indptr"], id_rank)
+        serving = write_serving_files(
+            tmp, data, indices, arrays["indptr"], id_rank, arrays["vocab"]
+        )
         del data, indices, arrays
         return {
             "params": serving,

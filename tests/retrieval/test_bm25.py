@@ -177,9 +177,42 @@ def test_truncated_or_tampered_arrays_name_the_file(bm25, tmp_path, victim):
     with pytest.raises(ValueError, match=rf"bm25s/{victim} has \d+ bytes, the index was built"):
         BM25Retriever.load(out)
     reseal(out)  # behind the checksums, bm25s's own reading still names the folder
+    # (the numba backend maps serving/'s copy of the vocabulary and never reads the JSON one)
+    backend = "numpy" if victim == "vocab.index.json" else "auto"
     with pytest.raises(ValueError, match=r"bm25s: cannot load the BM25 arrays .*rebuild the index"):
-        loaded = BM25Retriever.load(out)
+        loaded = BM25Retriever.load(out, backend=backend)
         loaded.retrieve(["x"], k=1)
+
+
+@pytest.mark.parametrize(
+    ("victim", "message"),
+    [
+        ("vocab_table.npy", r"vocab_table\.npy has 3 slots, not a power of two"),
+        ("vocab_offsets.npy", r"vocab_offsets\.npy does not span vocab_bytes\.npy"),
+    ],
+)
+def test_a_damaged_mapped_vocabulary_names_the_file(bm25, tmp_path, victim, message):
+    out = bm25.save(tmp_path / "idx")
+    np.save(out / "serving" / victim, np.zeros(3, dtype=np.load(out / "serving" / victim).dtype))
+    reseal(out)
+    with pytest.raises(ValueError, match=message):
+        BM25Retriever.load(out)
+
+
+def test_a_mapped_vocabulary_with_wrong_columns_never_reads_outside_its_arrays(bm25, tmp_path):
+    # slots pointing past the vocabulary (and offsets past the bytes) read as unknown tokens
+    out = bm25.save(tmp_path / "idx")
+    query = "Which river flows through the capital?"
+    sound = BM25Retriever.load(out)
+    expected, blank = sound.retrieve([query], k=3), sound.retrieve(["the of"], k=3)
+    assert expected.ids != blank.ids  # a query of stop words only: no token scores
+    table = np.load(out / "serving" / "vocab_table.npy")
+    table[table >= 0] = 10**9
+    np.save(out / "serving" / "vocab_table.npy", table)
+    reseal(out)
+    damaged = BM25Retriever.load(out)
+    assert damaged.retrieve([query], k=3).ids == blank.ids  # every token unknown now
+    assert damaged.model.vocab_dict.token_ids(bm25.tokenize([query])[0]) == []
 
 
 # ---- backends: numba (compiled, pruned) and numpy give identical results ----------------------
@@ -286,7 +319,8 @@ def test_query_token_outside_the_index_is_an_error(world):
     ],
 )
 def test_inconsistent_arrays_name_the_file(bm25, tmp_path, victim, message):
-    # the right size and format, wrong values: caught at load, before any kernel reads them
+    # the right size and format, wrong values: caught by a verified load (and by a load with
+    # the numpy backend, which reads every array), before any kernel reads them
     out = bm25.save(tmp_path / "idx")
     path = out / "bm25s" / victim
     array = np.load(path)
@@ -296,7 +330,33 @@ def test_inconsistent_arrays_name_the_file(bm25, tmp_path, victim, message):
         BM25Retriever.load(out)
     reseal(out)  # behind the checksums, the arrays' consistency check
     with pytest.raises(ValueError, match=message):
-        BM25Retriever.load(out)
+        BM25Retriever.load(out, verify=True)
+    with pytest.raises(ValueError, match=message):
+        BM25Retriever.load(out, backend="numpy")
+
+
+def test_a_damaged_posting_list_is_caught_before_a_kernel_reads_it(bm25, tmp_path):
+    # a plain load reads no posting: the first query that reads the damaged list stops with a
+    # ValueError naming the files; other lists still answer
+    out = bm25.save(tmp_path / "idx")
+    path = out / "bm25s" / "indices.csc.index.npy"
+    indices = np.load(path)
+    indices[-1] = 10**6  # a passage number past the corpus, in the last token's list
+    np.save(path, indices)
+    reseal(out)
+    loaded = BM25Retriever.load(out)
+    vocab = loaded.model.vocab_dict
+    last = len(loaded._indptr) - 2
+    token = next(t for t in vocab if vocab[t] == last)
+    assert loaded.tokenize([token]) == [[token]]  # the stem is its own token
+    other = next(t for t in vocab if t and vocab[t] != last and loaded.tokenize([t]) == [[t]])
+    assert loaded.retrieve([other], k=1).ids[0]
+    for kernel in ("blockmax", "maxscore", "dense"):
+        loaded.kernel = kernel
+        with pytest.raises(ValueError, match=r"posting list of token column \d+ is damaged"):
+            loaded.retrieve([f"{other} {token}"], k=1)
+    with pytest.raises(ValueError, match=r"posting list of token column \d+ is damaged"):
+        loaded.scores(token)
 
 
 @pytest.mark.parametrize(
