@@ -157,6 +157,8 @@ class BM25Retriever:
         self.show_progress = show_progress
         self._lock = threading.Lock()
         self._scratch: list[tuple] = []
+        # posting lists are checked when a query first reads them (an index loaded unverified)
+        self._lazy_checks = False
         self._pool: ThreadPoolExecutor | None = None
         self._stemmer = None
         if self.config.stemmer:
@@ -225,6 +227,7 @@ class BM25Retriever:
     ) -> None:
         self.model = model
         self.corpus = corpus
+        self._lazy_checks = False
         # rank of each position by passage id: the tie-breaker
         self._id_rank = id_ranks(corpus) if id_rank is None else id_rank
         self._ids = IdColumn(corpus)
@@ -468,6 +471,12 @@ class BM25Retriever:
         kernel reads them (:func:`~rag_gym.retrieval._bm25_numba.check_lists`): a damaged list
         is a ``ValueError`` naming the file, never a read outside an array."""
         blocks = self._blocks
+        if not self._lazy_checks:  # every list is sound: built here, or checked at load
+            if "best_block" not in blocks:
+                with self._lock:
+                    if "best_block" not in blocks:
+                        blocks["best_block"] = self._kernels.best_blocks(blocks)
+            return
         with self._lock:
             if "checked" not in blocks:  # the lists found sound, and their best blocks
                 n_tokens = len(self._indptr) - 1
@@ -579,6 +588,7 @@ class BM25Retriever:
         if retriever._kernels is not None:
             serving = _load_serving(d, params, model, len(corpus), mmap, full=verify)
         retriever._install(model, corpus, **serving)
+        retriever._lazy_checks = not verify
         return retriever
 
     def __repr__(self) -> str:

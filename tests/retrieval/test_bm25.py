@@ -357,6 +357,8 @@ def test_a_damaged_posting_list_is_caught_before_a_kernel_reads_it(bm25, tmp_pat
             loaded.retrieve([f"{other} {token}"], k=1)
     with pytest.raises(ValueError, match=r"posting list of token column \d+ is damaged"):
         loaded.scores(token)
+    with pytest.raises(ValueError, match=r"indices\.csc\.index\.npy holds passage numbers outside"):
+        BM25Retriever.load(out, verify=True)  # a verified load reads every posting
 
 
 @pytest.mark.parametrize(
