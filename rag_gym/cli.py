@@ -451,7 +451,10 @@ def index_build(
     ] = False,
     verify: Annotated[
         bool,
-        typer.Option(help="Load the written index back, checking every file's full SHA-256."),
+        typer.Option(
+            help="Load the written index back, checking every file's full SHA-256 and every "
+            "array's values."
+        ),
     ] = False,
     memory: Annotated[
         str,

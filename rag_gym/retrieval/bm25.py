@@ -547,6 +547,12 @@ class BM25Retriever:
         blocks (small files whole), or its full SHA-256 with ``verify=True``. A directory that
         is not a rag-gym BM25 index, a file missing, replaced or damaged, a corpus that does not
         match, or arrays that are inconsistent raise ``ValueError`` naming the file.
+
+        Without ``verify`` (and with the numba backend) nothing is read whole: shapes and ends
+        are checked here, and each posting list when a query first reads it, so that a damaged
+        list is a ``ValueError`` at that query, never a read outside an array. ``verify=True``
+        checks every value here. The vocabulary is mapped from ``serving/`` where the index
+        has it (docs/retrieval-scale.md).
         """
         d = Path(in_dir)
         params, corpus = read_index(d, "bm25", verify=verify)
