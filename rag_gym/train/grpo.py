@@ -379,7 +379,11 @@ def build_trainer(
     ``fn(completions, **columns) -> list[float]`` (e.g. :mod:`rag_gym.rewards.trl`) with their
     weights to the episode return; they see the whole completion text (passages included).
     """
-    from rag_gym.train.trl_compat import require_trl, stabilized_kl_trainer_class
+    from rag_gym.train.trl_compat import (
+        checkpointing_option,
+        require_trl,
+        stabilized_kl_trainer_class,
+    )
 
     trl = require_trl()
     from datasets import Dataset
@@ -445,7 +449,7 @@ def build_trainer(
         shuffle_dataset=True,
         disable_dropout=True,
         log_completions=False,
-        gradient_checkpointing=cfg.gradient_checkpointing,
+        **checkpointing_option(trl.GRPOConfig, cfg.gradient_checkpointing),
     )
     peft_config = lora_config(cfg.lora_r, cfg.lora_alpha) if cfg.lora else None
     dataset = Dataset.from_dict({"prompt": list(keys)})
@@ -619,7 +623,7 @@ def train_from(
     cfg: EnvGRPOConfig, init: str | Path | None = None, eval_n: int | None = 100
 ) -> dict[str, Any]:
     """GRPO/DAPO from the SFT checkpoint ``init`` (its LoRA adapter goes on training; with
-    ``beta > 0`` the reference is the base model, PEFT's adapter-disabled forward), with held-out
+    ``beta > 0`` the KL's reference is TRL's frozen ``"ref"`` copy of that adapter), with held-out
     EM before and after on ``eval_n`` validation questions. Writes ``results.json`` beside the
     trainer's files and returns its content."""
 

@@ -63,6 +63,25 @@ PRIVATE_API: dict[tuple[str, str], tuple[str, ...]] = {
 AGGREGATED_LOSS_TYPES = ("grpo", "sapo", "bnpo", "dr_grpo", "dapo", "cispo", "vespo")
 
 
+def checkpointing_option(config_class: type, enabled: bool) -> dict[str, bool]:
+    """The training-arguments keyword that turns activation checkpointing on or off, for
+    ``config_class`` (a ``TrainingArguments`` subclass such as TRL's ``GRPOConfig``).
+
+    transformers 5.24 renamed ``gradient_checkpointing`` to ``activation_checkpointing``; the old
+    name warns there, and TRL's configs default it to ``True``, so the new name must be given
+    explicitly wherever it exists (older transformers know only the old name).
+    """
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(config_class)}
+    key = (
+        "activation_checkpointing"
+        if "activation_checkpointing" in names
+        else "gradient_checkpointing"
+    )
+    return {key: bool(enabled)}
+
+
 class TRLVersionError(ImportError):
     """The installed TRL is outside :data:`SUPPORTED`, or its private methods changed."""
 

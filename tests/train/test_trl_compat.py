@@ -174,3 +174,35 @@ def test_colocated_vllm_names_what_is_missing():
     assert trl_compat.colocated_vllm(trainer) is engine
     with pytest.raises(trl_compat.TRLVersionError, match="vllm_mode='colocate'"):
         trl_compat.colocated_vllm(SimpleNamespace())
+
+
+def test_checkpointing_option_names_the_keyword_the_config_has():
+    from dataclasses import dataclass
+
+    @dataclass
+    class Old:  # transformers before 5.24
+        gradient_checkpointing: bool = True
+
+    @dataclass
+    class New(Old):
+        activation_checkpointing: bool | None = None
+
+    assert trl_compat.checkpointing_option(Old, False) == {"gradient_checkpointing": False}
+    assert trl_compat.checkpointing_option(New, True) == {"activation_checkpointing": True}
+
+
+@requires_trl
+@pytest.mark.parametrize("name", ["GRPOConfig", "SFTConfig", "DPOConfig"])
+def test_checkpointing_off_without_a_deprecation_warning(name, tmp_path):
+    import warnings
+
+    trl = trl_compat.require_trl()
+    config_class = getattr(trl, name)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*checkpointing.*", category=FutureWarning)
+        args = config_class(
+            output_dir=str(tmp_path),
+            use_cpu=True,
+            **trl_compat.checkpointing_option(config_class, False),
+        )
+    assert args.gradient_checkpointing is False  # TRL's own default is True

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_gym.train.evo_rag_dpo.config import EvoRagDPOConfig
+from rag_gym.train.trl_compat import checkpointing_option
 
 
 def _require_trl():
@@ -56,7 +57,7 @@ def policy_epoch(
         report_to="none",
         max_length=None,
         precompute_ref_log_probs=cfg.reference_free,
-        activation_checkpointing=cfg.gradient_checkpointing,
+        **checkpointing_option(trl.DPOConfig, cfg.gradient_checkpointing),
         use_cpu=not cuda,
         bf16=cuda,
         seed=seed,
