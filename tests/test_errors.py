@@ -366,3 +366,18 @@ def test_transformers_missing_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)
     with pytest.raises(ImportError, match=r"pip install 'rag-gym\[hf\]'"):
         TransformersLM()
+
+
+@requires_llama
+def test_llama_prompt_longer_than_the_window_is_an_empty_reply_not_an_exception():
+    from rag_gym.generation.llama_cpp import LlamaCppLM
+    from rag_gym.generation.lm import CONTEXT_FULL
+
+    lm = LlamaCppLM(n_ctx=64, n_threads=1)
+    long = "Doc 1 says the river runs north. " * 40  # about 320 tokens
+    config = GenerationConfig(max_tokens=4)
+    full, short = lm.generate([long, "The capital of France is"], config)
+    assert full[0].text == "" and full[0].finish_reason == "length"
+    assert full[0].error.startswith(CONTEXT_FULL) and "n_ctx" in full[0].error
+    assert full[0].prompt_tokens > 64
+    assert short[0].error is None and short[0].completion_tokens > 0

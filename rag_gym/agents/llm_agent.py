@@ -13,7 +13,10 @@ A subclass writes three methods:
 
 ``act_batch`` gathers the prompts of every slot that needs one, makes one
 ``lm.generate`` call for all of them, and counts tokens per slot. A backend exception
-propagates to the caller (the evaluator scores those episodes as failed and goes on).
+propagates to the caller (the evaluator scores those episodes as failed and goes on). A prompt
+that fills the model's context window is not an exception: its reply is empty (a bad reply)
+and ``state["context_full"]`` is set, so that an agent whose prompts only grow can end the
+episode (``search_r1`` answers its give-up answer).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 from rag_gym.agents.base import Agent
 from rag_gym.envs.search import ActionType
 from rag_gym.envs.spaces import sanitize
-from rag_gym.generation.lm import GenerationConfig, LanguageModel
+from rag_gym.generation.lm import CONTEXT_FULL, GenerationConfig, LanguageModel
 
 
 class LLMAgent(Agent):
@@ -81,6 +84,8 @@ class LLMAgent(Agent):
                 usage["prompt_tokens"] += gen.prompt_tokens
                 usage["completion_tokens"] += gen.completion_tokens
                 state["bad_reply"] = not (gen.text or "").strip()
+                if gen.error and gen.error.startswith(CONTEXT_FULL):
+                    state["context_full"] = True
                 self._raw_outputs[slots[i]] = gen.text or ""
                 actions[i] = self.parse(state, gen.text or "", observations[i], infos[i])
                 usage["bad_replies"] += int(state.pop("bad_reply"))

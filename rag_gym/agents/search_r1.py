@@ -67,7 +67,8 @@ class SearchR1Agent(LLMAgent):
         tags: the TextActions tag preset the policy writes.
         max_tokens: new tokens per turn at most (the trainers' ``max_turn_tokens``).
         max_turns: model turns per episode at most (the trainers' ``max_turns``); after them the
-            episode is ended with the answer :data:`GIVE_UP`, counted as a bad reply.
+            episode is ended with the answer :data:`GIVE_UP`, counted as a bad reply. An episode
+            whose prompt fills the model's context window ends the same way.
     """
 
     name = "search_r1"
@@ -141,7 +142,12 @@ class SearchR1Agent(LLMAgent):
                 [slots[i] for i in todo],
             )
             for i, action in zip(todo, done, strict=True):
-                actions[i] = action
+                # the episode no longer fits the model's context window: give up at once (the
+                # empty reply already counts as a bad reply)
+                full = self._states[slots[i]].get("context_full")
+                actions[i] = (
+                    f"<{self.tags.answer}>{GIVE_UP}</{self.tags.answer}>" if full else action
+                )
         return actions
 
     def describe(self) -> dict[str, Any]:

@@ -11,7 +11,14 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from rag_gym.generation.lm import Generation, GenerationConfig, LanguageModel, Prompt, check_prompts
+from rag_gym.generation.lm import (
+    CONTEXT_FULL,
+    Generation,
+    GenerationConfig,
+    LanguageModel,
+    Prompt,
+    check_prompts,
+)
 
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -161,12 +168,20 @@ class LlamaCppLM(LanguageModel):
         # evaluation, which changes logits in the last bits and can flip a greedy choice.
         # Evaluating every prompt from scratch makes greedy generation reproducible.
         self._llm.reset()
-        if isinstance(prompt, str):
-            res = self._llm.create_completion(prompt, **kwargs)
-            text = res["choices"][0]["text"]
-        else:
-            res = self._llm.create_chat_completion(prompt, **kwargs)
-            text = res["choices"][0]["message"]["content"] or ""
+        try:
+            if isinstance(prompt, str):
+                res = self._llm.create_completion(prompt, **kwargs)
+                text = res["choices"][0]["text"]
+            else:
+                res = self._llm.create_chat_completion(prompt, **kwargs)
+                text = res["choices"][0]["message"]["content"] or ""
+        except ValueError as exc:
+            # llama.cpp refuses a prompt that fills the whole window (a longer reply is cut to
+            # fit by llama.cpp itself): an empty reply for this prompt alone, not an exception
+            # that fails every other prompt of the batch
+            if "exceed context window" not in str(exc):
+                raise
+            return context_full(str(exc), self.n_ctx)
         usage = res.get("usage", {})
         return Generation(
             text=text,
@@ -194,3 +209,19 @@ def default_threads() -> int:
             raise ValueError(f"expected RAG_GYM_THREADS to be an integer >= 1, got {value!r}")
         return int(value)
     return os.cpu_count() or 1
+
+
+def context_full(message: str, n_ctx: int) -> Generation:
+    """The reply to a prompt that fills the context window: no text, ``finish_reason``
+    ``"length"``, and ``error`` saying so (an agent ends the episode on it; see
+    :data:`~rag_gym.generation.lm.CONTEXT_FULL`)."""
+    import re
+
+    match = re.search(r"\((\d+)\)", message)
+    return Generation(
+        text="",
+        prompt_tokens=int(match.group(1)) if match else 0,
+        completion_tokens=0,
+        finish_reason="length",
+        error=f"{CONTEXT_FULL}: {message}; pass a larger n_ctx (LlamaCppLM(n_ctx=...))",
+    )

@@ -46,6 +46,11 @@ class GenerationConfig:
         object.__setattr__(self, "stop", tuple(self.stop))
 
 
+#: How :attr:`Generation.error` starts for a prompt that fills the model's whole context window
+#: (no room to reply): an agent ends the episode on it instead of prompting again.
+CONTEXT_FULL = "context window full"
+
+
 @dataclass
 class Generation:
     """One sample: its text, token counts and why it stopped (``stop``, ``length``, ``error``)."""

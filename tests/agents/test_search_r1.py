@@ -115,6 +115,49 @@ def test_out_of_turns_ends_the_episode_as_a_bad_reply():
     assert lm.calls[1][0][-2] == {"role": "assistant", "content": "I am not sure"}
 
 
+class ContextLM(EchoLM):
+    """Replies with a search; a prompt for which ``fills(prompt)`` is true fills the window."""
+
+    def __init__(self, fills) -> None:
+        super().__init__(reply="<search>capital</search>")
+        self.fills = fills
+
+    def generate(self, prompts, config=None):
+        from rag_gym.generation.llama_cpp import context_full
+
+        out = super().generate(prompts, config)
+        for i, prompt in enumerate(prompts):
+            if self.fills(prompt):
+                out[i] = [
+                    context_full("Requested tokens (4680) exceed context window of 4096", 4096)
+                ]
+        return out
+
+
+def test_a_full_context_window_ends_that_episode_alone():
+    """An episode whose prompt fills the context window ends at once with the give-up answer
+    (one bad reply); the episodes batched with it go on, and nothing raises."""
+    envs = [
+        TextActions(gym.make("rag_gym/SynthHop-v0", dataset_kwargs=SMALL_WORLD), tags="search_r1")
+        for _ in range(2)
+    ]
+    obs, infos = zip(*(env.reset(seed=i) for i, env in enumerate(envs)), strict=True)
+    assert infos[0]["question"] != infos[1]["question"]
+    # episode 0's second prompt (after one turn) no longer fits; episode 1's always do
+    lm = ContextLM(lambda chat: len(chat) > 2 and infos[0]["question"] in chat[1]["content"])
+    agent = SearchR1Agent(lm, max_turns=8)
+    for slot in (0, 1):
+        agent.reset(slot=slot)
+    first = agent.act_batch(list(obs), list(infos), [0, 1])
+    assert first == ["<search>capital</search>"] * 2
+    stepped = [env.step(a) for env, a in zip(envs, first, strict=True)]
+    second = agent.act_batch([s[0] for s in stepped], [s[4] for s in stepped], [0, 1])
+    assert second == ["<answer>unknown</answer>", "<search>capital</search>"]
+    assert agent.usage_of(0)["bad_replies"] == 1 and agent.usage_of(1)["bad_replies"] == 0
+    _, _, terminated, _, info = envs[0].step(second[0])
+    assert terminated and info["scores"]["em"] == 0.0
+
+
 def test_agent_names_and_checkpoints():
     assert check_agent_name("search_r1:synthhop") == "search_r1:synthhop"
     with pytest.raises(ValueError, match="checkpoint only after"):
