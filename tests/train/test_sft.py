@@ -252,3 +252,50 @@ def test_micro_batches_accumulate_to_the_same_update(tmp_path):
         assert torch.allclose(v, weights[1][k], rtol=1e-4, atol=1e-6), k
     with pytest.raises(ValueError, match="multiple of micro_batch_size"):
         SFTConfig(batch_size=6, micro_batch_size=4)
+
+
+@pytest.mark.parametrize("kl_estimator", ["k3", "stabilized"])
+def test_grpo_from_an_adapter_keeps_the_adapter_as_its_kl_reference(tmp_path, kl_estimator):
+    """With β > 0, RL from an SFT adapter measures its KL against a frozen copy of that adapter
+    (TRL's ``"ref"`` adapter), not against the base model, which never learnt the protocol;
+    the rollouts still generate with the trained adapter alone."""
+    import torch
+    from peft import get_peft_model
+
+    from rag_gym.train.grpo import EnvGRPOConfig, build_trainer, load_with_adapter
+    from rag_gym.train.models import lora_config, tiny_policy
+
+    model, _ = tiny_policy()
+    model = get_peft_model(model, lora_config(4, 8))
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_()
+    model.save_pretrained(str(tmp_path / "sft"))
+
+    policy, tokenizer = load_with_adapter("tiny", tmp_path / "sft")
+    cfg = EnvGRPOConfig(
+        env_kwargs=ENV,
+        model="tiny",
+        reward_preset="none",
+        tags="search_r1",
+        max_steps=1,
+        num_generations=2,
+        max_turns=1,
+        max_turn_tokens=4,
+        beta=0.05,
+        kl_estimator=kl_estimator,
+        lora=False,
+        run_dir=str(tmp_path / "grpo"),
+    )
+    trainer, _ = build_trainer(cfg, policy, tokenizer)
+    peft_model = trainer.accelerator.unwrap_model(trainer.model)
+    assert set(peft_model.peft_config) == {"default", "ref"}
+    assert peft_model.active_adapters == ["default"]
+    params = dict(peft_model.named_parameters())
+    refs = [name for name in params if ".ref." in name]
+    assert refs and all(not params[name].requires_grad for name in refs)
+    for name in refs:  # the reference starts equal to the SFT adapter, which is not zero
+        assert torch.equal(params[name], params[name.replace(".ref.", ".default.")])
+    assert any(params[name].abs().sum() > 0 for name in refs if "lora_B" in name)
