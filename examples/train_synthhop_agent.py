@@ -1,4 +1,4 @@
-"""Turn the embedded SmolLM2-135M into a SynthHop search agent: SFT cold start, DAPO, ship it.
+"""Turn the embedded SmolLM2-135M into a SynthHop search agent: SFT cold start, GRPO, ship it.
 
 The whole pipeline, top to bottom, on a CPU (``rag-gym train pipeline`` is the same run as one
 CLI command; both call :func:`rag_gym.train.pipeline.train_and_ship`):
@@ -12,8 +12,8 @@ CLI command; both call :func:`rag_gym.train.pipeline.train_and_ship`):
 4. **evaluate** it with ``rag-gym evaluate``'s protocol on the held-out test split through
    llama.cpp, the main command's backend (:func:`rag_gym.evaluate.evaluate_checkpoint`).
 
-The defaults are docs/training.md's pipeline (300 transcripts, then DAPO for 100 steps of one
-question and 4 episodes at lr 2e-4; 2-core CPU, nothing else running)::
+The defaults are docs/training.md's best pipeline (600 transcripts, then GRPO for 100 steps of two
+questions and 4 episodes each at lr 5e-5; 2-core CPU, nothing else running)::
 
     OMP_NUM_THREADS=2 python examples/train_synthhop_agent.py
 
@@ -46,7 +46,7 @@ def parse():
     from rag_gym.train.sft import SFTConfig
 
     parser = TrlParser((PipelineConfig, SFTConfig))
-    parser.set_defaults(exp_name="synthhop_agent", n_demos=300, eval_n=0, eval_before=False)
+    parser.set_defaults(exp_name="synthhop_agent", n_demos=600, eval_n=0, eval_before=False)
     return parser.parse_args_and_config()
 
 

@@ -895,16 +895,16 @@ def train_pipeline(
         str | None, typer.Option(help="More gym.make kwargs as a JSON object.")
     ] = None,
     tags: Annotated[str, typer.Option(help="TextActions tag preset.")] = "search_r1",
-    demos: Annotated[int, typer.Option(help="SFT: expert demonstrations (train split).")] = 300,
+    demos: Annotated[int, typer.Option(help="SFT: expert demonstrations (train split).")] = 600,
     model: Annotated[
         str, typer.Option(help="embedded, tiny, a hub id or a directory.")
     ] = "embedded",
     sft_lr: Annotated[float, typer.Option(help="SFT: peak learning rate (LoRA).")] = 1e-3,
-    algorithm: Annotated[str, typer.Option(help="RL: grpo or dapo.")] = "dapo",
+    algorithm: Annotated[str, typer.Option(help="RL: grpo or dapo.")] = "grpo",
     steps: Annotated[int, typer.Option(help="RL steps (0: ship the SFT adapter).")] = 100,
-    lr: Annotated[float, typer.Option(help="RL: learning rate.")] = 2e-4,
+    lr: Annotated[float, typer.Option(help="RL: learning rate.")] = 5e-5,
     num_generations: Annotated[int, typer.Option(help="RL: episodes per question (G).")] = 4,
-    prompts_per_step: Annotated[int, typer.Option(help="RL: questions per step.")] = 1,
+    prompts_per_step: Annotated[int, typer.Option(help="RL: questions per step.")] = 2,
     step_cost: Annotated[float, typer.Option(help="RL: EVO-RAG step cost weight.")] = 0.0,
     eval_n: Annotated[
         int,

@@ -191,11 +191,11 @@ def test_train_synthhop_agent_example_runs(tmp_path):
         check=True,
         env={**os.environ, "OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1"},
     ).stdout
-    assert "SFT:" in out and "DAPO:" in out and "validation EM" in out
+    assert "SFT:" in out and "GRPO:" in out and "validation EM" in out
     (run,) = tmp_path.iterdir()
     report = json.loads((run / "results.json").read_text())
     assert set(report["stages"]) == {"sft", "grpo"}
-    assert report["pipeline"]["algorithm"] == "dapo"
+    assert report["pipeline"]["algorithm"] == "grpo"  # the default since the 600-demo SFT start
     assert set(report["seconds"]) == {"sft", "grpo", "total"}  # the tiny model is not shipped
     assert report["stages"]["sft"]["data"]["demonstrations"] == 8
     assert report["stages"]["grpo"]["after"]["n"] == 2

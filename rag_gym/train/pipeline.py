@@ -9,9 +9,12 @@ this layer, in :func:`rag_gym.evaluate.evaluate_checkpoint`). One run folder::
     <root>/checkpoint/  the shipped folder: PEFT adapter, llama.cpp GGUF adapter, model card
     <root>/results.json every stage's held-out figures and wall times
 
-The defaults are the run docs/training.md reports: SFT on 300 expert transcripts (LoRA r = 16,
-lr 1e-3), then DAPO (EVO-RAG §3.7 starts RL "from supervised warm start") for 100 steps of one
-question and four episodes at lr 2e-4, reward EM.
+The defaults are the best run docs/training.md reports: SFT on 600 expert transcripts (LoRA
+r = 16, lr 1e-3), then GRPO (EVO-RAG §3.7 starts RL "from supervised warm start") for 100 steps
+of two questions and four episodes each at lr 5e-5, reward EM, β = 0. Measured on the 200 test
+questions, that RL stage keeps the SFT adapter's EM (0.835 both, paired difference +0.000);
+DAPO at lr 2e-4 lost 1.5 points from the same SFT and 25.5 points from a 300-transcript one,
+so it is no longer the default.
 """
 
 from __future__ import annotations
@@ -31,13 +34,13 @@ class PipelineConfig:
 
     grpo_steps: int = 100
     """RL steps from the SFT checkpoint (0: skip RL and ship the SFT adapter)"""
-    algorithm: str = "dapo"
+    algorithm: str = "grpo"
     """grpo or dapo"""
-    grpo_learning_rate: float = 2e-4
+    grpo_learning_rate: float = 5e-5
     """the RL stage's learning rate"""
     num_generations: int = 4
     """episodes per question (G)"""
-    prompts_per_step: int = 1
+    prompts_per_step: int = 2
     """questions per RL step"""
     step_cost: float = 0.0
     """EVO-RAG step-cost weight in the RL reward (0: off)"""

@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rag_gym.cli import app
+from rag_gym.train.pipeline import PipelineConfig
 from tests.conftest import SMALL_WORLD
 
 
@@ -35,9 +36,8 @@ def test_bad_options_are_clear_errors(tmp_path, args, message):
 
 
 def test_pipeline_config_checks():
-    from rag_gym.train.pipeline import PipelineConfig
-
-    assert PipelineConfig().algorithm == "dapo"
+    with pytest.raises(ValueError, match="'grpo' or 'dapo'"):
+        PipelineConfig(algorithm="ppo")
     with pytest.raises(ValueError, match="step_cost >= 0"):
         PipelineConfig(step_cost=-0.1)
     with pytest.raises(ValueError, match="test_n"):
@@ -50,7 +50,7 @@ def test_pipeline_config_checks():
     reason="training needs torch, transformers, trl and peft: "
     "pip install torch==2.13.0 'rag-gym[train,hf]'",
 )
-def test_pipeline_runs_sft_then_dapo_on_the_tiny_model(tmp_path, monkeypatch):
+def test_pipeline_runs_sft_then_rl_on_the_tiny_model(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     result = run_cli(
         "--model",
@@ -76,7 +76,9 @@ def test_pipeline_runs_sft_then_dapo_on_the_tiny_model(tmp_path, monkeypatch):
     root = tmp_path / "pipe"
     report = json.loads((root / "results.json").read_text())
     assert report["command"].startswith("rag-gym ")  # the command line, for the model card
-    assert report["pipeline"]["algorithm"] == "dapo" and report["pipeline"]["grpo_steps"] == 1
+    defaults = PipelineConfig()
+    assert report["pipeline"]["algorithm"] == defaults.algorithm
+    assert report["pipeline"]["grpo_steps"] == 1
     assert report["stages"]["sft"]["data"]["demonstrations"] == 8
     assert report["stages"]["grpo"]["after"]["n"] == 2
     assert set(report["seconds"]) == {"sft", "grpo", "total"}  # the tiny model is not shipped
@@ -84,6 +86,9 @@ def test_pipeline_runs_sft_then_dapo_on_the_tiny_model(tmp_path, monkeypatch):
     stages = report["seconds"]["sft"] + report["seconds"]["grpo"]
     assert report["seconds"]["total"] >= stages - 0.1 - 1e-9
     grpo = json.loads((root / "grpo" / "config.json").read_text())
-    assert grpo["algorithm"] == "dapo" and grpo["learning_rate"] == 2e-4
+    # the RL stage runs with the pipeline's settings
+    assert grpo["algorithm"] == defaults.algorithm
+    assert grpo["learning_rate"] == defaults.grpo_learning_rate
+    assert grpo["prompts_per_step"] == defaults.prompts_per_step
     assert (root / "grpo" / "final" / "adapter_model.safetensors").is_file()
     assert "wall time" in result.output
