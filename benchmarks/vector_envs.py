@@ -17,6 +17,7 @@ with one BM25 thread on the 2-core machine; docs/performance.md has the breakdow
 from __future__ import annotations
 
 import argparse
+import gc
 import tempfile
 import time
 
@@ -101,6 +102,10 @@ def main() -> None:
         runners[mode] = VectorRunner(mode, n, kwargs, queries)
     for run in runners.values():
         run(min(4 * n, args.steps))  # warm-up: index pages, numba compilation, first episodes
+    # the world and the envs built above are millions of long-lived objects: left to the
+    # collector, each full collection rescans them (50-150 ms), landing in whichever round
+    gc.collect()
+    gc.freeze()
     rates: dict[str, list[float]] = {name: [] for name in runners}
     for _ in range(args.repeats):
         for name, run in runners.items():

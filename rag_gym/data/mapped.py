@@ -57,6 +57,10 @@ import numpy as np
 
 from rag_gym.data.types import Corpus, Passage, hash_passage
 
+#: How many recently returned ids (``MappedCorpus.ids_at``) and parsed rows a corpus remembers.
+_RECENT_IDS = 1 << 16
+_RECENT_ROWS = 1024
+
 #: The folder of the corpus map, beside ``corpus.jsonl``.
 CORPUS_MAP = "corpus_map"
 #: Its files.
@@ -219,6 +223,9 @@ class _IdLookup:
         if not isinstance(pid, str):
             return -1
         c = self._corpus
+        i = c._recent.get(pid)
+        if i is not None:  # an id a retriever has just returned (see MappedCorpus.ids_at)
+            return i
         key = pid.encode()
         by_id = c._by_id
         r = bisect.bisect_left(_SortedIds(c), key)
@@ -287,9 +294,10 @@ class MappedCorpus(Corpus):
         "_folder",
         "_id_ptr",
         "_ids_blob",
-        "_last",
         "_mm",
         "_offsets",
+        "_recent",
+        "_rows",
     )
 
     def __init__(self, folder: str | Path, name: str = "corpus", size: int | None = None) -> None:
@@ -304,11 +312,13 @@ class MappedCorpus(Corpus):
             }
         except (OSError, ValueError) as exc:
             raise ValueError(f"{where}: cannot map the corpus map ({exc}); rebuild") from None
-        self._offsets = arrays["offsets"]
-        self._ids_blob = arrays["ids"]
-        self._id_ptr = arrays["id_ptr"]
-        self._by_id = arrays["by_id"]
-        self._crc = arrays["crc"]
+        # plain ndarray views of the mapped files: the same pages, without np.memmap's
+        # Python-level __getitem__ on every scalar read (a binary search makes ~20 of them)
+        self._offsets = arrays["offsets"].view(np.ndarray)
+        self._ids_blob = arrays["ids"].view(np.ndarray)
+        self._id_ptr = arrays["id_ptr"].view(np.ndarray)
+        self._by_id = arrays["by_id"].view(np.ndarray)
+        self._crc = arrays["crc"].view(np.ndarray)
         path = folder / "corpus.jsonl"
         problem = self._check(path.stat().st_size if path.is_file() else -1, size)
         if problem:
@@ -316,7 +326,11 @@ class MappedCorpus(Corpus):
         self._file = open(path, "rb")  # noqa: SIM115 (kept open: the map reads it)
         n = len(self._by_id)
         self._mm = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ) if n else b""
-        self._last: tuple[int, str, str] = (-1, "", "")
+        #: ``id -> position`` of the ids ``ids_at`` returned lately (a retriever's results,
+        #: which an env then looks up by id), and the rows read lately: bounded, emptied when
+        #: full; a dict's get and set are atomic, so a reader on another thread is safe
+        self._recent: dict[str, int] = {}
+        self._rows: dict[int, tuple[int, str, str]] = {}
         self.ids = _Column(n, self._id)  # type: ignore[assignment]
         self.titles = _Column(n, lambda i: self._row(i)[1])  # type: ignore[assignment]
         self.texts = _Column(n, lambda i: self._row(i)[2])  # type: ignore[assignment]
@@ -357,16 +371,16 @@ class MappedCorpus(Corpus):
         return self._id_bytes(i).decode()
 
     def _row(self, i: int) -> tuple[int, str, str]:
-        last = self._last  # one tuple: a reader on another thread sees an old row or this one
-        if last[0] == i:
-            return last
+        cached = self._rows.get(i)
+        if cached is not None:
+            return cached
         line = self._mm[int(self._offsets[i]) : int(self._offsets[i + 1])]
         problem = None
         if zlib.crc32(line) != int(self._crc[i]):
             problem = "its CRC-32 does not match the one written at build time"
         else:
             try:
-                rec = json.loads(line)
+                rec = json.loads(line.decode())  # str: json skips detecting the encoding
                 row = (i, rec["title"], rec["text"])
                 if rec["id"] != self._id(i):
                     problem = f"its id {rec['id']!r} is not corpus_map/ids.npy's {self._id(i)!r}"
@@ -377,11 +391,22 @@ class MappedCorpus(Corpus):
                 f"{self._folder / 'corpus.jsonl'} line {i + 1} is damaged ({problem}); "
                 "rebuild the index"
             )
-        self._last = row
+        rows = self._rows
+        if len(rows) >= _RECENT_ROWS:
+            rows.clear()
+        rows[i] = row
         return row
 
     def ids_at(self, positions: Iterable[int]) -> list[str]:
-        return [self._id(int(i)) for i in positions]
+        """The ids at ``positions``; each is remembered, so that looking it up by id next (as
+        an env does with a retriever's results) costs a dict lookup, not a binary search."""
+        positions = [int(i) for i in positions]
+        ids = [self._id(i) for i in positions]
+        recent = self._recent
+        if len(recent) >= _RECENT_IDS:
+            recent.clear()
+        recent.update(zip(ids, positions, strict=True))
+        return ids
 
     def facts(self) -> dict[str, Any]:
         """``{"size", "checksum"}`` as written at build time (``corpus_map/facts.json``)."""
@@ -400,6 +425,13 @@ class MappedCorpus(Corpus):
         return ranks
 
     # ---- the Corpus interface ------------------------------------------------------------------
+    def __getitem__(self, pid: str) -> Passage:
+        i = self._index.find(pid)  # type: ignore[attr-defined]
+        if i < 0:
+            raise KeyError(f"no passage with id {pid!r} in corpus {self.name!r}")
+        _, title, text = self._row(i)  # one read for both columns
+        return Passage(pid, title, text)
+
     def add(self, passage: Passage) -> None:
         raise TypeError(
             f"{self!r} is read-only (mapped from an index folder); build a Corpus to add passages"

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
+from rag_gym.data.types import Passage
 from rag_gym.envs.base import DataConfig, QAEnv, SearchRequest, check_int
 from rag_gym.envs.spaces import UnicodeText, sanitize
 
@@ -36,6 +37,8 @@ class _Hop:
     kind: str  # "search" or "evaluate"
     text: str
     ids: list[str] = field(default_factory=list)
+    #: the passages of ``ids``, read from the corpus once (the info and the rendering share them)
+    passages: list[Passage] = field(default_factory=list, repr=False, compare=False)
     #: ``(position, sanitised block)``: a hop's rendering, made once per position in the context
     rendered: tuple[int, str] | None = field(default=None, repr=False, compare=False)
 
@@ -285,6 +288,7 @@ class SearchEnv(QAEnv):
         answer_term = 0.0
         query = None
         retrieved: list[str] = []
+        passages: list[Passage] = []
         self._last_scores = []
         extra: dict[str, Any] = {}
 
@@ -304,7 +308,9 @@ class SearchEnv(QAEnv):
                 else:
                     retrieved, scores = prefetched
                     self._last_scores = [scores]
-                hop = _Hop(self._step_count, "search", query, retrieved)
+                corpus = self.corpus
+                passages = [corpus[pid] for pid in retrieved]
+                hop = _Hop(self._step_count, "search", query, retrieved, passages)
                 self._context.append(hop)
                 self._history.append(hop)
                 self._num_searches += 1
@@ -364,7 +370,7 @@ class SearchEnv(QAEnv):
         self._done = terminated
         invalid_term = self.invalid_action_penalty if invalid else 0.0
         terms = {"answer": answer_term, "invalid": invalid_term}
-        info = self._info(ActionType(atype).name, query, retrieved, invalid, terms)
+        info = self._info(ActionType(atype).name, query, retrieved, invalid, terms, passages)
         info.update(extra)
         obs = self._render_obs()
         if self.render_mode == "human":
@@ -413,10 +419,10 @@ class SearchEnv(QAEnv):
         exclude = list(self._seen) if self.exclude_seen and self._seen else None
         return self._retrieve([query], self.k, exclude)[0]
 
-    def _info(self, action_type, query, retrieved, invalid, terms) -> dict[str, Any]:
+    def _info(self, action_type, query, retrieved, invalid, terms, passages=()) -> dict[str, Any]:
         ex = self._example
         assert ex is not None
-        gold, seen, corpus = self._gold_set, self._seen, self.corpus
+        gold, seen = self._gold_set, self._seen
         context_ids = [list(h.ids) for h in self._context if h.kind == "search"]
         return {
             "question_id": ex.id,
@@ -430,10 +436,7 @@ class SearchEnv(QAEnv):
             "retrieved_scores": list(self._last_scores[0])
             if retrieved and self._last_scores
             else [],
-            "passages": [
-                {"id": pid, "title": corpus.titles[i], "text": corpus.texts[i]}
-                for pid, i in ((pid, corpus.position(pid)) for pid in retrieved)
-            ],
+            "passages": [{"id": p.id, "title": p.title, "text": p.text} for p in passages],
             "gold_hits": [pid for pid in retrieved if pid in gold],
             "context_ids": context_ids,
             "retrieved_history": list(seen),
@@ -471,8 +474,7 @@ class SearchEnv(QAEnv):
         if hop.rendered is None or hop.rendered[0] != n:
             if hop.kind == "search":
                 lines = [f"[{n}] Search: {hop.text}"]
-                for r, pid in enumerate(hop.ids, 1):
-                    p = self.corpus[pid]
+                for r, p in enumerate(hop.passages, 1):
                     lines.append(f"  ({r}) {p.title}: {p.text}" if p.title else f"  ({r}) {p.text}")
                 if not hop.ids:
                     lines.append("  (no new passages)")

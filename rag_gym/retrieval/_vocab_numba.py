@@ -22,6 +22,7 @@ array. The vocabulary is ``bm25s``'s ``vocab_dict`` (its empty token included), 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -94,9 +95,9 @@ def _lookup(blob, offsets, table, keys, key_offsets, out) -> None:
 
 def _encode(tokens: list[str]) -> tuple[np.ndarray, np.ndarray]:
     encoded = [t.encode("utf-8", "surrogatepass") for t in tokens]
-    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
-    if encoded:
-        np.cumsum([len(b) for b in encoded], out=offsets[1:])
+    offsets = np.fromiter(  # np.cumsum of a short list costs more than the lookup
+        itertools.accumulate(map(len, encoded), initial=0), dtype=np.int64, count=len(encoded) + 1
+    )
     return np.frombuffer(b"".join(encoded), dtype=np.uint8), offsets
 
 
@@ -149,7 +150,10 @@ class MappedVocab(Mapping):
             )
         if int(offsets[0]) != 0 or int(offsets[-1]) != len(blob):
             raise ValueError("vocab_offsets.npy does not span vocab_bytes.npy")
-        self._blob, self._offsets, self._table = blob, offsets, table
+        # plain views of mapped arrays: numba types an np.memmap argument in Python on every call
+        self._blob, self._offsets, self._table = (
+            a.view(np.ndarray) if isinstance(a, np.memmap) else a for a in (blob, offsets, table)
+        )
 
     @classmethod
     def load(cls, folder: Path, mmap: bool = True) -> MappedVocab:

@@ -229,9 +229,10 @@ class BM25Retriever:
         self.corpus = corpus
         self._lazy_checks = False
         # rank of each position by passage id: the tie-breaker
-        self._id_rank = id_ranks(corpus) if id_rank is None else id_rank
+        self._id_rank = id_ranks(corpus) if id_rank is None else _plain(id_rank)
         self._ids = IdColumn(corpus)
-        # plain ndarray views of bm25s's arrays (memory maps stay mapped, never copied)
+        # plain ndarray views of bm25s's arrays (memory maps stay mapped, never copied; numba's
+        # dispatcher types a plain ndarray in C, an np.memmap in Python: ~0.8 us an argument)
         self._data = np.asarray(model.scores["data"])
         self._indices = np.asarray(model.scores["indices"])
         self._indptr = np.asarray(model.scores["indptr"])
@@ -243,10 +244,11 @@ class BM25Retriever:
             if by_rank is None:
                 by_rank = np.empty_like(self._id_rank)
                 by_rank[self._id_rank] = np.arange(len(corpus))
-            self._by_rank = by_rank
+            self._by_rank = _plain(by_rank)
             if blocks is None:
                 blocks = kernels.compute_blocks(self._data, self._indices, self._indptr)
-            self._blocks = blocks
+            self._blocks = {name: _plain(value) for name, value in blocks.items()}
+            blocks = self._blocks
             self._token_max = blocks["token_max"]
             self._prunable = bool(blocks["prunable"])
             self.kernel = "blockmax" if self._prunable else "dense"
@@ -351,9 +353,11 @@ class BM25Retriever:
         if not rows:
             return
         n = len(rows)
-        lengths = np.fromiter((len(token_ids[i]) for i in rows), dtype=np.int64, count=n)
-        token_ptr = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(lengths, out=token_ptr[1:])
+        token_ptr = np.fromiter(  # np.cumsum costs more than the kernel on a query or two
+            itertools.accumulate((len(token_ids[i]) for i in rows), initial=0),
+            dtype=np.int64,
+            count=n + 1,
+        )
         tokens = np.fromiter(
             (t for i in rows for t in token_ids[i]), dtype=np.int64, count=int(token_ptr[-1])
         )
@@ -427,12 +431,12 @@ class BM25Retriever:
 
         # split by work (postings read), not by query count, and only when it pays
         postings = self._indptr[tokens + 1] - self._indptr[tokens]
-        done = np.concatenate([[0], np.cumsum(postings)])[token_ptr]  # work before query q
-        total = int(done[-1])
+        total = int(postings.sum())
         parts = max(1, min(self.n_threads, n, total // _POSTINGS_PER_THREAD))
         if parts == 1:
             run(0, n)
         else:
+            done = np.concatenate([[0], np.cumsum(postings)])[token_ptr]  # work before query q
             cuts = np.searchsorted(done, np.arange(1, parts) * total / parts).tolist()
             bounds = sorted({0, n, *cuts})
             if self._pool is None:
@@ -701,3 +705,9 @@ def _load_serving(d: Path, params: dict, model, n_docs: int, mmap: bool, full: b
             raise ValueError(f"{folder}: block_rank.npy must hold one rank per block; rebuild")
         blocks["block_rank"] = rank
     return {"blocks": blocks, "id_rank": arrays["id_rank"], "by_rank": arrays["by_rank"]}
+
+
+def _plain(array):
+    """``array`` as a plain ndarray view when it is an ``np.memmap`` (the same mapped pages):
+    a numba kernel call types each memmap argument in Python, a plain array in C."""
+    return array.view(np.ndarray) if isinstance(array, np.memmap) else array

@@ -39,6 +39,8 @@ Needs ``pip install 'rag-gym[server]'``.
 """
 
 import asyncio
+import contextlib
+import gc
 import hmac
 import logging
 import math
@@ -228,7 +230,18 @@ def create_app(
 
     from rag_gym import __version__
 
-    app = FastAPI(title="rag-gym retrieval server")
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        # the index and the corpus live as long as the server: exempt them from the cyclic
+        # garbage collector, whose full passes would otherwise walk millions of their objects
+        gc.collect()
+        gc.freeze()
+        try:
+            yield
+        finally:
+            endpoint.stop()
+
+    app = FastAPI(title="rag-gym retrieval server", lifespan=lifespan)
     batcher = (
         _MicroBatcher(retriever, batch_window_ms / 1000.0, max_batch, max_in_flight)
         if micro_batching
@@ -254,19 +267,6 @@ def create_app(
     @app.get("/healthz")
     async def healthz():
         return status
-
-    @app.on_event("startup")
-    async def _settle():
-        # the index and the corpus live as long as the server: exempt them from the cyclic
-        # garbage collector, whose full passes would otherwise walk millions of their objects
-        import gc
-
-        gc.collect()
-        gc.freeze()
-
-    @app.on_event("shutdown")
-    async def _stop():
-        endpoint.stop()
 
     return app
 

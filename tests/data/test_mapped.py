@@ -56,6 +56,31 @@ def test_answers_as_the_in_memory_corpus(pair):
     assert mapped.ids_at(np.array([5, 0])) == corpus.ids_at([5, 0]) == ["a0", "10"]
 
 
+def test_ids_a_retriever_returned_are_found_by_id_from_memory_and_the_memory_is_bounded(
+    pair, monkeypatch
+):
+    import rag_gym.data.mapped as mapped_module
+
+    corpus, mapped, _ = pair
+    monkeypatch.setattr(mapped_module, "_RECENT_IDS", 3)
+    monkeypatch.setattr(mapped_module, "_RECENT_ROWS", 2)
+    assert mapped.ids_at([5, 3, 1]) == ["a0", "ä-umlaut", "9"]
+    assert mapped._recent == {"a0": 5, "ä-umlaut": 3, "9": 1}
+    # found without the binary search: break it, and the remembered ids still resolve
+    monkeypatch.setattr(mapped_module.bisect, "bisect_left", None)
+    for pid in ("a0", "ä-umlaut", "9"):
+        assert mapped.position(pid) == corpus.position(pid)
+        assert mapped[pid] == corpus[pid]
+    monkeypatch.undo()
+    monkeypatch.setattr(mapped_module, "_RECENT_IDS", 3)
+    monkeypatch.setattr(mapped_module, "_RECENT_ROWS", 2)
+    assert mapped.ids_at([0]) == ["10"]  # full: emptied, then this one remembered
+    assert mapped._recent == {"10": 0}
+    for pid in corpus.ids:  # rows read through a memory of two, always the right row
+        assert mapped[pid] == corpus[pid]
+        assert len(mapped._rows) <= 2
+
+
 def test_read_only_and_picklable(pair):
     _, mapped, _ = pair
     with pytest.raises(TypeError, match="read-only"):
