@@ -27,7 +27,9 @@ arrays and the file (nothing is read until asked for):
 
 - a passage is one slice of the mapped file, parsed when asked for;
 - an id is a slice of ``ids.npy``;
-- ``position(id)`` is a binary search over ``by_id.npy``: about 25 comparisons at 21M.
+- ``position(id)`` is a binary search over ``by_id.npy``: about 25 comparisons at 21M; an id
+  that ``ids_at`` returned lately (a retriever's results, which an env then reads by id) is
+  found in a bounded memory instead, and the rows read lately are kept too.
 
 >>> import tempfile
 >>> from rag_gym.data.types import Passage
