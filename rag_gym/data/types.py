@@ -148,6 +148,10 @@ class Corpus:
             i = self._index[pid]
         except KeyError:
             raise KeyError(f"no passage with id {pid!r} in corpus {self.name!r}") from None
+        return self._passage(pid, i)
+
+    def _passage(self, pid: str, i: int) -> Passage:
+        """The passage ``pid`` at row ``i``."""
         return Passage(pid, self.titles[i], self.texts[i])
 
     def position(self, pid: str) -> int:

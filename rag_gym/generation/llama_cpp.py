@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -215,8 +216,6 @@ def context_full(message: str, n_ctx: int) -> Generation:
     """The reply to a prompt that fills the context window: no text, ``finish_reason``
     ``"length"``, and ``error`` saying so (an agent ends the episode on it; see
     :data:`~rag_gym.generation.lm.CONTEXT_FULL`)."""
-    import re
-
     match = re.search(r"\((\d+)\)", message)
     return Generation(
         text="",

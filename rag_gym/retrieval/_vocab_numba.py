@@ -29,6 +29,8 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
+from rag_gym.data.mapped import plain_view
+
 FILES = ("vocab_bytes", "vocab_offsets", "vocab_table")
 """The vocabulary's files in ``serving/`` (``.npy``)."""
 
@@ -150,10 +152,7 @@ class MappedVocab(Mapping):
             )
         if int(offsets[0]) != 0 or int(offsets[-1]) != len(blob):
             raise ValueError("vocab_offsets.npy does not span vocab_bytes.npy")
-        # plain views of mapped arrays: numba types an np.memmap argument in Python on every call
-        self._blob, self._offsets, self._table = (
-            a.view(np.ndarray) if isinstance(a, np.memmap) else a for a in (blob, offsets, table)
-        )
+        self._blob, self._offsets, self._table = map(plain_view, (blob, offsets, table))
 
     @classmethod
     def load(cls, folder: Path, mmap: bool = True) -> MappedVocab:

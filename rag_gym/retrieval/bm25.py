@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from rag_gym._names import unknown_name
+from rag_gym.data.mapped import plain_view
 from rag_gym.data.types import Corpus
 from rag_gym.retrieval.base import (
     IdColumn,
@@ -229,7 +230,7 @@ class BM25Retriever:
         self.corpus = corpus
         self._lazy_checks = False
         # rank of each position by passage id: the tie-breaker
-        self._id_rank = id_ranks(corpus) if id_rank is None else _plain(id_rank)
+        self._id_rank = id_ranks(corpus) if id_rank is None else plain_view(id_rank)
         self._ids = IdColumn(corpus)
         # plain ndarray views of bm25s's arrays (memory maps stay mapped, never copied; numba's
         # dispatcher types a plain ndarray in C, an np.memmap in Python: ~0.8 us an argument)
@@ -244,10 +245,10 @@ class BM25Retriever:
             if by_rank is None:
                 by_rank = np.empty_like(self._id_rank)
                 by_rank[self._id_rank] = np.arange(len(corpus))
-            self._by_rank = _plain(by_rank)
+            self._by_rank = plain_view(by_rank)
             if blocks is None:
                 blocks = kernels.compute_blocks(self._data, self._indices, self._indptr)
-            self._blocks = {name: _plain(value) for name, value in blocks.items()}
+            self._blocks = {name: plain_view(value) for name, value in blocks.items()}
             blocks = self._blocks
             self._token_max = blocks["token_max"]
             self._prunable = bool(blocks["prunable"])
@@ -705,9 +706,3 @@ def _load_serving(d: Path, params: dict, model, n_docs: int, mmap: bool, full: b
             raise ValueError(f"{folder}: block_rank.npy must hold one rank per block; rebuild")
         blocks["block_rank"] = rank
     return {"blocks": blocks, "id_rank": arrays["id_rank"], "by_rank": arrays["by_rank"]}
-
-
-def _plain(array):
-    """``array`` as a plain ndarray view when it is an ``np.memmap`` (the same mapped pages):
-    a numba kernel call types each memmap argument in Python, a plain array in C."""
-    return array.view(np.ndarray) if isinstance(array, np.memmap) else array
