@@ -301,7 +301,12 @@ def _num(value: float) -> float:
 
 @app.command()
 def compare(
-    runs: Annotated[list[Path], typer.Argument(help="evaluate run folders holding both agents.")],
+    runs: Annotated[
+        list[Path],
+        typer.Argument(
+            help="evaluate run folders holding the two agents; runs on different questions pool."
+        ),
+    ],
     a: Annotated[str, typer.Option("--a", help="Agent a (as in the leaderboard).")],
     b: Annotated[str, typer.Option("--b", help="Agent b, the reference.")],
     metrics: Annotated[

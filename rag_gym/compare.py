@@ -5,7 +5,9 @@ answered by the paired bootstrap over the questions both played
 (:func:`rag_gym.stats.paired_difference`). :func:`compare` reads the ``episodes.jsonl`` of one or
 more run folders (read-only: a last line cut by a kill is skipped with a warning), pairs the two
 agents' episodes by ``question_id`` and reports, per metric, both means with their bootstrap
-intervals and the interval of the paired difference.
+intervals and the interval of the paired difference. Runs on disjoint question sets (a split of
+one world and the test split of a second world, whose ids carry the world's seed) pool into one
+comparison; an agent that played the same question in two runs is an error.
 
 ``rag-gym compare RUN [RUN ...] --a AGENT --b AGENT`` prints it; ``--json`` writes it.
 """
@@ -79,13 +81,18 @@ def _agent_scores(
         mine = [r for r in episodes if r["agent"] == agent]
         if not mine:
             continue
-        if found:
+        these = {str(r["question_id"]): r for r in mine}
+        twice = sorted(these.keys() & found.keys())
+        if twice:
             raise CompareError(
-                f"agent {agent!r} appears in more than one run ({sources[0]} and {run}): "
-                "pass only the runs to compare"
+                f"agent {agent!r} played question {twice[0]!r} in more than one run "
+                f"({found[twice[0]]['_run']} and {run}): pass only the runs to compare "
+                "(runs on different question sets, such as two worlds, pool)"
             )
         sources.append(str(run))
-        found = {str(r["question_id"]): r for r in mine}
+        for rec in these.values():
+            rec["_run"] = str(run)
+        found.update(these)
     if not found:
         raise CompareError(
             f"unknown agent {agent!r} in {', '.join(map(str, runs))}: "

@@ -150,6 +150,29 @@ def test_compare_errors_name_the_fix(tmp_path):
         compare([ok], "x", "y", metrics=["nope"])
 
 
+def test_runs_on_disjoint_questions_pool_into_one_comparison(tmp_path):
+    # two held-out sets (say the test split of two worlds), each with both agents in its own runs
+    first = [_episode("x", f"w0-q{i}", float(i < 6)) for i in range(10)]
+    first += [_episode("y", f"w0-q{i}", float(i < 5)) for i in range(10)]
+    second_x = [_episode("x", f"w2-q{i}", float(i < 4)) for i in range(10)]
+    second_y = [_episode("y", f"w2-q{i}", float(i < 2)) for i in range(10)]
+    runs = [
+        _run(tmp_path / "w0", first),
+        _run(tmp_path / "w2x", second_x),
+        _run(tmp_path / "w2y", second_y),
+    ]
+    res = compare(runs, "x", "y", metrics=["em"])
+    assert res["questions"] == 20
+    assert res["a"]["runs"] == [str(runs[0]), str(runs[1])]
+    assert res["b"]["runs"] == [str(runs[0]), str(runs[2])]
+    em = res["metrics"][0]
+    assert em["a"]["mean"] == pytest.approx(10 / 20)
+    assert em["b"]["mean"] == pytest.approx(7 / 20)
+    assert em["difference"]["wins"] == 3 and em["difference"]["losses"] == 0
+    # one set alone pairs only its own questions
+    assert compare(runs[:1], "x", "y", metrics=["em"])["questions"] == 10
+
+
 def test_cli_compare_prints_and_writes_json(tmp_path):
     run = _run(
         tmp_path / "r",
