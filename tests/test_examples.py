@@ -171,6 +171,8 @@ def test_train_dpo_evo_rag_example_runs(tmp_path):
 def test_train_synthhop_agent_example_runs(tmp_path):
     import json
 
+    from rag_gym.train.pipeline import PipelineConfig
+
     out = subprocess.run(
         [
             sys.executable,
@@ -195,7 +197,8 @@ def test_train_synthhop_agent_example_runs(tmp_path):
     (run,) = tmp_path.iterdir()
     report = json.loads((run / "results.json").read_text())
     assert set(report["stages"]) == {"sft", "grpo"}
-    assert report["pipeline"]["algorithm"] == "grpo"  # the default since the 600-demo SFT start
+    # the example passes the library's default RL algorithm through
+    assert report["pipeline"]["algorithm"] == PipelineConfig().algorithm
     assert set(report["seconds"]) == {"sft", "grpo", "total"}  # the tiny model is not shipped
     assert report["stages"]["sft"]["data"]["demonstrations"] == 8
     assert report["stages"]["grpo"]["after"]["n"] == 2

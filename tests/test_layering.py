@@ -8,7 +8,8 @@ what each layer owns):
 ====================  ===============================================================
 layer                 modules
 ====================  ===============================================================
-foundation            ``_names``, ``metrics``, ``traces``: pure functions, no rag_gym import
+foundation            ``_names``, ``metrics``, ``stats``, ``traces``: pure functions, no
+                      rag_gym import
 data                  ``data``
 retrieval             ``retrieval`` (``server``, ``http`` and ``persist`` included)
 envs                  ``envs``
@@ -18,7 +19,7 @@ generation            ``generation``
 agents                ``agents``
 baselines             ``baselines``
 train                 ``train``
-evaluate              ``evaluate``
+evaluate              ``evaluate``, ``compare``
 view                  ``view``
 integrations          ``integrations``
 cli                   ``cli``

@@ -28,6 +28,7 @@ from rag_gym.agents.base import Agent
 from rag_gym.envs.search import ActionType
 from rag_gym.envs.spaces import sanitize
 from rag_gym.generation.lm import CONTEXT_FULL, GenerationConfig, LanguageModel
+from rag_gym.wrappers.text_actions import format_passages
 
 
 class LLMAgent(Agent):
@@ -118,8 +119,9 @@ def _is_prompt(decision: Any) -> bool:
 
 
 def passages_text(passages: Sequence[dict[str, str]], start: int = 1) -> str:
-    """Numbered passages as ``[i] Title: text`` lines."""
-    return "\n".join(f"[{i}] {p['title']}: {p['text']}" for i, p in enumerate(passages, start))
+    """Numbered passages as ``[i] Title: text`` lines (the prompt baselines' style of
+    :func:`rag_gym.wrappers.text_actions.format_passages`, the one passage renderer)."""
+    return format_passages(passages, style="numbered", start=start)
 
 
 def first_line(text: str) -> str:

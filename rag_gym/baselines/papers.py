@@ -7,22 +7,34 @@ The three search-env agents act through :class:`~rag_gym.wrappers.TextActions` (
 passages as ``<information>Doc 1(Title: …) …</information>``, the parser and renderer a policy
 trained in the env has, so an agent evaluated here and a policy trained there see the same text.
 
-* ``evo_rag`` — EVO-RAG's query-rewriting agent (``000-evo-rag.txt`` §3.1): each step it sees
-  the question, its previous sub-queries and the evidence in context, and picks one of four
-  actions: ``<search>new sub-query</search>``, ``<backtrack/>``, ``<answer>…</answer>``,
-  ``<refuse/>``.
-* ``eval_rar`` — Eval-RAR's search-then-evaluate agent (``003-eval-rar.txt`` §4, appendix
-  prompt): ``<think>``, ``<search>``, and after every search an ``<evaluate>`` block judging what
-  the evidence establishes, before the next search or the ``<answer>``.
-* ``lwts`` — Learning When to Search (``004`` appendix prompt): think first, answer from
-  internal knowledge (``<reflect>`` then ``<answer>``) when it can, search with a short keyword
-  query only when it cannot.
-* ``r2ag`` — R²AG's retrieval steering on the tree env (``002-r2ag.md`` §2, appendix C prompt):
+* ``evo_rag`` — EVO-RAG's query-rewriting agent (EVO-RAG §3.1): each step it sees the
+  question, its previous sub-queries and the evidence in context, and picks one of four actions:
+  ``<search>new sub-query</search>``, ``<backtrack/>``, ``<answer>…</answer>``, ``<refuse/>``.
+* ``eval_rar`` — Eval-RAR's search-then-evaluate agent (Eval-RAR §4, appendix prompt):
+  ``<think>``, ``<search>``, and after every search an ``<evaluate>`` block judging what the
+  evidence establishes, before the next search or the ``<answer>``.
+* ``lwts`` — Learning When to Search (LWTS appendix prompt): think first, answer from internal
+  knowledge (``<reflect>`` then ``<answer>``) when it can, search with a short keyword query
+  only when it cannot.
+* ``r2ag`` — R²AG's retrieval steering on the tree env (R²AG §2, appendix C prompt):
   ``<think>``, base queries (``<base-Q>``), predicted queries (``<predicted-Q>``), or
   ``<base-Q>stop retrieval</base-Q>``; Top-Survivor at inference keeps the first t = 4 base and
   2 predicted queries it ranks, each retrieving its top-1 document.
-* ``arena`` — ARENA's structured reader on the reader env (``001-arena.txt`` §3.1, Table 1):
+* ``arena`` — ARENA's structured reader on the reader env (ARENA §3.1, Table 1):
   ``<relevance>[i, j]</relevance><analysis>…</analysis><answer>…</answer>``.
+
+References:
+
+* EVO-RAG: Ji et al., "Curriculum-Guided Reinforcement Learning for Efficient Multi-Hop
+  Retrieval-Augmented Generation", arXiv:2505.17391.
+* Eval-RAR: Yu et al., "Eval-RAR: Evaluation-Driven Retrieval-Augmented Reasoning via
+  Reinforcement Learning", Findings of ACL 2026 (no arXiv id).
+* LWTS: "Learning When to Search: Multi-Stage Reward Design for Efficient Agentic RAG with
+  Reasoning Language Models" (anonymous ACL submission, no arXiv id).
+* R²AG: "R²AG: Learning to Reason, Retrieve, and Self-Evolve through a Multi-Branch Retrieval
+  Tree" (anonymous submission under review, no arXiv id).
+* ARENA: Ren et al., "Effective and Transparent RAG: Adaptive-Reward Reinforcement Learning for
+  Decision Traceability", arXiv:2505.13258.
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ class ReaderEnv(QAEnv):
 
     The base reward is the answer's correctness (EM by default, F1 or (EM+F1)/2 by
     ``answer_metric``), 0 when there is no ``<answer>``. ARENA's full reward (format,
-    accuracy, relevance, +10 bonus; ``001-arena.txt`` §3.3) is the ``arena`` reward preset.
+    accuracy, relevance, +10 bonus; ARENA §3.3) is the ``arena`` reward preset.
 
     ## Starting State
 
@@ -107,7 +107,9 @@ class ReaderEnv(QAEnv):
 
     ## References
 
-    ARENA, ``../shared/papers/001-arena.txt`` §3.1 (structured generation, Table 1) and §3.3.
+    ARENA: Ren et al., "Effective and Transparent RAG: Adaptive-Reward Reinforcement Learning
+    for Decision Traceability", arXiv:2505.13258, §3.1 (structured generation, Table 1) and
+    §3.3.
 
     ## Version History
 

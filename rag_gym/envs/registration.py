@@ -23,8 +23,12 @@ from typing import Any
 import gymnasium as gym
 
 NAMESPACE = "rag_gym"
-MAX_EPISODE_STEPS = 20  # EVO-RAG's horizon T_max (000-evo-rag.txt §3.2)
-TREE_MAX_STEPS = 5  # R²AG's L_MAX-I (002-r2ag.md §4.1, appendix B.2)
+# EVO-RAG's horizon T_max (§3.2 of Ji et al., "Curriculum-Guided Reinforcement Learning for
+# Efficient Multi-Hop Retrieval-Augmented Generation", arXiv:2505.17391).
+MAX_EPISODE_STEPS = 20
+# R²AG's L_MAX-I (§4.1 and appendix B.2 of "R²AG: Learning to Reason, Retrieve, and Self-Evolve
+# through a Multi-Branch Retrieval Tree", anonymous submission under review, no arXiv id).
+TREE_MAX_STEPS = 5
 
 # The env classes (string references, imported only when an env is made).
 _SEARCH = "rag_gym.envs.search:SearchEnv"

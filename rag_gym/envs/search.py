@@ -155,8 +155,11 @@ class SearchEnv(QAEnv):
 
     ## References
 
-    Action set: EVO-RAG (``000-evo-rag.txt`` §3.1: SEARCH, BACKTRACK, ANSWER, REFUSE) and
-    Eval-RAR (``003-eval-rar.txt`` §4: EVALUATE); the 20-step horizon is EVO-RAG's T_max.
+    Action set: EVO-RAG (Ji et al., "Curriculum-Guided Reinforcement Learning for Efficient
+    Multi-Hop Retrieval-Augmented Generation", arXiv:2505.17391, §3.1: SEARCH, BACKTRACK, ANSWER,
+    REFUSE) and Eval-RAR (Yu et al., "Eval-RAR: Evaluation-Driven Retrieval-Augmented Reasoning
+    via Reinforcement Learning", Findings of ACL 2026, §4: EVALUATE); the 20-step horizon is
+    EVO-RAG's T_max.
 
     ## Version History
 

@@ -3,9 +3,15 @@
 The papers mark actions with XML-like tags: ``<search>…</search>`` and ``<answer>…</answer>``
 (Search-R1, Eval-RAR §4 Algorithm 1, LWTS §3.2), ``<evaluate>…</evaluate>`` (Eval-RAR §4),
 ``<think>…</think>`` and ``<reflect>…</reflect>`` as reasoning (LWTS appendix prompt), and
-EVO-RAG's BACKTRACK and REFUSE actions (``000-evo-rag.txt`` §3.1), which rag-gym writes as
+EVO-RAG's BACKTRACK and REFUSE actions (EVO-RAG §3.1), which rag-gym writes as
 ``<backtrack/>`` and ``<refuse/>`` (an empty pair ``<refuse></refuse>`` or one with a reason
 inside is accepted too). Retrieved passages come back inside ``<information>…</information>``.
+
+The papers: EVO-RAG is Ji et al., "Curriculum-Guided Reinforcement Learning for Efficient
+Multi-Hop Retrieval-Augmented Generation", arXiv:2505.17391; Eval-RAR is Yu et al., "Eval-RAR:
+Evaluation-Driven Retrieval-Augmented Reasoning via Reinforcement Learning", Findings of ACL 2026
+(no arXiv id); LWTS is "Learning When to Search: Multi-Stage Reward Design for Efficient Agentic
+RAG with Reasoning Language Models" (anonymous ACL submission, no arXiv id).
 
 A :class:`TagSet` says which tags a preset uses; :func:`parse` finds the tags in a text.
 

@@ -50,7 +50,7 @@ class TreeSearchEnv(QAEnv):
     ``UnicodeText(max_obs_chars)``: the instructions, ``Question: …``, and ``Evidence:`` — the
     documents of the context branches, numbered, oldest first — then a note on the last step.
     ``prune="gold"`` keeps only branches that hit a gold document (R²AG's progressive training
-    context, ``002-r2ag.md`` appendix B.1); ``prune="none"`` keeps every branch.
+    context, appendix B.1); ``prune="none"`` keeps every branch.
 
     ## Rewards
 
@@ -101,8 +101,9 @@ class TreeSearchEnv(QAEnv):
 
     ## References
 
-    R²AG, ``../shared/papers/002-r2ag.md`` §2 and appendix B (output format, Top-Survivor,
-    L_MAX-I = 5, k = 1, t = 4 / 2).
+    R²AG: "R²AG: Learning to Reason, Retrieve, and Self-Evolve through a Multi-Branch
+    Retrieval Tree" (anonymous submission under review, no arXiv id), §2 and appendix B (output
+    format, Top-Survivor, L_MAX-I = 5, k = 1, t = 4 / 2).
 
     ## Version History
 

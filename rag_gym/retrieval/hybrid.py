@@ -1,5 +1,6 @@
 """Reciprocal-rank fusion over any retrievers (Cormack et al., 2009), e.g. BM25 + a dense model
-(EVO-RAG's "RRF-BGE" retriever, ``000-evo-rag.txt`` §4.1).
+(EVO-RAG's "RRF-BGE" retriever, §4.1 of Ji et al., "Curriculum-Guided Reinforcement Learning
+for Efficient Multi-Hop Retrieval-Augmented Generation", arXiv:2505.17391).
 
 ``score(d) = Σ_r 1 / (k_rrf + rank_r(d))`` with ranks from 1 and ``k_rrf = 60``; each member
 retrieves ``depth`` candidates per query (default ``max(k, 100)``), and the fused list is

@@ -228,7 +228,7 @@ def eval_rar_total(r_ans: float, r_eval: float) -> float:
     return r_ans if r_ans > 0 else r_eval
 
 
-# ============================ Learning When to Search (004 §3.3) ================================
+# ============================ Learning When to Search (LWTS §3.3) ===============================
 LWTS_BETA = 0.3
 _LWTS_NO_SEARCH = re.compile(r"^think reflect answer$")
 _LWTS_SEARCH = re.compile(r"^(?:think search information reflect )+answer$")

@@ -1,4 +1,7 @@
-"""ARENA's rewards on the reader env (``001-arena.txt`` §3.3).
+"""ARENA's rewards on the reader env (ARENA §3.3).
+
+ARENA: Ren et al., "Effective and Transparent RAG: Adaptive-Reward Reinforcement Learning for
+Decision Traceability", arXiv:2505.13258.
 
 Total = format + accuracy + relevance + bonus: format 1 if ``<relevance>``, ``<analysis>``,
 ``<answer>`` appear in that order; accuracy the normalised EM of the answer; relevance 1 if the

@@ -1,4 +1,7 @@
-"""Eval-RAR's evaluation reward (``003-eval-rar.txt`` §4.2) on the search env with EVALUATE.
+"""Eval-RAR's evaluation reward (Eval-RAR §4.2) on the search env with EVALUATE.
+
+Eval-RAR: Yu et al., "Eval-RAR: Evaluation-Driven Retrieval-Augmented Reasoning via
+Reinforcement Learning", Findings of ACL 2026 (no arXiv id).
 
 ``R_total = R_ans if R_ans > 0 else R_eval`` (eq. 5), with R_ans the exact match of the final
 answer (eq. 2) and ``R_eval = r_eval = 0.1`` when some gold answer is a substring of the

@@ -1,4 +1,7 @@
-"""EVO-RAG's seven step-level rewards and its time-dynamic scheduler (``000-evo-rag.txt``).
+"""EVO-RAG's seven step-level rewards and its time-dynamic scheduler.
+
+EVO-RAG: Ji et al., "Curriculum-Guided Reinforcement Learning for Efficient Multi-Hop
+Retrieval-Augmented Generation", arXiv:2505.17391.
 
 Each term is one wrapper over a :class:`~rag_gym.envs.SearchEnv` (``Dict`` actions; put
 :class:`~rag_gym.wrappers.TextActions` outside them for an LLM). Alone, a term adds

@@ -1,4 +1,7 @@
-"""R²AG's Top-Survivor rewards on the tree env (``002-r2ag.md`` §2.4 eq. 5, appendix B.2).
+"""R²AG's Top-Survivor rewards on the tree env (R²AG §2.4 eq. 5, appendix B.2).
+
+R²AG: "R²AG: Learning to Reason, Retrieve, and Self-Evolve through a Multi-Branch Retrieval
+Tree" (anonymous submission under review, no arXiv id).
 
 ``R = α R_MH + β R_JH + γ R_AP + ω R_f`` per expansion step, α = 0.2, β = 0.3, γ = 0.2,
 ℓ = 1.25, ω R_f ≤ 0.02, and the whole reward is 0 when the ``<think>`` block is missing, when

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -54,15 +55,39 @@ def instructions(tags: TagSet) -> str:
     return " ".join(lines)
 
 
+PASSAGE_STYLES = ("search_r1", "numbered")
+
+
+def format_passages(passages: Sequence[Any], style: str = "search_r1", start: int = 1) -> str:
+    """Retrieved passages as a model reads them, a line each: the one passage renderer of
+    rag-gym's agents and trainers.
+
+    ``style="search_r1"``: ``Doc i(Title: …) text``, Search-R1's and Eval-RAR's rendering, which
+    every tag-speaking agent and every trained policy reads (:func:`render_passages`).
+    ``style="numbered"``: ``[i] Title: text``, the prompt baselines' rendering
+    (:func:`rag_gym.agents.llm_agent.passages_text`). A passage is a
+    :class:`~rag_gym.data.Passage` or a ``{"title", "text"}`` dict.
+    """
+    if style not in PASSAGE_STYLES:
+        raise ValueError(f"expected style in {PASSAGE_STYLES}, got {style!r}")
+    lines = []
+    for i, p in enumerate(passages, start):
+        title, text = (p["title"], p["text"]) if isinstance(p, dict) else (p.title, p.text)
+        if style == "search_r1":
+            lines.append(f"Doc {i}(Title: {title}) {text}")
+        else:
+            lines.append(f"[{i}] {title}: {text}")
+    return "\n".join(lines)
+
+
 def render_passages(corpus: Any, info: dict[str, Any]) -> str:
     """A SEARCH step's passages as the policy reads them, ``Doc i(Title: …) text`` a line each
-    (the Search-R1 / Eval-RAR rendering), or the env's message when none came back. The body
-    of the ``<information>`` block, and what a tool-calling policy's ``search`` tool returns."""
-    docs = []
-    for i, pid in enumerate(info["retrieved_ids"], 1):
-        p = corpus[pid]
-        docs.append(f"Doc {i}(Title: {p.title}) {p.text}")
-    return "\n".join(docs) if docs else info["message"] or "No results."
+    (:func:`format_passages`), or the env's message when none came back. The body of the
+    ``<information>`` block, and what a tool-calling policy's ``search`` tool returns."""
+    ids = info["retrieved_ids"]
+    if not ids:
+        return info["message"] or "No results."
+    return format_passages([corpus[pid] for pid in ids])
 
 
 def start_messages(tags: TagSet, question: str) -> list[dict[str, str]]:

@@ -1,4 +1,7 @@
-"""Learning When to Search's rewards (``004-learning-when-to-search.txt`` §3.3).
+"""Learning When to Search's rewards (LWTS §3.3).
+
+LWTS: "Learning When to Search: Multi-Stage Reward Design for Efficient Agentic RAG with
+Reasoning Language Models" (anonymous ACL submission, no arXiv id).
 
 ``r_sum = r_a + r_f + r_s``, given once per episode, at its end (termination or truncation):
 the format reward r_f (eq. 6), the search reward r_s (eqs. 7-9) and the multi-stage answer
