@@ -22,20 +22,19 @@ passage, answer candidate j, answer the earliest, backtrack, refuse) and ``TextT
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import json
 import os
 import random
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 import rag_gym  # noqa: F401  (registers the envs)
+from rag_gym.train.options import parse_config
 from rag_gym.train.sb3 import (
+    PPOMacroConfig,
     episode_stats_callback,
     eval_callback,
     fixed_sequences,
@@ -50,74 +49,7 @@ from rag_gym.train.sb3 import (
     sequence_policy,
 )
 
-
-@dataclass
-class Args:
-    exp_name: str = "train_sb3_ppo"
-    """the name of this experiment (part of the run name)"""
-    env_id: str = "rag_gym/SynthHop-v0"
-    """a rag-gym search env id"""
-    dataset_kwargs: str = "{}"
-    """JSON: dataset options on top of the registration's, e.g. '{"n_passages": 2000}'"""
-    seed: int = 1
-    """seed of PPO, the envs and torch"""
-    total_timesteps: int = 300_000
-    """PPO's environment steps"""
-    num_envs: int = 8
-    """parallel training envs (in one process)"""
-    num_steps: int = 128
-    """steps per env per rollout"""
-    batch_size: int = 256
-    """minibatch size"""
-    update_epochs: int = 4
-    """PPO epochs per rollout"""
-    learning_rate: float = 3e-4
-    """Adam's learning rate"""
-    gamma: float = 0.95
-    """discount factor (below 1, it favours short episodes)"""
-    gae_lambda: float = 0.95
-    """GAE lambda"""
-    ent_coef: float = 0.02
-    """entropy bonus"""
-    hidden: int = 256
-    """units in each of the two hidden layers of the policy and value networks"""
-    encoder: str = "hashing"
-    """TextToVector's encoder: hashing or minilm"""
-    n_features: int = 256
-    """hashing dimensions per text block"""
-    step_cost: float = 0.0
-    """reward subtracted per step (0.02 made PPO settle on refusing at once, see docs/sb3.md)"""
-    max_searches: int = 2
-    """fixed heuristics follow up to this many candidates after searching the question"""
-    heuristic_questions: int = 0
-    """questions per split for the heuristics (0: all)"""
-    eval_every: int = 20_000
-    """PPO steps between validation evaluations"""
-    eval_questions: int = 200
-    """validation questions per evaluation (0: all)"""
-    torch_threads: int = 1
-    """torch CPU threads"""
-    track: bool = False
-    """log to Weights & Biases (offline unless WANDB_MODE says otherwise)"""
-    wandb_project_name: str = "rag-gym"
-    """the W&B project"""
-    runs_dir: str = "runs"
-    """where run folders go"""
-
-
-def parse_args() -> Args:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    for f in dataclasses.fields(Args):
-        flag = "--" + f.name.replace("_", "-")
-        if f.type == "bool":
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
-        else:
-            kind = {"int": int, "float": float, "str": str}[f.type]
-            parser.add_argument(flag, type=kind, default=f.default)
-    return Args(**vars(parser.parse_args()))
-
-
-args = parse_args()
+args = parse_config(PPOMacroConfig, description=__doc__.split("\n\n")[0])
 require_sb3()
 from stable_baselines3 import PPO  # noqa: E402  (after the check that names the extra)
 from stable_baselines3.common.env_util import make_vec_env  # noqa: E402

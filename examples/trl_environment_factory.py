@@ -40,64 +40,17 @@ without continuous batching, TRL re-reads the whole history at each tool turn.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 
-@dataclass
-class Args:
-    env_id: str = "rag_gym/SynthHop-v0"
-    """the env to train in"""
-    reward_preset: str = "evo_rag"
-    """the reward stack whose episode return is the reward"""
-    model: str = "embedded"
-    """the base: embedded | tiny | a hub id | a full checkpoint directory"""
-    init: str = ""
-    """a LoRA adapter to start from and go on training (an SFT run of `rag-gym train sft`, or
-    rag_gym/checkpoints/synthhop-search-r1); its base is --model"""
-    exp_name: str = "trl_environment_factory"
-    seed: int = 1
-    warm_start: int = 64
-    """expert tool-call transcripts for the warm-start SFT (0: none)"""
-    sft_steps: int = 60
-    sft_learning_rate: float = 5e-5
-    """5e-5 suits full weights (--model embedded); a LoRA adapter (--init) needs about 1e-3"""
-    max_steps: int = 2
-    """GRPO steps"""
-    num_generations: int = 2
-    prompts_per_step: int = 2
-    learning_rate: float = 1e-5
-    max_completion_length: int = 1024
-    """counts the tool results too (one search turn is about 130 tokens)"""
-    max_tool_calling_iterations: int = 4
-    temperature: float = 0.8
-    n_passages: int = 10000
-    """SynthHop world size (the default world; at least 4 passages a question)"""
-    output_dir: str = "runs"
-    track: bool = False
-
-
-def parse() -> Args:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for f in dataclasses.fields(Args):
-        if f.type == "bool":
-            parser.add_argument(
-                f"--{f.name.replace('_', '-')}",
-                action=argparse.BooleanOptionalAction,
-                default=f.default,
-            )
-        else:
-            kind = {"int": int, "float": float}.get(f.type, str)
-            parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=f.default)
-    return Args(**vars(parser.parse_args()))
-
-
 def main() -> None:
-    args = parse()
+    from rag_gym.integrations.trl_env import EnvFactoryConfig
+    from rag_gym.train.options import parse_config
+
+    args = parse_config(EnvFactoryConfig, description=__doc__.splitlines()[0])
     import torch
     import trl
     from datasets import Dataset

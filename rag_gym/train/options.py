@@ -44,3 +44,43 @@ def dict_option(name: str, value: Any) -> dict[str, Any]:
             f"expected {name} to be a dict or a JSON object such as '{{\"k\": 5}}', got {value!r}"
         )
     return parsed
+
+
+def parse_config(cls: type, argv: list[str] | None = None, description: str | None = None) -> Any:
+    """An instance of the config dataclass ``cls`` from command-line options, one per field
+    (``--field-name``; a bool field is ``--field-name`` / ``--no-field-name``; each field's
+    ``metadata["help"]`` is its help), as TRL's ``TrlParser`` reads the trainer configs, for
+    scripts that do not need transformers. Only ``bool``, ``int``, ``float`` and ``str`` fields
+    are parsed; any other field type raises ``TypeError`` naming it.
+
+    >>> from dataclasses import dataclass, field
+    >>> @dataclass
+    ... class Cfg:
+    ...     seed: int = 1
+    ...     track: bool = field(default=False, metadata={"help": "log to W&B"})
+    >>> parse_config(Cfg, ["--seed", "3", "--track"])
+    Cfg(seed=3, track=True)
+    """
+    import argparse
+    import dataclasses
+    import typing
+
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"expected a dataclass, got {cls!r}")
+    hints = typing.get_type_hints(cls)
+    parser = argparse.ArgumentParser(description=description)
+    for f in dataclasses.fields(cls):
+        kind = hints[f.name]
+        flag = "--" + f.name.replace("_", "-")
+        helptext = f.metadata.get("help")
+        if kind is bool:
+            parser.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=f.default, help=helptext
+            )
+        elif kind in (int, float, str):
+            parser.add_argument(flag, type=kind, default=f.default, help=helptext)
+        else:
+            raise TypeError(
+                f"{cls.__name__}.{f.name}: expected bool, int, float or str, got {kind}"
+            )
+    return cls(**vars(parser.parse_args(argv)))
