@@ -73,6 +73,7 @@ def _agent_scores(
     runs: Sequence[str | Path], agent: str
 ) -> tuple[dict[str, dict[str, Any]], list[str]]:
     found: dict[str, dict[str, Any]] = {}
+    origin: dict[str, str] = {}  # question id -> the run that played it
     sources = []
     seen_agents: set[str] = set()
     for run in runs:
@@ -86,13 +87,12 @@ def _agent_scores(
         if twice:
             raise CompareError(
                 f"agent {agent!r} played question {twice[0]!r} in more than one run "
-                f"({found[twice[0]]['_run']} and {run}): pass only the runs to compare "
+                f"({origin[twice[0]]} and {run}): pass only the runs to compare "
                 "(runs on different question sets, such as two worlds, pool)"
             )
         sources.append(str(run))
-        for rec in these.values():
-            rec["_run"] = str(run)
         found.update(these)
+        origin.update(dict.fromkeys(these, str(run)))
     if not found:
         raise CompareError(
             f"unknown agent {agent!r} in {', '.join(map(str, runs))}: "

@@ -3,8 +3,9 @@
 * :class:`LLMSufficiencyJudge` — EVO-RAG's evidence verifier (EVO-RAG, arXiv:2505.17391, §3.2: "the
   judgement of an external LLM verifier ... returns enough_evidence ∈ {yes, no}"), for
   :class:`rag_gym.wrappers.RefusalReward`'s ``verifier``.
-* :class:`LLMAnswerJudge` — LWTS's LLM-as-judge correctness ("Learning When to Search: Multi-Stage Reward Design for
-  Efficient Agentic RAG with Reasoning Language Models", §3.3, LasJ), for
+* :class:`LLMAnswerJudge` — LWTS's LLM-as-judge correctness ("Learning When to Search:
+  Multi-Stage Reward Design for Efficient Agentic RAG with Reasoning Language Models", §3.3,
+  LasJ), for
   :class:`rag_gym.wrappers.MultiStageAnswerReward` through
   ``rag_gym.rewards.core.Correctness("judge", judge)``.
 

@@ -38,7 +38,7 @@ True
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -206,49 +206,33 @@ class EnvFactoryConfig:
     """The settings of ``examples/trl_environment_factory.py``: a warm-start SFT on tool-call
     transcripts, then TRL's ``GRPOTrainer(environment_factory=make_env_class(...))``."""
 
-    env_id: str = field(default="rag_gym/SynthHop-v0", metadata={"help": "the env to train in"})
-    reward_preset: str = field(
-        default="evo_rag", metadata={"help": "the reward stack whose episode return is the reward"}
-    )
-    model: str = field(
-        default="embedded",
-        metadata={"help": "the base: embedded | tiny | a hub id | a full checkpoint directory"},
-    )
-    init: str = field(
-        default="",
-        metadata={
-            "help": "a LoRA adapter to start from and go on training (an SFT run of `rag-gym train sft`, or rag_gym/checkpoints/synthhop-search-r1); its base is --model"
-        },
-    )
+    env_id: str = "rag_gym/SynthHop-v0"
+    """the env to train in"""
+    reward_preset: str = "evo_rag"
+    """the reward stack whose episode return is the reward"""
+    model: str = "embedded"
+    """the base: embedded | tiny | a hub id | a full checkpoint directory"""
+    init: str = ""
+    """a LoRA adapter to start from and go on training (an SFT run of `rag-gym train sft`, or
+    rag_gym/checkpoints/synthhop-search-r1); its base is --model"""
     exp_name: str = "trl_environment_factory"
     seed: int = 1
-    warm_start: int = field(
-        default=64,
-        metadata={"help": "expert tool-call transcripts for the warm-start SFT (0: none)"},
-    )
+    warm_start: int = 64
+    """expert tool-call transcripts for the warm-start SFT (0: none)"""
     sft_steps: int = 60
-    sft_learning_rate: float = field(
-        default=5e-5,
-        metadata={
-            "help": "5e-5 suits full weights (--model embedded); a LoRA adapter (--init) needs about 1e-3"
-        },
-    )
-    max_steps: int = field(default=2, metadata={"help": "GRPO steps"})
+    sft_learning_rate: float = 5e-5
+    """5e-5 suits full weights (--model embedded); a LoRA adapter (--init) needs about 1e-3"""
+    max_steps: int = 2
+    """GRPO steps"""
     num_generations: int = 2
     prompts_per_step: int = 2
     learning_rate: float = 1e-5
-    max_completion_length: int = field(
-        default=1024,
-        metadata={"help": "counts the tool results too (one search turn is about 130 tokens)"},
-    )
+    max_completion_length: int = 1024
+    """counts the tool results too (one search turn is about 130 tokens)"""
     max_tool_calling_iterations: int = 4
     temperature: float = 0.8
-    n_passages: int = field(
-        default=10000,
-        metadata={
-            "help": "SynthHop world size (the default world; at least 4 passages a question)"
-        },
-    )
+    n_passages: int = 10000
+    """SynthHop world size (the default world; at least 4 passages a question)"""
     output_dir: str = "runs"
     track: bool = False
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -47,67 +47,56 @@ class PPOMacroConfig:
     """The settings of ``examples/train_sb3_ppo.py``: PPO on the macro-action env against the fixed
     macro heuristics (:func:`make_sb3_env`, :func:`rank_fixed_sequences`)."""
 
-    exp_name: str = field(
-        default="train_sb3_ppo",
-        metadata={"help": "the name of this experiment (part of the run name)"},
-    )
-    env_id: str = field(default="rag_gym/SynthHop-v0", metadata={"help": "a rag-gym search env id"})
-    dataset_kwargs: str = field(
-        default="{}",
-        metadata={
-            "help": "JSON: dataset options on top of the registration's, e.g. '{\"n_passages\": 2000}'"
-        },
-    )
-    seed: int = field(default=1, metadata={"help": "seed of PPO, the envs and torch"})
-    total_timesteps: int = field(default=300_000, metadata={"help": "PPO's environment steps"})
-    num_envs: int = field(default=8, metadata={"help": "parallel training envs (in one process)"})
-    num_steps: int = field(default=128, metadata={"help": "steps per env per rollout"})
-    batch_size: int = field(default=256, metadata={"help": "minibatch size"})
-    update_epochs: int = field(default=4, metadata={"help": "PPO epochs per rollout"})
-    learning_rate: float = field(default=3e-4, metadata={"help": "Adam's learning rate"})
-    gamma: float = field(
-        default=0.95, metadata={"help": "discount factor (below 1, it favours short episodes)"}
-    )
-    gae_lambda: float = field(default=0.95, metadata={"help": "GAE lambda"})
-    ent_coef: float = field(default=0.02, metadata={"help": "entropy bonus"})
-    hidden: int = field(
-        default=256,
-        metadata={
-            "help": "units in each of the two hidden layers of the policy and value networks"
-        },
-    )
-    encoder: str = field(
-        default="hashing", metadata={"help": "TextToVector's encoder: hashing or minilm"}
-    )
-    n_features: int = field(default=256, metadata={"help": "hashing dimensions per text block"})
-    step_cost: float = field(
-        default=0.0,
-        metadata={
-            "help": "reward subtracted per step (0.02 made PPO settle on refusing at once, see docs/sb3.md)"
-        },
-    )
-    max_searches: int = field(
-        default=2,
-        metadata={
-            "help": "fixed heuristics follow up to this many candidates after searching the question"
-        },
-    )
-    heuristic_questions: int = field(
-        default=0, metadata={"help": "questions per split for the heuristics (0: all)"}
-    )
-    eval_every: int = field(
-        default=20_000, metadata={"help": "PPO steps between validation evaluations"}
-    )
-    eval_questions: int = field(
-        default=200, metadata={"help": "validation questions per evaluation (0: all)"}
-    )
-    torch_threads: int = field(default=1, metadata={"help": "torch CPU threads"})
-    track: bool = field(
-        default=False,
-        metadata={"help": "log to Weights & Biases (offline unless WANDB_MODE says otherwise)"},
-    )
-    wandb_project_name: str = field(default="rag-gym", metadata={"help": "the W&B project"})
-    runs_dir: str = field(default="runs", metadata={"help": "where run folders go"})
+    exp_name: str = "train_sb3_ppo"
+    """the name of this experiment (part of the run name)"""
+    env_id: str = "rag_gym/SynthHop-v0"
+    """a rag-gym search env id"""
+    dataset_kwargs: str = "{}"
+    """JSON: dataset options on top of the registration's, e.g. '{"n_passages": 2000}'"""
+    seed: int = 1
+    """seed of PPO, the envs and torch"""
+    total_timesteps: int = 300_000
+    """PPO's environment steps"""
+    num_envs: int = 8
+    """parallel training envs (in one process)"""
+    num_steps: int = 128
+    """steps per env per rollout"""
+    batch_size: int = 256
+    """minibatch size"""
+    update_epochs: int = 4
+    """PPO epochs per rollout"""
+    learning_rate: float = 3e-4
+    """Adam's learning rate"""
+    gamma: float = 0.95
+    """discount factor (below 1, it favours short episodes)"""
+    gae_lambda: float = 0.95
+    """GAE lambda"""
+    ent_coef: float = 0.02
+    """entropy bonus"""
+    hidden: int = 256
+    """units in each of the two hidden layers of the policy and value networks"""
+    encoder: str = "hashing"
+    """TextToVector's encoder: hashing or minilm"""
+    n_features: int = 256
+    """hashing dimensions per text block"""
+    step_cost: float = 0.0
+    """reward subtracted per step (0.02 made PPO settle on refusing at once, see docs/sb3.md)"""
+    max_searches: int = 2
+    """fixed heuristics follow up to this many candidates after searching the question"""
+    heuristic_questions: int = 0
+    """questions per split for the heuristics (0: all)"""
+    eval_every: int = 20_000
+    """PPO steps between validation evaluations"""
+    eval_questions: int = 200
+    """validation questions per evaluation (0: all)"""
+    torch_threads: int = 1
+    """torch CPU threads"""
+    track: bool = False
+    """log to Weights & Biases (offline unless WANDB_MODE says otherwise)"""
+    wandb_project_name: str = "rag-gym"
+    """the W&B project"""
+    runs_dir: str = "runs"
+    """where run folders go"""
 
 
 def require_sb3() -> Any:
