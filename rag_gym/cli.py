@@ -837,6 +837,9 @@ def train_grpo(
     lr: Annotated[float, typer.Option(help="Learning rate.")] = 2e-5,
     beta: Annotated[float, typer.Option(help="KL coefficient.")] = 0.0,
     step_cost: Annotated[float, typer.Option(help="EVO-RAG step cost weight.")] = 0.0,
+    refusal: Annotated[
+        float, typer.Option(help="EVO-RAG refusal reward weight (the paper's 0.5; 0: off).")
+    ] = 0.0,
     model: Annotated[str, typer.Option(help="Base model (with --init: its base).")] = "embedded",
     eval_n: Annotated[int, typer.Option(help="Held-out (validation) questions for EM.")] = 100,
     save_steps: Annotated[int, typer.Option(help="Checkpoint every this many steps.")] = 10,
@@ -878,6 +881,7 @@ def train_grpo(
                 learning_rate=lr,
                 beta=beta,
                 step_cost=step_cost,
+                refusal=refusal,
                 model=model,
                 save_steps=save_steps,
                 gradient_checkpointing=gradient_checkpointing,
@@ -911,6 +915,9 @@ def train_pipeline(
     num_generations: Annotated[int, typer.Option(help="RL: episodes per question (G).")] = 4,
     prompts_per_step: Annotated[int, typer.Option(help="RL: questions per step.")] = 2,
     step_cost: Annotated[float, typer.Option(help="RL: EVO-RAG step cost weight.")] = 0.0,
+    refusal: Annotated[
+        float, typer.Option(help="RL: EVO-RAG refusal reward weight (0: off).")
+    ] = 0.0,
     eval_n: Annotated[
         int,
         typer.Option(help="Validation questions for each stage's EM (transformers; 0: none)."),
@@ -953,6 +960,7 @@ def train_pipeline(
             num_generations=num_generations,
             prompts_per_step=prompts_per_step,
             step_cost=step_cost,
+            refusal=refusal,
             test_n=test_n,
         )
     except (TypeError, ValueError) as exc:

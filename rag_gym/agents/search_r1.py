@@ -185,3 +185,29 @@ def checkpoint_path(name: str) -> Path:
             f"run folder or .gguf file, got {name!r}"
         )
     return path
+
+
+def checkpoint_tags(path: str | Path) -> str | None:
+    """The tag preset a checkpoint was trained with, or ``None`` where it does not say.
+
+    A packaged checkpoint records it in ``rag_gym.json``; a training run folder in its
+    ``config.json`` (``tags``). ``path`` may be the run folder, an adapter folder inside it
+    (``final/``, ``checkpoint-N/``) or a ``.gguf`` adapter file; the folder is looked at first,
+    then its parent."""
+    import json
+
+    path = Path(path)
+    folder = path.parent if path.is_file() else path
+    for where in (folder, folder.parent):
+        for name in ("rag_gym.json", "config.json"):
+            file = where / name
+            if not file.is_file():
+                continue
+            try:
+                meta = json.loads(file.read_text())
+            except (OSError, ValueError):
+                continue
+            tags = meta.get("tags") if isinstance(meta, dict) else None
+            if isinstance(tags, str):
+                return tags
+    return None

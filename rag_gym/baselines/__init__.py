@@ -21,7 +21,8 @@
 ``search_r1`` takes a checkpoint after a colon: ``search_r1:synthhop`` is the shipped SynthHop
 agent (a LoRA adapter over the embedded SmolLM2, see :mod:`rag_gym.agents.search_r1`),
 ``search_r1:PATH`` a LoRA adapter folder, a training run folder, or a ``.gguf`` adapter, applied
-to the evaluation's backend (``--lm``).
+to the evaluation's backend (``--lm``). The agent writes the tag preset the checkpoint was
+trained with (its ``rag_gym.json`` or run ``config.json``; ``search_r1`` where neither says).
 """
 
 from __future__ import annotations
@@ -100,9 +101,11 @@ def make_agent(name: str, lm: Any = None, seed: int = 0, env: Any = None) -> Age
         return klass(lm, corpus=env.unwrapped.corpus if env is not None else None)
     checkpoint = split_agent_name(name)[1]
     if checkpoint is not None:
-        from rag_gym.agents.search_r1 import checkpoint_path
+        from rag_gym.agents.search_r1 import checkpoint_path, checkpoint_tags
 
-        agent = klass(lm.with_adapter(checkpoint_path(checkpoint)))
+        path = checkpoint_path(checkpoint)
+        # the tag preset it was trained with (evo_rag for a refusing policy), else the default
+        agent = klass(lm.with_adapter(path), tags=checkpoint_tags(path) or "search_r1")
         agent.name = name
         return agent
     return klass(lm)

@@ -36,14 +36,17 @@ def env_factory(
     tags: str | None = None,
     max_episode_steps: int | None = None,
     step_cost: float = 0.0,
+    refusal: float = 0.0,
     **env_kwargs: Any,
 ) -> Callable[[], gym.Env]:
     """A function that builds the text-action env a policy trains in: ``gym.make`` with the
-    reward preset, EVO-RAG's :class:`~rag_gym.wrappers.StepCost` when ``step_cost`` > 0, and
-    :class:`~rag_gym.wrappers.TextActions` around a search env (the ``when_to_search`` preset
-    brings its own)."""
-    if not isinstance(step_cost, (int, float)) or step_cost < 0:
-        raise ValueError(f"expected step_cost >= 0, got {step_cost!r}")
+    reward preset, EVO-RAG's :class:`~rag_gym.wrappers.StepCost` when ``step_cost`` > 0 and its
+    :class:`~rag_gym.wrappers.RefusalReward` when ``refusal`` > 0 (the weights η and ρ, on top of
+    the preset's reward), and :class:`~rag_gym.wrappers.TextActions` around a search env (the
+    ``when_to_search`` preset brings its own)."""
+    for name, weight in (("step_cost", step_cost), ("refusal", refusal)):
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0:
+            raise ValueError(f"expected {name} >= 0, got {weight!r}")
     from rag_gym.envs.search import SearchEnv
     from rag_gym.wrappers import presets
     from rag_gym.wrappers.text_actions import TextActions
@@ -69,6 +72,10 @@ def env_factory(
             from rag_gym.wrappers.evo_rag import StepCost
 
             env = StepCost(env, weight=float(step_cost))
+        if refusal:
+            from rag_gym.wrappers.evo_rag import RefusalReward
+
+            env = RefusalReward(env, weight=float(refusal))
         if isinstance(env.unwrapped, SearchEnv) and not text:
             env = TextActions(env, tags=tags or default_tags(reward_preset))
         return env
@@ -94,6 +101,8 @@ class TextEnvSpec:
     """The env's horizon; ``None`` keeps the preset's."""
     step_cost: float = 0.0
     """Weight of EVO-RAG's per-step cost (0 leaves it out)."""
+    refusal: float = 0.0
+    """Weight of EVO-RAG's refusal reward (0 leaves it out)."""
     max_turns: int = 8
     """Model turns per episode at most."""
     max_turn_tokens: int = 128
@@ -119,6 +128,7 @@ class TextEnvSpec:
             tags=self.tags,
             max_episode_steps=self.max_episode_steps,
             step_cost=self.step_cost,
+            refusal=self.refusal,
             **self.env_kwargs,
         )
 

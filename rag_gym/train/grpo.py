@@ -93,6 +93,10 @@ class EnvGRPOConfig:
     step_cost: float = 0.0
     """Weight of EVO-RAG's step-cost term r_step = −1 per env step (EVO-RAG, arXiv:2505.17391, §3.2),
     added on top of the preset's reward; 0 leaves it out."""
+    refusal: float = 0.0
+    """Weight ρ of EVO-RAG's refusal reward r_ref (§3.2: +1 for REFUSE when the evidence so far
+    is insufficient, −1 when it suffices; Table 1 gives ρ = 0.5), added on top of the preset's
+    reward; 0 leaves it out. Sufficiency is :func:`rag_gym.wrappers.evo_rag.gold_coverage`."""
     model: str = "embedded"
     """``embedded`` (SmolLM2-135M-Instruct), ``tiny`` (a random 2-layer model for smoke tests),
     a hub id or a directory."""
@@ -209,6 +213,7 @@ class EnvGRPOConfig:
             tags=self.tags,
             max_episode_steps=self.max_episode_steps,
             step_cost=self.step_cost,
+            refusal=self.refusal,
             max_turns=self.max_turns,
             max_turn_tokens=self.max_turn_tokens,
             max_completion_tokens=self.max_completion_tokens,

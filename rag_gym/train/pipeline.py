@@ -47,6 +47,8 @@ class PipelineConfig:
     """questions per RL step"""
     step_cost: float = 0.0
     """EVO-RAG step-cost weight in the RL reward (0: off)"""
+    refusal: float = 0.0
+    """EVO-RAG refusal-reward weight ρ in the RL reward (0: off)"""
     test_n: int = 200
     """test questions for the final llama.cpp evaluation (0: skip)"""
 
@@ -63,6 +65,8 @@ class PipelineConfig:
             raise ValueError(f"expected grpo_learning_rate > 0, got {self.grpo_learning_rate!r}")
         if self.step_cost < 0:
             raise ValueError(f"expected step_cost >= 0, got {self.step_cost!r}")
+        if self.refusal < 0:
+            raise ValueError(f"expected refusal >= 0, got {self.refusal!r}")
 
 
 def train_and_ship(sft_cfg: Any, pipeline: PipelineConfig, root: str | Path, command: str) -> dict:
@@ -109,6 +113,7 @@ def train_and_ship(sft_cfg: Any, pipeline: PipelineConfig, root: str | Path, com
                 learning_rate=pipeline.grpo_learning_rate,
                 beta=0.0,
                 step_cost=pipeline.step_cost,
+                refusal=pipeline.refusal,
                 seed=sft_cfg.seed,
                 run_dir=str(root / "grpo"),
                 track=sft_cfg.track,

