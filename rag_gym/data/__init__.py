@@ -19,7 +19,16 @@ from rag_gym._names import unknown_name
 from rag_gym.data.errors import DataFormatError
 from rag_gym.data.types import Corpus, Passage, QAExample
 
-__all__ = ["DATASETS", "Corpus", "DataFormatError", "Passage", "QAExample", "load", "pooled_corpus"]
+__all__ = [
+    "DATASETS",
+    "Corpus",
+    "DataFormatError",
+    "Passage",
+    "QAExample",
+    "dataset_defaults",
+    "load",
+    "pooled_corpus",
+]
 
 #: Dataset name → loader module (each has ``load(path, split, **kwargs)``).
 DATASETS: dict[str, str] = {
@@ -37,16 +46,44 @@ _ALIASES = {
     "hotpot_qa": "hotpotqa",
 }
 
+#: Names that stand for a dataset with default loader options, which ``dataset_kwargs`` extend
+#: rather than replace: ``gym.make("rag_gym/SynthHop-Hard-v0", dataset_kwargs={"n_questions":
+#: ...})`` keeps the hard world (Gymnasium merges ``gym.make`` keyword arguments one level deep).
+_WITH_DEFAULTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "synthhophard": ("synthhop", {"preset": "hard"}),
+}
 
-def canonical_name(name: str) -> str:
-    """The registered dataset name for ``name`` (case-insensitive, common aliases accepted)."""
+
+def _key(name: str) -> str:
     if not isinstance(name, str):
         raise TypeError(f"expected a dataset name (str), got {type(name).__name__}")
     key = name.lower().replace("-", "").replace(" ", "")
-    key = _ALIASES.get(key, key)
+    return _ALIASES.get(key, key)
+
+
+def canonical_name(name: str) -> str:
+    """The registered dataset name for ``name`` (case-insensitive, common aliases accepted).
+
+    >>> canonical_name("SynthHop-Hard"), canonical_name("hotpot")
+    ('synthhop', 'hotpotqa')
+    """
+    key = _key(name)
+    if key in _WITH_DEFAULTS:
+        return _WITH_DEFAULTS[key][0]
     if key not in DATASETS:
-        raise unknown_name("dataset", name, DATASETS, _ALIASES)
+        raise unknown_name("dataset", name, [*DATASETS, "synthhop-hard"], _ALIASES)
     return key
+
+
+def dataset_defaults(name: str) -> dict[str, Any]:
+    """The loader options ``name`` stands for (``{"preset": "hard"}`` for ``synthhop-hard``),
+    which a dataset's own keyword arguments override one by one.
+
+    >>> dataset_defaults("synthhop-hard"), dataset_defaults("synthhop")
+    ({'preset': 'hard'}, {})
+    """
+    canonical_name(name)  # a typed error for an unknown name
+    return dict(_WITH_DEFAULTS.get(_key(name), ("", {}))[1])
 
 
 def load(
@@ -56,7 +93,8 @@ def load(
 
     Args:
         name: one of :data:`DATASETS` (``"synthhop"``, ``"hotpotqa"``, ``"2wikimultihopqa"``,
-            ``"musique"``, ``"bamboogle"``, ``"flashrag"``).
+            ``"musique"``, ``"bamboogle"``, ``"flashrag"``), or ``"synthhop-hard"`` (SynthHop
+            with ``preset="hard"`` unless ``kwargs`` name another).
         split: the split; for file-based loads a label (the file *is* the split), for SynthHop
             and the hub the split to take.
         path: a local file in the dataset's official format; ``None`` means SynthHop's
@@ -65,7 +103,7 @@ def load(
             ``setting``; FlashRAG: ``subset``).
     """
     module = importlib.import_module(DATASETS[canonical_name(name)])
-    return module.load(path, split=split, **kwargs)
+    return module.load(path, split=split, **{**dataset_defaults(name), **kwargs})
 
 
 def pooled_corpus(

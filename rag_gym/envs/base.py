@@ -30,7 +30,7 @@ import numpy as np
 
 from rag_gym import metrics
 from rag_gym._names import unknown_name
-from rag_gym.data import Corpus, QAExample, canonical_name, pooled_corpus
+from rag_gym.data import Corpus, QAExample, canonical_name, dataset_defaults, pooled_corpus
 from rag_gym.data import load as load_dataset
 from rag_gym.retrieval import BM25Retriever, Retriever, load_index
 from rag_gym.retrieval.base import corpus_size
@@ -211,7 +211,8 @@ class QAEnv(gym.Env):
         self.max_obs_chars = max_obs_chars
         self.render_mode = render_mode
 
-        dataset_kwargs = dict(data.dataset_kwargs or {})
+        # a name with defaults (synthhop-hard): the given options extend them
+        dataset_kwargs = {**dataset_defaults(data.dataset), **(data.dataset_kwargs or {})}
         data_path, corpus, corpus_mode = data.data_path, data.corpus, data.corpus_mode
         index, retriever, examples = data.index, data.retriever, data.examples
         if examples is None and (retriever is None or isinstance(retriever, str)):

@@ -58,7 +58,7 @@ _DATASETS = [
     ),
     (
         "SynthHop-Hard",
-        {"dataset": "synthhop", "dataset_kwargs": {"preset": "hard"}},
+        {"dataset": "synthhop-hard"},
         True,
         "SynthHop 2-4 hops, 10% unanswerable, embedded",
     ),

@@ -53,6 +53,32 @@ def test_registry_is_complete():
             assert gym.envs.registration.EnvSpec.from_json(spec.to_json()) == spec
 
 
+def test_dataset_kwargs_extend_the_hard_world_instead_of_replacing_it():
+    """Gymnasium merges gym.make's keyword arguments one level deep: the hard preset is in the
+    registered dataset's name, so a smaller world of SynthHop-Hard is still the hard one."""
+    from rag_gym.data import canonical_name, dataset_defaults
+
+    assert gym.spec("rag_gym/SynthHop-Hard-v0").kwargs == {"dataset": "synthhop-hard"}
+    assert (canonical_name("synthhop-hard"), dataset_defaults("SynthHop-Hard")) == (
+        "synthhop",
+        {"preset": "hard"},
+    )
+
+    def unanswerable(**dataset_kwargs):
+        env = gym.make("rag_gym/SynthHop-Hard-v0", split="train", dataset_kwargs=dataset_kwargs)
+        n = 0
+        for i in range(SMALL_WORLD["n_questions"][0]):
+            _, info = env.reset(options={"index": i})
+            n += not info["answerable"]
+        return n, env.unwrapped.dataset
+
+    assert unanswerable(**SMALL_WORLD) == unanswerable(**SMALL_WORLD, preset="hard")
+    assert unanswerable(**SMALL_WORLD)[0] > 0  # 10% of the hard world's questions
+    assert unanswerable(**SMALL_WORLD, preset="default") == (0, "synthhop")  # named: it wins
+    with pytest.raises(ValueError, match="did you mean 'synthhop-hard'"):
+        dataset_defaults("synthhop-hrad")
+
+
 @pytest.mark.parametrize("env_id", env_ids())
 def test_check_env(env_id, tmp_path_factory):
     env = gym.make(env_id, **make_kwargs(env_id, tmp_path_factory))

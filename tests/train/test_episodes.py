@@ -66,10 +66,12 @@ def test_each_trainer_config_describes_its_env_with_one_spec():
 def test_the_refusal_weight_adds_evo_rags_refusal_reward_to_the_env_reward():
     from rag_gym.train.episodes import env_factory
 
-    # dataset_kwargs replace the registered ones, so the hard preset is named again
-    world = {**SMALL_WORLD, "preset": "hard"}
     make = env_factory(
-        "rag_gym/SynthHop-Hard-v0", split="train", tags="evo_rag", refusal=0.5, dataset_kwargs=world
+        "rag_gym/SynthHop-Hard-v0",
+        split="train",
+        tags="evo_rag",
+        refusal=0.5,
+        dataset_kwargs=SMALL_WORLD,
     )
     env = make()
     returns = {}
