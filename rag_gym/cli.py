@@ -836,6 +836,7 @@ def train_grpo(
     prompts_per_step: Annotated[int, typer.Option(help="Questions per step.")] = 2,
     lr: Annotated[float, typer.Option(help="Learning rate.")] = 2e-5,
     beta: Annotated[float, typer.Option(help="KL coefficient.")] = 0.0,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature of the rollouts.")] = 1.0,
     step_cost: Annotated[float, typer.Option(help="EVO-RAG step cost weight.")] = 0.0,
     refusal: Annotated[
         float, typer.Option(help="EVO-RAG refusal reward weight (the paper's 0.5; 0: off).")
@@ -880,6 +881,7 @@ def train_grpo(
                 prompts_per_step=prompts_per_step,
                 learning_rate=lr,
                 beta=beta,
+                temperature=temperature,
                 step_cost=step_cost,
                 refusal=refusal,
                 model=model,
