@@ -453,9 +453,9 @@ def new_scratch(n_docs: int, dtype) -> tuple[np.ndarray, ...]:
     )
 
 
-def warm_up(data, indices, indptr, id_rank) -> None:
-    """Compile (or load from numba's cache) every kernel for these array types, so that no
-    ``retrieve`` call pays for the JIT."""
+def warm_up(data, indices, indptr, id_rank, doc_len=None) -> None:
+    """Compile (or load from numba's cache) every kernel for these array types (and
+    ``doc_len``'s, for the length bounds), so that no ``retrieve`` call pays for the JIT."""
 
     def like(array, values):  # same dtype and writeability (numba compiles read-only apart)
         out = np.array(values, dtype=array.dtype)
@@ -492,6 +492,36 @@ def warm_up(data, indices, indptr, id_rank) -> None:
         scratch[1],
         scratch[4],
         *out,
+        *no_length_bounds(data.dtype),
+    )
+    lengths = like(doc_len, [1]) if doc_len is not None else np.ones(1, dtype=np.int32)
+    minlen, rows, table = length_bounds(tok, d, ix, ip, blocks, lengths, {})
+    top_k_blockmax(
+        d,
+        ix,
+        ip,
+        blocks["token_max"],
+        blocks["block"],
+        blocks["block_ptr"],
+        blocks["block_max"],
+        blocks["block_last"],
+        block_min_rank(ix, ip, blocks, rank),
+        best_blocks(blocks),
+        rank,
+        rank,
+        tok,
+        ptr,
+        base,
+        none[:0],
+        none,
+        1,
+        scratch[1],
+        scratch[4],
+        *out,
+        lengths,
+        minlen,
+        rows,
+        table,
     )
     blocks["best_block"] = best_blocks(blocks)
     check_lists(tok, ip, ix, 1, blocks, np.zeros(1, np.uint8))
@@ -583,6 +613,10 @@ def top_k_blockmax(
     out_pos,
     out_scores,
     out_n,
+    doc_len,
+    block_minlen,
+    token_row,
+    len_bound,
 ) -> None:
     """:func:`top_k_dense`'s results, bit for bit, reading a fraction of the postings; needs
     :func:`block_facts`'s arrays and an index it accepted (contributions >= 0, sorted lists).
@@ -605,12 +639,27 @@ def top_k_blockmax(
     after the k-th best's passage (``block_rank``: each block's smallest id rank). A corpus where
     thousands of passages tie at the k-th best score (templated text) is then not walked passage
     by passage.
+
+    Length bounds (with ``doc_len``, the passages' BM25 lengths; empty: off): a BM25
+    contribution falls as a passage grows, so the largest contribution a token makes to any
+    passage of length at least ``L`` bounds it on such passages. :func:`length_bounds` prepares
+    them: ``len_bound[token_row[j]]`` for the query token ``tokens[j]`` (-1: none, its list's
+    maximum then), indexed by a length clipped to the table's last column, and each block's
+    shortest passage (``block_minlen``). A non-essential list is then bounded by its table at
+    the range's shortest passage (the shortest of the essential lists' current blocks: any
+    passage that can score holds an essential token), and on one passage by its table at that
+    passage's length. On templated text, where every passage of a kind holds the same template
+    words and the k-th best score is a tie among the shortest of them, those bounds equal the
+    tied passages' exact contributions: whole blocks of tied passages are skipped by the tie
+    rule above, and a longer passage is dropped before any probe.
     """
     hs = np.empty(k, dtype=out_scores.dtype)
     hr = np.empty(k, dtype=np.int64)
     hp = np.empty(k, dtype=np.int64)
     zero = np.zeros(1, dtype=out_scores.dtype)[0]
     big = np.iinfo(np.int64).max
+    use_len = doc_len.shape[0] > 0
+    cap = len_bound.shape[1] - 1
     for q in range(token_ptr.shape[0] - 1):
         if clock[0] >= STAMP_LIMIT:
             stamp[:] = -1
@@ -627,6 +676,7 @@ def top_k_blockmax(
         tok = np.empty(m, dtype=np.int64)
         mult = np.zeros(m, dtype=np.int64)
         occ = np.empty(m, dtype=np.int64)
+        row = np.empty(m, dtype=np.int64)  # length-bound row, -1: the list's maximum
         n_u = 0
         for i in range(m):
             t = tokens[t0 + i]
@@ -635,6 +685,7 @@ def top_k_blockmax(
                 u += 1
             if u == n_u:
                 tok[u] = t
+                row[u] = token_row[t0 + i] if use_len else -1
                 n_u += 1
             mult[u] += 1
             occ[i] = u
@@ -666,6 +717,8 @@ def top_k_blockmax(
         tmax = np.empty(n_u, dtype=out_scores.dtype)
         for u in range(n_u):
             tmax[u] = token_max[tok[u]]  # a float32 maximum, so exact
+        lb = np.empty(n_u, dtype=out_scores.dtype)  # each list's bound at one length
+        lrest = np.empty(n_u + 1, dtype=np.float64)
         size = 0
         # a head start: the k largest contributions of each list's best block, scored exactly,
         # set a k-th best score that lets the scan below skip from its first passage on (a
@@ -733,9 +786,10 @@ def top_k_blockmax(
                     # the essential lists' blocks holding d (a list whose next passage comes
                     # after d adds nothing before it), and the non-essential lists' bounds,
                     # bound every passage up to the first block end or next passage
-                    region_bound = prefix[ne - 1] if ne > 0 else 0.0
+                    region_bound = 0.0
                     region_hi = big
                     region_rank = big
+                    shortest = cap  # the shortest passage of the essential lists' blocks
                     for u in range(n_u):
                         ess[u] = False
                         noness[u] = False
@@ -754,13 +808,27 @@ def top_k_blockmax(
                             region_bound += mult[u] * block_max[c]
                             region_hi = min(region_hi, block_last[c])
                             region_rank = min(region_rank, block_rank[c])
+                            if use_len and block_minlen[c] < shortest:
+                                shortest = block_minlen[c]
+                    for i in range(ne):
+                        u = ord_[i]
+                        # a non-essential list with no posting up to region_hi adds nothing
+                        p = _gallop(indices, pos[u], end[u], d)
+                        pos[u] = p
+                        if p >= end[u] or indices[p] > region_hi:
+                            lb[u] = zero
+                            continue
+                        lb[u] = tmax[u]
+                        if row[u] >= 0 and len_bound[row[u], shortest] < lb[u]:
+                            lb[u] = len_bound[row[u], shortest]
+                        region_bound += mult[u] * lb[u]
                     ub = zero
                     for i in range(m):
                         u = occ[i]
                         if ess[u]:
                             ub += block_max[bcur[u]]
                         elif noness[u]:
-                            ub += tmax[u]
+                            ub += lb[u]
                     region_ub = ub + b
                 if (
                     region_bound + margin < theta
@@ -789,13 +857,29 @@ def top_k_blockmax(
             # with every list essential, the known part is the whole score
             dropped = ne == 0 and known + margin < theta
             if ne > 0:
+                # each non-essential list's bound on d: its list's maximum, or its length
+                # bound at d's length; lrest[i]: lists ord_[0..i-1] together
+                if use_len:
+                    ln = min(max(doc_len[d], 0), cap)
+                    lrest[0] = 0.0
+                    for i in range(ne):
+                        u = ord_[i]
+                        lb[u] = tmax[u]
+                        if row[u] >= 0 and len_bound[row[u], ln] < lb[u]:
+                            lb[u] = len_bound[row[u], ln]
+                        lrest[i + 1] = lrest[i] + mult[u] * lb[u]
+                    dropped = known + lrest[ne] + margin < theta
                 # probe the non-essential lists, largest bound first, while d can still make it
                 for i in range(ne - 1, -1, -1):
+                    if dropped:
+                        break
                     u = ord_[i]
-                    rest = prefix[i - 1] if i > 0 else 0.0
+                    rest = lrest[i] if use_len else (prefix[i - 1] if i > 0 else 0.0)
                     c = _gallop(block_last, bcur[u], bend[u], d)
                     bcur[u] = c
                     here = mult[u] * block_max[c] if c < bend[u] else 0.0
+                    if use_len and mult[u] * lb[u] < here:
+                        here = mult[u] * lb[u]
                     if known + here + rest + margin < theta:
                         dropped = True
                         break
@@ -828,6 +912,127 @@ def top_k_blockmax(
             size = _fill_untouched(hs, hr, hp, size, k, b, by_rank, stamp, gone)
         out_n[q] = size
         _pop_into(hs, hr, hp, size, out_pos, out_scores, q)
+
+
+LENGTH_CAP = 255
+"""Length bounds (:func:`length_bounds`) tell lengths apart up to this; a longer passage counts
+as this long (its table column holds the bound over every longer passage too)."""
+LENGTH_TABLE_DF = 256
+"""A token gets a length-bound table when its list holds at least this many passages (and at
+least one passage in 8,192): a shorter list costs little to probe."""
+
+
+@njit(nogil=True, cache=True)
+def _length_bounds(
+    tokens,
+    data,
+    indices,
+    indptr,
+    block,
+    block_ptr,
+    doc_len,
+    min_df,
+    state_i,
+    minlen_done,
+    block_minlen,
+    row_of,
+    table,
+    out,
+) -> int:
+    cap = table.shape[1] - 1
+    for q in range(tokens.shape[0]):
+        t = tokens[q]
+        lo, hi = indptr[t], indptr[t + 1]
+        if not minlen_done[t]:
+            c = block_ptr[t]
+            for start in range(lo, hi, block):
+                shortest = cap
+                for j in range(start, min(start + block, hi)):
+                    ln = min(max(doc_len[indices[j]], 0), cap)
+                    if ln < shortest:
+                        shortest = ln
+                block_minlen[c] = shortest
+                c += 1
+            minlen_done[t] = 1
+        r = row_of[t]
+        if r == 0:  # not decided yet
+            if hi - lo < min_df:
+                r = -1
+            else:
+                if state_i[0] >= table.shape[0]:
+                    return q  # full: the caller grows the table and calls again
+                r = state_i[0] + 1
+                best = table[r - 1]
+                best[:] = 0
+                for j in range(lo, hi):
+                    ln = min(max(doc_len[indices[j]], 0), cap)
+                    if data[j] > best[ln]:
+                        best[ln] = data[j]
+                for ln in range(cap - 1, -1, -1):  # the bound over every longer passage too
+                    if best[ln + 1] > best[ln]:
+                        best[ln] = best[ln + 1]
+                state_i[0] = r
+            row_of[t] = r
+        out[q] = r - 1 if r > 0 else -1
+    return -1
+
+
+def length_bounds(tokens, data, indices, indptr, blocks: dict, doc_len, state: dict) -> tuple:
+    """What :func:`top_k_blockmax` needs for its length bounds on the lists of ``tokens``:
+    ``(block_minlen, token_row, len_bound)``, computed the first time a query reads a list and
+    kept in ``state`` (``{}`` to start).
+
+    ``len_bound[r, L]`` is the largest contribution the token of row ``r`` makes to a passage
+    of length at least ``L`` (lengths clipped to :data:`LENGTH_CAP`); ``token_row`` gives each
+    entry of ``tokens`` its row, or -1 for a list too short to need one
+    (:data:`LENGTH_TABLE_DF`); ``block_minlen[c]`` is the length of block ``c``'s shortest
+    passage (for ``blocks``' layout: other blocks start ``state`` again). A row never changes
+    once written; growing the table copies it, so the array a running kernel holds stays whole. Not thread-safe: call it under the caller's lock, after
+    the lists were checked (:func:`check_lists`)."""
+    if state.get("blocks") is not blocks["block_max"]:  # new, or blocks of another size
+        state.clear()
+        state["blocks"] = blocks["block_max"]
+        n_tok = len(indptr) - 1
+        state["row_of"] = np.zeros(n_tok, dtype=np.int32)  # untouched pages cost no memory
+        state["minlen_done"] = np.zeros(n_tok, dtype=np.uint8)
+        state["block_minlen"] = np.zeros(len(blocks["block_max"]), dtype=np.uint8)
+        state["table"] = np.zeros((0, LENGTH_CAP + 1), dtype=data.dtype)
+        state["n_rows"] = np.zeros(1, dtype=np.int64)
+        state["min_df"] = max(LENGTH_TABLE_DF, len(doc_len) // 8192)
+    out = np.empty(len(tokens), dtype=np.int64)
+    while True:
+        full = _length_bounds(
+            tokens,
+            data,
+            indices,
+            indptr,
+            int(blocks["block"]),
+            blocks["block_ptr"],
+            doc_len,
+            state["min_df"],
+            state["n_rows"],
+            state["minlen_done"],
+            state["block_minlen"],
+            state["row_of"],
+            state["table"],
+            out,
+        )
+        if full < 0:
+            return state["block_minlen"], out, state["table"]
+        old = state["table"]
+        grown = np.zeros((max(16, 2 * old.shape[0]), old.shape[1]), dtype=old.dtype)
+        grown[: old.shape[0]] = old
+        state["table"] = grown
+
+
+def no_length_bounds(dtype) -> tuple:
+    """:func:`top_k_blockmax`'s four length-bound arguments, switched off."""
+    return (
+        np.zeros(0, dtype=np.int32),
+        np.zeros(0, dtype=np.uint8),
+        np.zeros(0, dtype=np.int64),
+        np.zeros((0, 1), dtype=dtype),
+    )
 
 
 @njit(nogil=True, cache=True)

@@ -125,7 +125,12 @@ class BM25Retriever:
             (term-at-a-time MaxScore) or ``"dense"`` (every touched passage scored; the only
             one for an index with negative contributions or unsorted lists). All three return
             the same top-k, bit for bit (docs/retrieval-scale.md).
+        length_bounds: the block-max kernel bounds a list's contribution by the passage's
+            length (an index built with passage lengths: every index built since they were
+            saved); the results are the same either way (``False`` to compare speeds).
     """
+
+    length_bounds: bool = True
 
     def __init__(
         self,
@@ -158,6 +163,8 @@ class BM25Retriever:
         self.show_progress = show_progress
         self._lock = threading.Lock()
         self._scratch: list[tuple] = []
+        self._doc_len: np.ndarray | None = None
+        self._lengths: dict = {}  # the length bounds' tables (_bm25_numba.length_bounds)
         # posting lists are checked when a query first reads them (an index loaded unverified)
         self._lazy_checks = False
         self._pool: ThreadPoolExecutor | None = None
@@ -216,7 +223,7 @@ class BM25Retriever:
             arrays = build_arrays(corpus.contents(), self.config)
         except ValueError as exc:
             raise ValueError(f"corpus {corpus.name!r}: {exc}") from None
-        self._install(bm25s_model(arrays), corpus)
+        self._install(bm25s_model(arrays), corpus, doc_len=arrays["doc_len"])
 
     def _install(
         self,
@@ -225,8 +232,12 @@ class BM25Retriever:
         blocks: dict | None = None,
         id_rank: np.ndarray | None = None,
         by_rank: np.ndarray | None = None,
+        doc_len: np.ndarray | None = None,
     ) -> None:
         self.model = model
+        # each passage's BM25 length (the block-max kernel's length bounds); None for an index
+        # saved without it
+        self._doc_len = None if doc_len is None else plain_view(doc_len)
         self.corpus = corpus
         self._lazy_checks = False
         # rank of each position by passage id: the tie-breaker
@@ -239,9 +250,10 @@ class BM25Retriever:
         self._indptr = np.asarray(model.scores["indptr"])
         with self._lock:
             self._scratch = []
+            self._lengths = {}
         if self._kernels is not None:
             kernels = self._kernels
-            kernels.warm_up(self._data, self._indices, self._indptr, self._id_rank)
+            kernels.warm_up(self._data, self._indices, self._indptr, self._id_rank, self._doc_len)
             if by_rank is None:
                 by_rank = np.empty_like(self._id_rank)
                 by_rank[self._id_rank] = np.arange(len(corpus))
@@ -379,6 +391,7 @@ class BM25Retriever:
         else:
             excluded = np.zeros(0, np.int64)
         self._check_lists(tokens)
+        lengths = self._length_bounds(tokens)
         out_pos = np.empty((n, k), dtype=np.int64)
         out_val = np.empty((n, k), dtype=self._data.dtype)
         out_n = np.empty(n, dtype=np.int64)
@@ -412,6 +425,7 @@ class BM25Retriever:
                         scratch[1],
                         scratch[4],
                         *out,
+                        *lengths,
                     )
                 elif self.kernel == "maxscore":
                     self._kernels.top_k_pruned(
@@ -497,6 +511,26 @@ class BM25Retriever:
                 "rebuild the index"
             )
 
+    def _length_bounds(self, tokens: np.ndarray) -> tuple:
+        """The block-max kernel's length-bound arguments for ``tokens``
+        (:func:`~rag_gym.retrieval._bm25_numba.length_bounds`: each list's table and block
+        lengths are computed the first time a query reads it); switched off for an index
+        without passage lengths, with ``length_bounds`` off, or another kernel."""
+        kernels = self._kernels
+        if self._doc_len is None or not self.length_bounds or self.kernel != "blockmax":
+            return kernels.no_length_bounds(self._data.dtype)
+        with self._lock:
+            minlen, rows, table = kernels.length_bounds(
+                tokens,
+                self._data,
+                self._indices,
+                self._indptr,
+                self._blocks,
+                self._doc_len,
+                self._lengths,
+            )
+        return self._doc_len, minlen, rows, table
+
     def _take_scratch(self) -> tuple:
         # one scratch set per concurrent batch part, kept for the next call (no re-zeroing)
         n = len(self.corpus)
@@ -528,6 +562,7 @@ class BM25Retriever:
                 self._indptr,
                 np.asarray(self._id_rank),
                 dict(model.vocab_dict),
+                None if self._doc_len is None else np.asarray(self._doc_len),
             )
             return {"params": serving}
 
@@ -705,4 +740,14 @@ def _load_serving(d: Path, params: dict, model, n_docs: int, mmap: bool, full: b
         if rank.ndim != 1 or len(rank) != len(arrays["block_max"]):
             raise ValueError(f"{folder}: block_rank.npy must hold one rank per block; rebuild")
         blocks["block_rank"] = rank
-    return {"blocks": blocks, "id_rank": arrays["id_rank"], "by_rank": arrays["by_rank"]}
+    out = {"blocks": blocks, "id_rank": arrays["id_rank"], "by_rank": arrays["by_rank"]}
+    len_file = folder / "doc_len.npy"
+    if len_file.is_file():  # absent from indexes saved before it existed: no length bounds
+        try:
+            doc_len = np.load(len_file, mmap_mode=mode, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{folder}: cannot load doc_len.npy ({exc}); rebuild") from None
+        if doc_len.ndim != 1 or len(doc_len) != n_docs or doc_len.dtype != np.int32:
+            raise ValueError(f"{folder}: doc_len.npy must hold {n_docs} int32 lengths; rebuild")
+        out["doc_len"] = doc_len
+    return out

@@ -266,6 +266,7 @@ def build_arrays(
         "data": data,
         "indices": indices,
         "indptr": indptr,
+        "doc_len": doc_len.copy(),
         "num_docs": n_docs,
         "vocab": vocab,
         "nonoccurrence": nonocc,
@@ -311,7 +312,13 @@ def write_bm25s_metadata(arrays: dict[str, Any], out: Path) -> None:
 
 
 def write_serving_files(
-    out: Path, data, indices, indptr, id_rank: np.ndarray, vocab: dict[str, int]
+    out: Path,
+    data,
+    indices,
+    indptr,
+    id_rank: np.ndarray,
+    vocab: dict[str, int],
+    doc_len: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """``serving/``: the tie-break ranks and the pruning bounds, so that a loaded index maps
     them instead of recomputing them (which would read every posting), and the vocabulary as
@@ -332,6 +339,8 @@ def write_serving_files(
     for name in ("token_max", "block_ptr", "block_max", "block_last"):
         np.save(folder / f"{name}.npy", blocks[name])
     np.save(folder / "block_rank.npy", _bm25_numba.block_min_rank(indices, indptr, blocks, id_rank))
+    if doc_len is not None:  # the length bounds of the block-max kernel
+        np.save(folder / "doc_len.npy", np.asarray(doc_len, dtype=np.int32))
     mapped_vocab = _vocab_numba.write_vocab(folder, vocab)
     return {
         SERVING: {"block": blocks["block"], "prunable": blocks["prunable"], "vocab": mapped_vocab}
@@ -390,7 +399,7 @@ def build_bm25_index(
         data.flush()
         indices.flush()
         serving = write_serving_files(
-            tmp, data, indices, arrays["indptr"], id_rank, arrays["vocab"]
+            tmp, data, indices, arrays["indptr"], id_rank, arrays["vocab"], arrays["doc_len"]
         )
         del data, indices, arrays
         return {

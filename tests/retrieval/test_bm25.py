@@ -376,3 +376,25 @@ def test_query_tokens_equal_bm25s_tokenize(world, config):
         texts, stopwords=config.stopwords, stemmer=stemmer, return_ids=False, show_progress=False
     )
     assert BM25Retriever(config=config).tokenize(texts) == expected
+
+
+def test_passage_lengths_are_saved_and_an_index_without_them_still_answers(bm25, tmp_path):
+    """serving/doc_len.npy holds each passage's BM25 length (the block-max kernel's length
+    bounds); an index saved before it existed loads without them and answers the same; lengths
+    of the wrong shape are an error naming the file."""
+    out = bm25.save(tmp_path / "idx")
+    lengths = np.load(out / "serving" / "doc_len.npy")
+    assert lengths.dtype == np.int32 and len(lengths) == len(bm25.corpus)
+    assert np.array_equal(lengths, [len(t) for t in bm25.tokenize(bm25.corpus.contents())])
+    queries = [p.text for p in list(bm25.corpus)[:30]] + ["the of", "zzz unknown"]
+    expected = bm25.retrieve(queries, 3)
+    loaded = BM25Retriever.load(out)
+    assert loaded._doc_len is not None and loaded.retrieve(queries, 3) == expected
+    (out / "serving" / "doc_len.npy").unlink()
+    reseal(out)
+    old = BM25Retriever.load(out)
+    assert old._doc_len is None and old.retrieve(queries, 3) == expected
+    np.save(out / "serving" / "doc_len.npy", lengths[:-1])
+    reseal(out)
+    with pytest.raises(ValueError, match=r"doc_len.npy must hold \d+ int32 lengths; rebuild"):
+        BM25Retriever.load(out)

@@ -183,3 +183,105 @@ def test_kernel_choice_errors():
         bm25.retrieve(["apple"], 3).ids
         == BM25Retriever(corpus, backend="numpy").retrieve(["apple"], 3).ids
     )
+
+
+KINDS = {
+    "loom": "is a memoir published in {y} by {a} guild",
+    "voyage": "is a novel published in {y} by {a} guild",
+    "harbour": "is a city in {a} north and its capital river",
+    "lantern": "is a guild headquartered in {a} city founded by {a}",
+}
+
+
+def templated_corpus(seed: int, n: int = 6000) -> Corpus:
+    """SynthHop-like text: every passage of a kind holds its kind's template words, kinds are
+    interleaved, each passage has its own name (one passage in ten a word longer), and a few
+    passages repeat a word (tf 2), so the k-th best score is a tie among the shortest
+    passages of a kind."""
+    rng = random.Random(seed)
+    texts = []
+    for i in range(n):
+        kind = rng.choice(list(KINDS))
+        name = f"name{i}" if rng.random() < 0.9 else f"name{i} x{i}"
+        body = KINDS[kind].format(y=rng.randint(1700, 1999), a=f"maker{rng.randrange(50)}")
+        extra = f" {kind}" if rng.random() < 0.05 else ""
+        texts.append(f"The {name} {kind} {body}{extra}.")
+    ids = [f"t{i:05d}" for i in range(n)]
+    if seed % 2:
+        rng.shuffle(ids)
+    return Corpus([Passage(pid, "", t) for pid, t in zip(ids, texts, strict=True)])
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_length_bounds_keep_exhaustive_top_k(seed):
+    """The block-max kernel with its length bounds (and without) returns exhaustive scoring's
+    top-k on templated text whose k-th best score is a tie, with comparison-like and
+    template-only queries, k of 1, 3 and 40, and exclusions."""
+    corpus = templated_corpus(seed)
+    bm25 = BM25Retriever(corpus, backend="numba")
+    assert bm25._doc_len is not None
+    rng = random.Random(seed)
+
+    def named(i: int) -> str:  # passage i's name and kind
+        words = corpus.texts[i].split()
+        return " ".join(words[1:3] if words[3] in KINDS else words[1:4])
+
+    queries = [
+        f"which was published first, the {named(i)} or the {named(j)}"
+        for i, j in (rng.sample(range(len(corpus)), 2) for _ in range(60))
+    ]
+    queries += [f"who founded the publisher of the {named(i)}" for i in range(8)]
+    queries += ["published guild", "loom loom published", "city capital north river", "guild"]
+    queries += [corpus.texts[i] for i in rng.sample(range(len(corpus)), 10)]
+    for k in (1, 3, 40):
+        exclude = [rng.sample(corpus.ids, 5) for _ in queries]
+        for excl in (None, exclude):
+            bm25.kernel = "dense"
+            expected = bm25.retrieve(queries, k, exclude=excl)
+            bm25.kernel = "blockmax"
+            for on in (True, False):
+                bm25.length_bounds = on
+                got = bm25.retrieve(queries, k, exclude=excl)
+                assert got.ids == expected.ids, (seed, k, on)
+                assert got.scores == expected.scores, (seed, k, on)
+    bm25.length_bounds = True
+    # the ties are real: most comparison queries' top 40 hold one score 20 times or more
+    got = bm25.retrieve(queries[:60], 40)
+    tied = [max(scores.count(s) for s in scores) for scores in got.scores]
+    assert sum(n >= 20 for n in tied) >= 30, tied
+
+
+def test_length_tables_bound_every_posting():
+    """Each length table bounds its token's contribution on every passage at least that long,
+    and each block's shortest passage is no longer than any passage in the block."""
+    from rag_gym.retrieval import _bm25_numba
+
+    corpus = templated_corpus(2)
+    bm25 = BM25Retriever(corpus, backend="numba")
+    data, indices, indptr = bm25._data, bm25._indices, bm25._indptr
+    tokens = np.arange(len(indptr) - 1, dtype=np.int64)
+    state: dict = {}
+    minlen, rows, table = _bm25_numba.length_bounds(
+        tokens, data, indices, indptr, bm25._blocks, bm25._doc_len, state
+    )
+    cap = table.shape[1] - 1
+    lengths = np.minimum(bm25._doc_len, cap)
+    blocks, block = bm25._blocks, int(bm25._blocks["block"])
+    with_rows = 0
+    for t in range(len(tokens)):
+        lo, hi = int(indptr[t]), int(indptr[t + 1])
+        ln = lengths[indices[lo:hi]]
+        if rows[t] >= 0:
+            with_rows += 1
+            assert hi - lo >= _bm25_numba.LENGTH_TABLE_DF
+            for length in np.unique(ln):
+                # the bound at L covers every passage of length >= L, and is reached
+                assert table[rows[t], length] == data[lo:hi][ln >= length].max()
+        else:
+            assert hi - lo < state["min_df"]
+        for n, c in enumerate(range(int(blocks["block_ptr"][t]), int(blocks["block_ptr"][t + 1]))):
+            assert minlen[c] == ln[n * block : (n + 1) * block].min()
+    assert with_rows >= 10  # the template words have tables
+    # a second call builds nothing new: the same rows, the same table
+    again = _bm25_numba.length_bounds(tokens, data, indices, indptr, blocks, bm25._doc_len, state)
+    assert np.array_equal(again[1], rows) and again[2] is state["table"]
