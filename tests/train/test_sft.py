@@ -299,3 +299,27 @@ def test_grpo_from_an_adapter_keeps_the_adapter_as_its_kl_reference(tmp_path, kl
     for name in refs:  # the reference starts equal to the SFT adapter, which is not zero
         assert torch.equal(params[name], params[name.replace(".ref.", ".default.")])
     assert any(params[name].abs().sum() > 0 for name in refs if "lora_B" in name)
+
+
+def test_grpo_command_passes_its_options_to_the_run(tmp_path, monkeypatch):
+    """`rag-gym train grpo`'s options reach the run's config: the rollouts' temperature, the
+    KL coefficient and EVO-RAG's step cost and refusal weights."""
+    from typer.testing import CliRunner
+
+    import rag_gym.train.grpo as grpo
+    from rag_gym.cli import app
+
+    seen = {}
+
+    def fake_train_from(cfg, init, eval_n):
+        seen.update(cfg=cfg, init=init, eval_n=eval_n)
+        return {"before": None, "after": None, "checkpoint": "ckpt"}
+
+    monkeypatch.setattr(grpo, "train_from", fake_train_from)
+    args = ["--init", str(tmp_path), "--temperature", "0.6", "--beta", "0.04"]
+    args += ["--step-cost", "0.05", "--refusal", "0.5", "--steps", "7", "--eval-n", "3"]
+    result = CliRunner().invoke(app, ["train", "grpo", *args, "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    cfg = seen["cfg"]
+    assert (cfg.temperature, cfg.beta, cfg.step_cost, cfg.refusal) == (0.6, 0.04, 0.05, 0.5)
+    assert cfg.max_steps == 7 and seen["eval_n"] == 3 and seen["init"] == tmp_path
