@@ -470,7 +470,7 @@ def warm_up(data, indices, indptr, id_rank, doc_len=None) -> None:
     out = (np.zeros((1, 1), np.int64), np.zeros((1, 1), data.dtype), np.zeros(1, np.int64))
     scratch = new_scratch(1, data.dtype)
     blocks = compute_blocks(d, ix, ip)
-    top_k_blockmax(
+    query = (
         d,
         ix,
         ip,
@@ -492,37 +492,10 @@ def warm_up(data, indices, indptr, id_rank, doc_len=None) -> None:
         scratch[1],
         scratch[4],
         *out,
-        *no_length_bounds(data.dtype),
     )
+    top_k_blockmax(*query, *no_length_bounds(data.dtype))
     lengths = like(doc_len, [1]) if doc_len is not None else np.ones(1, dtype=np.int32)
-    minlen, rows, table = length_bounds(tok, d, ix, ip, blocks, lengths, {})
-    top_k_blockmax(
-        d,
-        ix,
-        ip,
-        blocks["token_max"],
-        blocks["block"],
-        blocks["block_ptr"],
-        blocks["block_max"],
-        blocks["block_last"],
-        block_min_rank(ix, ip, blocks, rank),
-        best_blocks(blocks),
-        rank,
-        rank,
-        tok,
-        ptr,
-        base,
-        none[:0],
-        none,
-        1,
-        scratch[1],
-        scratch[4],
-        *out,
-        lengths,
-        minlen,
-        rows,
-        table,
-    )
+    top_k_blockmax(*query, lengths, *length_bounds(tok, d, ix, ip, blocks, lengths, {}))
     blocks["best_block"] = best_blocks(blocks)
     check_lists(tok, ip, ix, 1, blocks, np.zeros(1, np.uint8))
     check_lists(tok, ip, ix, 1, None, np.zeros(1, np.uint8))
