@@ -544,6 +544,21 @@ def block_facts(data, indices, indptr, block, token_max, block_ptr, block_max, b
     return ok
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _clip_length(doc_len, d, cap) -> int:
+    # passage d's length as the length tables index it: clipped to [0, cap]
+    return min(max(doc_len[d], 0), cap)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _bound_at(tmax_u, row_u, len_bound, length):
+    # a list's bound on passages at least ``length`` long: its length table there when it has
+    # one and that is lower, else its maximum
+    if row_u >= 0 and len_bound[row_u, length] < tmax_u:
+        return len_bound[row_u, length]
+    return tmax_u
+
+
 @njit(nogil=True, cache=True)
 def _find_blocked(indices, lo, hi, block, b_lo, b_hi, block_last, d) -> int:
     # position of passage d in the posting list indices[lo:hi], whose blocks are
@@ -791,9 +806,7 @@ def top_k_blockmax(
                         if p >= end[u] or indices[p] > region_hi:
                             lb[u] = zero
                             continue
-                        lb[u] = tmax[u]
-                        if row[u] >= 0 and len_bound[row[u], shortest] < lb[u]:
-                            lb[u] = len_bound[row[u], shortest]
+                        lb[u] = _bound_at(tmax[u], row[u], len_bound, shortest)
                         region_bound += mult[u] * lb[u]
                     ub = zero
                     for i in range(m):
@@ -833,13 +846,11 @@ def top_k_blockmax(
                 # each non-essential list's bound on d: its list's maximum, or its length
                 # bound at d's length; lrest[i]: lists ord_[0..i-1] together
                 if use_len:
-                    ln = min(max(doc_len[d], 0), cap)
+                    ln = _clip_length(doc_len, d, cap)
                     lrest[0] = 0.0
                     for i in range(ne):
                         u = ord_[i]
-                        lb[u] = tmax[u]
-                        if row[u] >= 0 and len_bound[row[u], ln] < lb[u]:
-                            lb[u] = len_bound[row[u], ln]
+                        lb[u] = _bound_at(tmax[u], row[u], len_bound, ln)
                         lrest[i + 1] = lrest[i] + mult[u] * lb[u]
                     dropped = known + lrest[ne] + margin < theta
                 # probe the non-essential lists, largest bound first, while d can still make it
@@ -905,7 +916,7 @@ def _length_bounds(
     block_ptr,
     doc_len,
     min_df,
-    state_i,
+    n_rows,
     minlen_done,
     block_minlen,
     row_of,
@@ -921,7 +932,7 @@ def _length_bounds(
             for start in range(lo, hi, block):
                 shortest = cap
                 for j in range(start, min(start + block, hi)):
-                    ln = min(max(doc_len[indices[j]], 0), cap)
+                    ln = _clip_length(doc_len, indices[j], cap)
                     if ln < shortest:
                         shortest = ln
                 block_minlen[c] = shortest
@@ -932,19 +943,19 @@ def _length_bounds(
             if hi - lo < min_df:
                 r = -1
             else:
-                if state_i[0] >= table.shape[0]:
+                if n_rows[0] >= table.shape[0]:
                     return q  # full: the caller grows the table and calls again
-                r = state_i[0] + 1
+                r = n_rows[0] + 1
                 best = table[r - 1]
                 best[:] = 0
                 for j in range(lo, hi):
-                    ln = min(max(doc_len[indices[j]], 0), cap)
+                    ln = _clip_length(doc_len, indices[j], cap)
                     if data[j] > best[ln]:
                         best[ln] = data[j]
                 for ln in range(cap - 1, -1, -1):  # the bound over every longer passage too
                     if best[ln + 1] > best[ln]:
                         best[ln] = best[ln + 1]
-                state_i[0] = r
+                n_rows[0] = r
             row_of[t] = r
         out[q] = r - 1 if r > 0 else -1
     return -1
@@ -960,8 +971,9 @@ def length_bounds(tokens, data, indices, indptr, blocks: dict, doc_len, state: d
     entry of ``tokens`` its row, or -1 for a list too short to need one
     (:data:`LENGTH_TABLE_DF`); ``block_minlen[c]`` is the length of block ``c``'s shortest
     passage (for ``blocks``' layout: other blocks start ``state`` again). A row never changes
-    once written; growing the table copies it, so the array a running kernel holds stays whole. Not thread-safe: call it under the caller's lock, after
-    the lists were checked (:func:`check_lists`)."""
+    once written; growing the table copies it, so the array a running kernel holds stays whole.
+    Not thread-safe: call it under the caller's lock, after the lists were checked
+    (:func:`check_lists`)."""
     if state.get("blocks") is not blocks["block_max"]:  # new, or blocks of another size
         state.clear()
         state["blocks"] = blocks["block_max"]

@@ -562,7 +562,7 @@ class BM25Retriever:
                 self._indptr,
                 np.asarray(self._id_rank),
                 dict(model.vocab_dict),
-                None if self._doc_len is None else np.asarray(self._doc_len),
+                self._doc_len,
             )
             return {"params": serving}
 
