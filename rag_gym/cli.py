@@ -834,6 +834,13 @@ def train_grpo(
     steps: Annotated[int, typer.Option(help="Optimiser steps.")] = 100,
     num_generations: Annotated[int, typer.Option(help="Episodes per question (G).")] = 4,
     prompts_per_step: Annotated[int, typer.Option(help="Questions per step.")] = 2,
+    micro_batch_size: Annotated[
+        int | None,
+        typer.Option(
+            help="Episodes per forward/backward pass (memory grows with it; default: 1 on a "
+            "CPU, the whole step on a GPU)."
+        ),
+    ] = None,
     lr: Annotated[float, typer.Option(help="Learning rate.")] = 2e-5,
     beta: Annotated[float, typer.Option(help="KL coefficient.")] = 0.0,
     temperature: Annotated[float, typer.Option(help="Sampling temperature of the rollouts.")] = 1.0,
@@ -879,6 +886,7 @@ def train_grpo(
                 max_steps=steps,
                 num_generations=num_generations,
                 prompts_per_step=prompts_per_step,
+                micro_batch_size=micro_batch_size,
                 learning_rate=lr,
                 beta=beta,
                 temperature=temperature,

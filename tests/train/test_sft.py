@@ -303,7 +303,7 @@ def test_grpo_from_an_adapter_keeps_the_adapter_as_its_kl_reference(tmp_path, kl
 
 def test_grpo_command_passes_its_options_to_the_run(tmp_path, monkeypatch):
     """`rag-gym train grpo`'s options reach the run's config: the rollouts' temperature, the
-    KL coefficient and EVO-RAG's step cost and refusal weights."""
+    KL coefficient, EVO-RAG's step cost and refusal weights and the micro-batch size."""
     from typer.testing import CliRunner
 
     import rag_gym.train.grpo as grpo
@@ -318,8 +318,14 @@ def test_grpo_command_passes_its_options_to_the_run(tmp_path, monkeypatch):
     monkeypatch.setattr(grpo, "train_from", fake_train_from)
     args = ["--init", str(tmp_path), "--temperature", "0.6", "--beta", "0.04"]
     args += ["--step-cost", "0.05", "--refusal", "0.5", "--steps", "7", "--eval-n", "3"]
+    args += ["--micro-batch-size", "2"]
     result = CliRunner().invoke(app, ["train", "grpo", *args, "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     cfg = seen["cfg"]
     assert (cfg.temperature, cfg.beta, cfg.step_cost, cfg.refusal) == (0.6, 0.04, 0.05, 0.5)
     assert cfg.max_steps == 7 and seen["eval_n"] == 3 and seen["init"] == tmp_path
+    assert cfg.micro_batch_size == 2
+    # a micro-batch that does not divide the step's episodes is a clear error, not a crash
+    bad = ["train", "grpo", "--micro-batch-size", "3", "--out", str(tmp_path)]
+    result = CliRunner().invoke(app, bad)
+    assert result.exit_code != 0 and "micro_batch_size to divide the batch" in result.output

@@ -427,6 +427,56 @@ def test_checkpoint_and_resume(tmp_path):
     assert [r["step"] for r in second.state.log_history if "loss" in r] == [1, 2]
 
 
+@pytest.mark.parametrize(("algorithm", "beta"), [("grpo", 0.01), ("dapo", 0.0)])
+def test_micro_batches_give_the_same_update_as_one_pass(tmp_path, algorithm, beta):
+    """A step's 4 episodes in 4 passes of 1 (the CPU default) and in 1 pass of 4 move the
+    weights the same way: TRL's accumulation normalises the loss as one pass would."""
+    pytest.importorskip("trl")
+    pytest.importorskip("peft")
+    torch = pytest.importorskip("torch")
+    from rag_gym.train.grpo import EnvGRPOConfig, build_trainer, micro_batch
+
+    updates = {}
+    for micro in (1, 4):
+        cfg = EnvGRPOConfig(
+            model="tiny",
+            env_kwargs=ENV,
+            reward_preset="eval_rar",
+            algorithm=algorithm,
+            beta=beta,
+            num_generations=2,
+            prompts_per_step=2,
+            micro_batch_size=micro,
+            max_steps=1,
+            max_turns=2,
+            max_episode_steps=2,
+            max_turn_tokens=16,
+            max_completion_tokens=160,
+            learning_rate=1e-2,
+            run_dir=str(tmp_path / f"micro{micro}"),
+            save_steps=1000,
+        )
+        trainer, _ = build_trainer(cfg, extra_rewards=[(_length_bonus, 1.0)])
+        # plain SGD without clipping, so that the update is the gradient itself (Adam's first
+        # step is about lr * sign(gradient) and would hide a wrongly scaled loss)
+        trainer.args.optim, trainer.args.max_grad_norm = "sgd", 0.0
+        assert trainer.args.per_device_train_batch_size == micro
+        assert trainer.args.gradient_accumulation_steps == 4 // micro
+        assert trainer.args.generation_batch_size == 4  # one rollout of the whole step
+        params = {n: p for n, p in trainer.model.named_parameters() if p.requires_grad}
+        before = {n: p.detach().clone() for n, p in params.items()}
+        trainer.train()
+        updates[micro] = {n: (params[n].detach() - before[n]) for n in params}
+    assert any(u.abs().max() > 0 for u in updates[4].values())
+    for name, update in updates[4].items():
+        torch.testing.assert_close(updates[1][name], update, rtol=1e-3, atol=1e-7)
+    # the default: one episode a pass on a CPU, the whole step on a GPU
+    cfg = EnvGRPOConfig(num_generations=4, prompts_per_step=2)
+    assert micro_batch(cfg, cuda=False) == 1 and micro_batch(cfg, cuda=True) == 8
+    with pytest.raises(ValueError, match="micro_batch_size to divide the batch"):
+        EnvGRPOConfig(num_generations=4, prompts_per_step=2, micro_batch_size=3)
+
+
 @pytest.mark.parametrize("on", [False, True])
 def test_gradient_checkpointing_follows_the_config(tmp_path, on):
     pytest.importorskip("trl")
