@@ -776,6 +776,12 @@ def train_sft(
     micro_batch_size: Annotated[
         int, typer.Option(help="Transcripts per forward pass (memory grows with it).")
     ] = 1,
+    max_length: Annotated[
+        int,
+        typer.Option(
+            help="Longest transcript in tokens; longer ones are dropped (counted in results.json)."
+        ),
+    ] = 1024,
     eval_n: Annotated[int, typer.Option(help="Held-out (validation) questions for EM.")] = 100,
     eval_before: Annotated[bool, typer.Option(help="Also evaluate the untrained model.")] = True,
     seed: Annotated[int, typer.Option()] = 0,
@@ -800,6 +806,7 @@ def train_sft(
             max_steps=max_steps,
             batch_size=batch_size,
             micro_batch_size=micro_batch_size,
+            max_length=max_length,
             eval_n=eval_n,
             eval_before=eval_before,
             seed=seed,

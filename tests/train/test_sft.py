@@ -329,3 +329,29 @@ def test_grpo_command_passes_its_options_to_the_run(tmp_path, monkeypatch):
     bad = ["train", "grpo", "--micro-batch-size", "3", "--out", str(tmp_path)]
     result = CliRunner().invoke(app, bad)
     assert result.exit_code != 0 and "micro_batch_size to divide the batch" in result.output
+
+
+def test_sft_command_passes_its_options_to_the_run(tmp_path, monkeypatch):
+    """`rag-gym train sft`'s options reach the run's config, the transcript length limit
+    included (SynthHop-Hard's 4-hop and refusal transcripts run past the default 1,024)."""
+    from typer.testing import CliRunner
+
+    import rag_gym.train.sft as sft
+    from rag_gym.cli import app
+
+    seen = {}
+
+    def fake_train(cfg):
+        seen["cfg"] = cfg
+        return {"before": None, "after": None, "checkpoint": "ckpt"}
+
+    monkeypatch.setattr(sft, "train", fake_train)
+    args = ["--env", "rag_gym/SynthHop-Hard-v0", "--tags", "evo_rag", "--demos", "30"]
+    args += ["--max-length", "1536", "--micro-batch-size", "2", "--batch-size", "4"]
+    result = CliRunner().invoke(app, ["train", "sft", *args, "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    cfg = seen["cfg"]
+    assert (cfg.env_id, cfg.tags, cfg.n_demos) == ("rag_gym/SynthHop-Hard-v0", "evo_rag", 30)
+    assert (cfg.max_length, cfg.micro_batch_size, cfg.batch_size) == (1536, 2, 4)
+    result = CliRunner().invoke(app, ["train", "sft", "--max-length", "0", "--out", str(tmp_path)])
+    assert result.exit_code != 0 and "max_length" in result.output
