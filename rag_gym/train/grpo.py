@@ -163,6 +163,11 @@ class EnvGRPOConfig:
     run_dir: str | None = None
     """Exact folder to write into; default ``output_dir/<run name>``."""
 
+    @property
+    def episodes_per_step(self) -> int:
+        """The batch of one optimisation step: ``prompts_per_step * num_generations`` episodes."""
+        return self.prompts_per_step * self.num_generations
+
     def __post_init__(self) -> None:
         from rag_gym.train.options import dict_option, json_option
         from rag_gym.wrappers.presets import check_preset
@@ -201,7 +206,7 @@ class EnvGRPOConfig:
                 f"expected num_generations >= 2 (a group needs two episodes to compare), "
                 f"got {self.num_generations}"
             )
-        batch = self.num_generations * self.prompts_per_step
+        batch = self.episodes_per_step
         micro = self.micro_batch_size
         if micro is not None and (
             not isinstance(micro, int) or isinstance(micro, bool) or micro < 1 or batch % micro
@@ -441,14 +446,13 @@ def build_trainer(
     steps = max_steps or cfg.max_steps
     import torch
 
-    batch = cfg.num_generations * cfg.prompts_per_step
     micro = micro_batch(cfg, torch.cuda.is_available())
 
     args = trl.GRPOConfig(
         output_dir=str(run_dir),
         run_name=run_dir.name,
         per_device_train_batch_size=micro,
-        gradient_accumulation_steps=batch // micro,
+        gradient_accumulation_steps=cfg.episodes_per_step // micro,
         num_generations=cfg.num_generations,
         max_completion_length=cfg.max_completion_tokens,
         learning_rate=cfg.learning_rate,
@@ -530,7 +534,7 @@ def micro_batch(cfg: EnvGRPOConfig, cuda: bool) -> int:
     CPU and the whole step's batch on a GPU)."""
     if cfg.micro_batch_size is not None:
         return cfg.micro_batch_size
-    return cfg.num_generations * cfg.prompts_per_step if cuda else 1
+    return cfg.episodes_per_step if cuda else 1
 
 
 def resume_config(run_dir: str | Path) -> tuple[EnvGRPOConfig, str | None, int | None]:
