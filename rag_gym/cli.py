@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -821,6 +821,19 @@ def train_sft(
     typer.echo(f"results: {run_dir}")
 
 
+def _dynamic_sampling(choice: str) -> dict[str, Any]:
+    """``--dynamic-sampling`` as EnvGRPOConfig fields."""
+    if choice == "auto":
+        return {}
+    if choice == "off":
+        return {"dynamic_sampling": False}
+    if choice in ("return", "answer"):
+        return {"dynamic_sampling": True, "dynamic_sampling_on": choice}
+    raise ValueError(
+        f"expected --dynamic-sampling to be auto, off, return or answer, got {choice!r}"
+    )
+
+
 def _em(stats: dict | None) -> str:
     return "-" if not stats else f"{stats['em']:.3f} ({int(stats['n'])} questions)"
 
@@ -855,6 +868,14 @@ def train_grpo(
     refusal: Annotated[
         float, typer.Option(help="EVO-RAG refusal reward weight (the paper's 0.5; 0: off).")
     ] = 0.0,
+    dynamic_sampling: Annotated[
+        str,
+        typer.Option(
+            help="Refill groups that teach nothing: 'return' (returns all equal), 'answer' "
+            "(answers all right or all wrong, DAPO's eq. 11; use it with --step-cost), 'off', "
+            "or 'auto' (return for dapo, off for grpo)."
+        ),
+    ] = "auto",
     model: Annotated[str, typer.Option(help="Base model (with --init: its base).")] = "embedded",
     eval_n: Annotated[int, typer.Option(help="Held-out (validation) questions for EM.")] = 100,
     save_steps: Annotated[int, typer.Option(help="Checkpoint every this many steps.")] = 10,
@@ -899,6 +920,7 @@ def train_grpo(
                 temperature=temperature,
                 step_cost=step_cost,
                 refusal=refusal,
+                **_dynamic_sampling(dynamic_sampling),
                 model=model,
                 save_steps=save_steps,
                 gradient_checkpointing=gradient_checkpointing,

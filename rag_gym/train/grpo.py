@@ -12,7 +12,12 @@ TRL supplies the loss and the trainer loop; this module supplies what it lacks:
 * DAPO's *dynamic sampling* (Yu et al. 2025; R²AG's "std > 0" constraint,
   R²AG, "Learning to Reason, Retrieve, and Self-Evolve through a Multi-Branch Retrieval Tree", §2.4): a group whose returns all agree has zero advantage and teaches
   nothing, so it is dropped and refilled with another question, up to ``max_resample_rounds``
-  times (``episode/groups_resampled`` logs how many);
+  times (``episode/groups_resampled`` logs how many). ``dynamic_sampling_on="answer"`` is
+  DAPO's own constraint (its eq. 11, 0 < #correct < G): a group is flat when its answers are
+  all right or all wrong, even if a step cost or another dense term makes its returns differ.
+  Such a group's only signal is the dense term (a step cost then teaches "answer sooner"
+  wherever no episode of the group could answer), so one still flat after the refill rounds
+  trains with zero advantage (its returns are set to their mean);
 * ARENA's stabilised KL estimator (``kl_estimator="stabilized"``, :func:`~rag_gym.train.trl_compat.stabilized_kl_trainer_class`);
 * curriculum stages (LWTS's stage 1 then stage 2 answer reward) switched at fractions of
   training, and R²AG's iterative forest training (:func:`train_forest`).
@@ -68,6 +73,7 @@ __all__ = [
 
 ALGORITHMS = ("grpo", "dapo")
 KL_ESTIMATORS = ("k3", "stabilized")
+FLAT_CRITERIA = ("return", "answer")
 
 
 @dataclass
@@ -122,7 +128,11 @@ class EnvGRPOConfig:
     epsilon_high: float | None = None
     """Upper clipping bound; default ε for GRPO, 0.28 for DAPO."""
     dynamic_sampling: bool | None = None
-    """Drop and refill groups whose returns all agree; default on for DAPO."""
+    """Drop and refill flat groups; default on for DAPO."""
+    dynamic_sampling_on: str = "return"
+    """What makes a group flat: ``"return"`` (its returns all agree; R²AG's std > 0) or
+    ``"answer"`` (its answers are all right or all wrong; DAPO's eq. 11, see
+    :attr:`Episode.solved <rag_gym.train.rollout.Episode.solved>`)."""
     max_resample_rounds: int = 3
     """Refill rounds per batch at most (the batch goes on with what it has after them)."""
     temperature: float = 1.0
@@ -224,6 +234,10 @@ class EnvGRPOConfig:
             self.epsilon_high = 0.28 if self.algorithm == "dapo" else self.epsilon
         if self.dynamic_sampling is None:
             self.dynamic_sampling = self.algorithm == "dapo"
+        if self.dynamic_sampling_on not in FLAT_CRITERIA:
+            raise ValueError(
+                f"expected dynamic_sampling_on in {FLAT_CRITERIA}, got {self.dynamic_sampling_on!r}"
+            )
 
     def text_env(self) -> TextEnvSpec:
         """The env this run trains in (and evaluates on)."""
@@ -260,7 +274,11 @@ class EnvRollout:
         dynamic_sampling: bool = False,
         max_resample_rounds: int = 3,
         seed: int = 0,
+        flat_on: str = "return",
     ) -> None:
+        if flat_on not in FLAT_CRITERIA:
+            raise ValueError(f"expected flat_on in {FLAT_CRITERIA}, got {flat_on!r}")
+        self.flat_on = flat_on
         self.engine = engine
         self.keys = keys
         self.pool = list(keys)
@@ -294,6 +312,13 @@ class EnvRollout:
             )
         return self.generator
 
+    def is_flat(self, group: Sequence[Episode]) -> bool:
+        """The group teaches nothing under ``flat_on``: its returns all agree (``"return"``),
+        or its answers are all right or all wrong (``"answer"``)."""
+        if self.flat_on == "answer":
+            return len({e.solved for e in group}) == 1
+        return len({round(e.episode_return, 9) for e in group}) == 1
+
     def play_keys(self, generate: Callable, keys: Sequence[str]) -> list[Episode]:
         indices = [self.keys[k][0] for k in keys]
         prefixes = [self.keys[k][1] for k in keys]
@@ -311,11 +336,7 @@ class EnvRollout:
         resampled = 0
         if self.dynamic_sampling and len(keys) % g == 0:
             for _ in range(self.max_resample_rounds):
-                flat = [
-                    i
-                    for i in range(0, len(keys), g)
-                    if len({round(e.episode_return, 9) for e in episodes[i : i + g]}) == 1
-                ]
+                flat = [i for i in range(0, len(keys), g) if self.is_flat(episodes[i : i + g])]
                 if not flat:
                     break
                 new_keys: list[str] = []
@@ -325,14 +346,16 @@ class EnvRollout:
                 for n, start in enumerate(flat):
                     episodes[start : start + g] = replay[n * g : (n + 1) * g]
                 resampled += len(flat)
-        flat_left = (
-            sum(
-                len({round(e.episode_return, 9) for e in episodes[i : i + g]}) == 1
-                for i in range(0, len(keys), g)
-            )
+        flat_groups = (
+            [i for i in range(0, len(keys), g) if self.is_flat(episodes[i : i + g])]
             if len(keys) % g == 0
-            else 0
+            else []
         )
+        returns = [e.episode_return for e in episodes]
+        if self.dynamic_sampling and self.flat_on == "answer":
+            for i in flat_groups:  # zero advantage: only the dense terms tell these apart
+                mean = sum(returns[i : i + g]) / g
+                returns[i : i + g] = [mean] * g
         self.episodes = episodes
         self.last_stats = {
             "episode/em": _mean(e.em for e in episodes),
@@ -343,7 +366,7 @@ class EnvRollout:
             "episode/completion_tokens": _mean(len(e.completion_ids) for e in episodes),
             "episode/prompt_tokens": _mean(len(e.prompt_ids) for e in episodes),
             "episode/groups_resampled": float(resampled),
-            "episode/groups_flat": float(flat_left),
+            "episode/groups_flat": float(len(flat_groups)),
             "episode/rollout_seconds": time.perf_counter() - started,
         }
         return {
@@ -351,7 +374,7 @@ class EnvRollout:
             "completion_ids": [e.completion_ids for e in episodes],
             "logprobs": None,
             "env_mask": [e.env_mask for e in episodes],
-            "episode_return": [e.episode_return for e in episodes],
+            "episode_return": returns,
             "reward_terms": [dict(e.reward_terms) for e in episodes],
             "num_searches": [e.num_searches for e in episodes],
         }
@@ -438,6 +461,7 @@ def build_trainer(
         dynamic_sampling=bool(cfg.dynamic_sampling),
         max_resample_rounds=cfg.max_resample_rounds,
         seed=cfg.seed,
+        flat_on=cfg.dynamic_sampling_on,
     )
     funcs, weights = reward_functions(term_names, rollout)
     for fn, weight in extra_rewards:

@@ -102,6 +102,14 @@ class Episode:
         """Exact match of the final answer (0 when the episode gave none)."""
         return float((self.info.get("scores") or {}).get("em", 0.0))
 
+    @property
+    def solved(self) -> bool:
+        """The episode's outcome is right: an exact-match answer to an answerable question, or a
+        refusal of an unanswerable one (DAPO's accuracy, which its dynamic sampling filters on)."""
+        if self.info.get("answerable", True):
+            return self.em >= 1.0
+        return self.info.get("action_type") == "REFUSE"
+
 
 def action_stops(env: gym.Env) -> list[str]:
     """The stop strings that end a turn in ``env``: the closing action tags of its

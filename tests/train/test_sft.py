@@ -318,13 +318,25 @@ def test_grpo_command_passes_its_options_to_the_run(tmp_path, monkeypatch):
     monkeypatch.setattr(grpo, "train_from", fake_train_from)
     args = ["--init", str(tmp_path), "--temperature", "0.6", "--beta", "0.04"]
     args += ["--step-cost", "0.05", "--refusal", "0.5", "--steps", "7", "--eval-n", "3"]
-    args += ["--micro-batch-size", "2"]
+    args += ["--micro-batch-size", "2", "--dynamic-sampling", "answer"]
     result = CliRunner().invoke(app, ["train", "grpo", *args, "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     cfg = seen["cfg"]
     assert (cfg.temperature, cfg.beta, cfg.step_cost, cfg.refusal) == (0.6, 0.04, 0.05, 0.5)
     assert cfg.max_steps == 7 and seen["eval_n"] == 3 and seen["init"] == tmp_path
     assert cfg.micro_batch_size == 2
+    assert cfg.dynamic_sampling and cfg.dynamic_sampling_on == "answer"
+    for choice, expected in (("auto", False), ("off", False), ("return", True)):
+        result = CliRunner().invoke(
+            app, ["train", "grpo", "--dynamic-sampling", choice, "--out", str(tmp_path)]
+        )
+        assert result.exit_code == 0, result.output
+        assert (seen["cfg"].dynamic_sampling, seen["cfg"].dynamic_sampling_on) == (
+            expected,
+            "return",
+        )
+    result = CliRunner().invoke(app, ["train", "grpo", "--dynamic-sampling", "yes"])
+    assert result.exit_code != 0 and "auto, off, return or answer" in result.output
     # a micro-batch that does not divide the step's episodes is a clear error, not a crash
     bad = ["train", "grpo", "--micro-batch-size", "3", "--out", str(tmp_path)]
     result = CliRunner().invoke(app, bad)

@@ -230,6 +230,88 @@ def test_dynamic_sampling_refills_groups_whose_returns_agree(tokenizer):
     assert len(out["completion_ids"]) == 2 and len(out["env_mask"]) == 2
 
 
+def test_answer_filter_treats_groups_that_only_differ_in_step_cost_as_flat(tokenizer):
+    """DAPO's eq. 11: with a step cost, a group whose answers are all right has unequal returns
+    but teaches only "search less"; ``flat_on="answer"`` refills it and, still flat after the
+    rounds, trains it with zero advantage. A group with a wrong answer is kept as it is."""
+    from rag_gym.train.episodes import env_factory
+    from rag_gym.train.grpo import EnvRollout, question_keys
+    from rag_gym.train.rollout import RolloutEngine
+
+    make = env_factory("rag_gym/SynthHop-v0", reward_preset="none", step_cost=0.05, **ENV)
+    engine = RolloutEngine(make, tokenizer)
+    examples = engine.envs[0].unwrapped.examples
+    answers = {ex.question: ex.answers[0] for ex in examples}
+
+    class OneOrTwoSearches:
+        """Episode 2k searches once, episode 2k+1 twice; both then answer ``answers``."""
+
+        def __init__(self, wrong=()):
+            self.wrong = set(wrong)
+
+        def __call__(self, sequences, max_new_tokens, stop):
+            out = []
+            for n, seq in enumerate(sequences):
+                text = tokenizer.decode(seq)
+                question = re.search(r"Question: (.*?)<\|im_end\|>", text).group(1)
+                found = text.count("<information>Doc 1(Title:")
+                if found == 0:
+                    more = "more " if n % 2 else ""
+                    reply = f"<search>{more}{question}</search>"
+                elif found == 1 and "<search>more " in text:
+                    reply = f"<search>again {question}</search>"
+                elif question in self.wrong and "<search>more " in text:
+                    reply = "<answer>no idea at all</answer>"
+                else:
+                    reply = f"<answer>{answers[question]}</answer>"
+                out.append(tokenizer.encode(reply, add_special_tokens=False))
+            return out
+
+    class Trainer:
+        model = None
+        use_vllm = False
+
+    keys = question_keys(engine)
+    q0, q1 = examples[0], examples[1]
+    by_return = EnvRollout(engine, keys, num_generations=2, dynamic_sampling=True, seed=0)
+    by_answer = EnvRollout(
+        engine, keys, num_generations=2, dynamic_sampling=True, seed=0, flat_on="answer"
+    )
+    for rollout in (by_return, by_answer):
+        rollout.pool = [q0.id]
+        rollout.generator_for = lambda trainer, episodes: OneOrTwoSearches(wrong={q1.question})
+    # q0: both right, one search against two (returns 0.9 and 0.85); q1: right, then wrong
+    prompts = [q0.id] * 2 + [q1.id] * 2
+    out = by_return(prompts, Trainer())
+    assert [e.num_searches for e in by_return.episodes] == [1, 2, 1, 2]
+    assert [e.solved for e in by_return.episodes] == [True, True, True, False]
+    assert out["episode_return"] == pytest.approx([0.9, 0.85, 0.9, -0.15])
+    assert by_return.last_stats["episode/groups_flat"] == 0
+    out = by_answer(prompts, Trainer())
+    # q0's group is refilled from the pool (q0 again: still all right) and goes on with
+    # equal returns; q1's group keeps its own
+    assert by_answer.last_stats["episode/groups_resampled"] == by_answer.max_resample_rounds
+    assert by_answer.last_stats["episode/groups_flat"] == 1
+    assert out["episode_return"] == pytest.approx([0.875, 0.875, 0.9, -0.15])
+    assert [e.episode_return for e in by_answer.episodes] == pytest.approx([0.9, 0.85, 0.9, -0.15])
+    with pytest.raises(ValueError, match="flat_on"):
+        EnvRollout(engine, keys, num_generations=2, flat_on="std")
+
+
+def test_solved_is_a_right_answer_or_the_refusal_of_an_unanswerable_question():
+    from rag_gym.train.rollout import Episode
+
+    def episode(**info):
+        return Episode(prompt_ids=[], info=info)
+
+    assert episode(answerable=True, action_type="ANSWER", scores={"em": 1.0}).solved
+    assert not episode(answerable=True, action_type="ANSWER", scores={"em": 0.0}).solved
+    assert not episode(answerable=True, action_type="REFUSE", scores={"em": 0.0}).solved
+    assert episode(answerable=False, action_type="REFUSE", scores={"em": 0.0}).solved
+    assert not episode(answerable=False, action_type="ANSWER", scores={"em": 0.0}).solved
+    assert not episode().solved  # cut before any answer
+
+
 def test_config_validation():
     from rag_gym.train.grpo import EnvGRPOConfig
 
@@ -245,6 +327,8 @@ def test_config_validation():
     assert dapo.epsilon_high == 0.28 and dapo.dynamic_sampling
     grpo = EnvGRPOConfig()
     assert grpo.epsilon_high == 0.2 and not grpo.dynamic_sampling
+    with pytest.raises(ValueError, match="dynamic_sampling_on"):
+        EnvGRPOConfig(dynamic_sampling_on="accuracy")
 
 
 def test_stabilized_kl_is_finite_where_k3_explodes():
