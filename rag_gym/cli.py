@@ -310,7 +310,11 @@ def compare(
     a: Annotated[str, typer.Option("--a", help="Agent a (as in the leaderboard).")],
     b: Annotated[str, typer.Option("--b", help="Agent b, the reference.")],
     metrics: Annotated[
-        str, typer.Option(help="Comma-separated episode metrics.")
+        str,
+        typer.Option(
+            help="Comma-separated episode metrics; refuse_unans and refuse_ans are the refusal "
+            "rates on the unanswerable and the answerable questions."
+        ),
     ] = "em,f1,recall,full_recall,searches",
     confidence: Annotated[float, typer.Option(help="Interval level.")] = 0.95,
     resamples: Annotated[int, typer.Option(help="Bootstrap resamples.")] = 10_000,

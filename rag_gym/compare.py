@@ -9,6 +9,9 @@ intervals and the interval of the paired difference. Runs on disjoint question s
 one world and the test split of a second world, whose ids carry the world's seed) pool into one
 comparison; an agent that played the same question in two runs is an error.
 
+The refusal rates ``refuse_unans`` and ``refuse_ans`` are paired over the shared questions of
+one kind only (unanswerable, answerable); the table names their question count.
+
 ``rag-gym compare RUN [RUN ...] --a AGENT --b AGENT`` prints it; ``--json`` writes it.
 """
 
@@ -25,6 +28,10 @@ from typing import Any
 from rag_gym.stats import bootstrap_ci, paired_difference
 
 DEFAULT_METRICS = ("em", "f1", "recall", "full_recall", "searches")
+#: Refusal rates on one kind of question (the leaderboard's ``refuse|unans.`` and
+#: ``refuse|ans.``): metric name -> the episodes' ``answerable`` value it keeps. A refusal
+#: reward should move the first up and leave the second where it was.
+CONDITIONAL_METRICS = {"refuse_unans": False, "refuse_ans": True}
 
 
 class CompareError(ValueError):
@@ -104,6 +111,7 @@ def _agent_scores(
 @dataclass(frozen=True)
 class MetricComparison:
     metric: str
+    questions: int
     a_mean: float
     a_ci: tuple[float, float]
     b_mean: float
@@ -135,13 +143,24 @@ def compare(
         )
     rows = []
     for metric in metrics:
+        key, questions = metric, shared
+        if metric in CONDITIONAL_METRICS:
+            key, keep = "refused", CONDITIONAL_METRICS[metric]
+            questions = [q for q in shared if bool(left[q].get("answerable", True)) is keep]
+            if not questions:
+                kind = "answerable" if keep else "unanswerable"
+                raise CompareError(
+                    f"metric {metric!r} needs {kind} questions, and the shared questions have "
+                    f"none: evaluate on an env with them (SynthHop-Hard, or dataset_kwargs "
+                    f"unanswerable_rate > 0)"
+                )
         try:
-            xs = [float(left[q][metric]) for q in shared]
-            ys = [float(right[q][metric]) for q in shared]
+            xs = [float(left[q][key]) for q in questions]
+            ys = [float(right[q][key]) for q in questions]
         except (KeyError, TypeError, ValueError):
             raise CompareError(
                 f"metric {metric!r} is missing or not a number in these episodes: "
-                f"pick from {', '.join(DEFAULT_METRICS)}"
+                f"pick from {', '.join(DEFAULT_METRICS + tuple(CONDITIONAL_METRICS))}"
             ) from None
         if not all(math.isfinite(v) for v in xs + ys):
             raise CompareError(f"metric {metric!r} has non-finite values")
@@ -149,6 +168,7 @@ def compare(
         rows.append(
             MetricComparison(
                 metric=metric,
+                questions=len(questions),
                 a_mean=sum(xs) / len(xs),
                 a_ci=bootstrap_ci(xs, confidence, n_resamples, seed),
                 b_mean=sum(ys) / len(ys),
@@ -166,6 +186,7 @@ def compare(
         "metrics": [
             {
                 "metric": r.metric,
+                "questions": r.questions,
                 "a": {"mean": r.a_mean, "low": r.a_ci[0], "high": r.a_ci[1]},
                 "b": {"mean": r.b_mean, "low": r.b_ci[0], "high": r.b_ci[1]},
                 "difference": r.difference,
@@ -188,8 +209,11 @@ def comparison_markdown(result: dict[str, Any]) -> str:
     ]
     for row in result["metrics"]:
         d = row["difference"]
+        name = row["metric"]
+        if row.get("questions", result["questions"]) != result["questions"]:
+            name += f" ({row['questions']} questions)"
         lines.append(
-            f"| {row['metric']} | {row['a']['mean']:.3f} [{row['a']['low']:.3f}, "
+            f"| {name} | {row['a']['mean']:.3f} [{row['a']['low']:.3f}, "
             f"{row['a']['high']:.3f}] | {row['b']['mean']:.3f} [{row['b']['low']:.3f}, "
             f"{row['b']['high']:.3f}] | {d['mean']:+.3f} | [{d['low']:+.3f}, {d['high']:+.3f}] "
             f"| {d['wins']} | {d['losses']} |"

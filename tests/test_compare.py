@@ -173,6 +173,37 @@ def test_runs_on_disjoint_questions_pool_into_one_comparison(tmp_path):
     assert compare(runs[:1], "x", "y", metrics=["em"])["questions"] == 10
 
 
+def test_refusal_rates_pair_over_their_own_kind_of_question(tmp_path):
+    """``refuse_unans`` pairs the unanswerable questions only, ``refuse_ans`` the answerable
+    ones: a refusal reward should raise the first and leave the second alone."""
+    records = []
+    for i in range(30):
+        unans = i < 10
+        # x refuses 8 of the 10 unanswerable questions and 1 answerable one; y refuses 2 and 1
+        x_ref = (unans and i < 8) or i == 20
+        y_ref = (unans and i < 2) or i == 21
+        for agent, refused in (("x", x_ref), ("y", y_ref)):
+            records.append(
+                _episode(agent, f"q{i}", 0.0, answerable=not unans, refused=bool(refused))
+            )
+    run = _run(tmp_path / "r", records)
+    res = compare([run], "x", "y", metrics=["refuse_unans", "refuse_ans", "em"])
+    unans, ans, em = res["metrics"]
+    assert unans["questions"] == 10 and ans["questions"] == 20 and em["questions"] == 30
+    assert unans["a"]["mean"] == pytest.approx(0.8) and unans["b"]["mean"] == pytest.approx(0.2)
+    assert unans["difference"]["wins"] == 6 and unans["difference"]["losses"] == 0
+    assert ans["a"]["mean"] == ans["b"]["mean"] == pytest.approx(1 / 20)
+    assert ans["difference"]["wins"] == 1 and ans["difference"]["losses"] == 1
+    table = comparison_markdown(res)
+    assert "| refuse_unans (10 questions) | 0.800" in table and "| em | 0.000" in table
+    only_answerable = _run(
+        tmp_path / "a",
+        [_episode(a, "q1", 1.0, answerable=True, refused=False) for a in ("x", "y")],
+    )
+    with pytest.raises(CompareError, match="needs unanswerable questions"):
+        compare([only_answerable], "x", "y", metrics=["refuse_unans"])
+
+
 def test_cli_compare_prints_and_writes_json(tmp_path):
     run = _run(
         tmp_path / "r",
