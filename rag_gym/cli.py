@@ -769,6 +769,12 @@ def train_sft(
     ] = None,
     tags: Annotated[str, typer.Option(help="TextActions tag preset.")] = "search_r1",
     demos: Annotated[int, typer.Option(help="Expert demonstrations (train split).")] = 600,
+    joint_rate: Annotated[
+        float,
+        typer.Option(
+            help="Share of comparison demonstrations that search both names in one query."
+        ),
+    ] = 0.0,
     model: Annotated[
         str, typer.Option(help="embedded, tiny, a hub id or a directory.")
     ] = "embedded",
@@ -803,6 +809,7 @@ def train_sft(
             env_kwargs=_json_option(env_kwargs, "--env-kwargs"),
             tags=tags,
             n_demos=demos,
+            joint_rate=joint_rate,
             model=model,
             lora=lora,
             learning_rate=lr,

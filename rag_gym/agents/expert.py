@@ -95,6 +95,14 @@ _MISS = (
     "The results do not say {need}. I will rephrase the search.",
     "These documents do not mention {need}. Let me try another query.",
 )
+_JOINT_PLAN = (
+    "I need {need} and {other}. One search of both names can find both.",
+    "The question depends on {need} and {other}. Let me search both names at once.",
+)
+_JOINT_MISS = (
+    "These documents do not give both. Let me search them one at a time, starting with {need}.",
+    "The results miss one of the two. I will look them up one by one: first {need}.",
+)
 _FINAL = ("So the answer is {A}.", "Therefore the answer is {A}.", "The answer is {A}.")
 _REFUSE = (
     "I searched twice and the collection has no passage saying {need}. I cannot answer.",
@@ -143,16 +151,26 @@ class SynthHopExpert:
         max_attempts: searches per hop before the expert gives up (refuses, or, with no
             refusal in the tag set, answers with what it has and the demonstration is marked
             ``gold_found=False``).
+        joint_rate: the share of comparison questions whose first search names both
+            entities (``Kiabaeneis Guild Tithegon Observatory founded``): one search that
+            usually brings both passages, read in one turn, where the default reads them in
+            two. When it misses either passage, the expert says so and searches them one at a
+            time. 0 (the default) leaves the demonstrations of a seed exactly as they were.
     """
 
-    def __init__(self, tags: TagSet, seed: int = 0, max_attempts: int = 2) -> None:
+    def __init__(
+        self, tags: TagSet, seed: int = 0, max_attempts: int = 2, joint_rate: float = 0.0
+    ) -> None:
         if tags.search is None or tags.answer is None:
             raise ValueError(f"expected a tag set with search and answer tags, got {tags.name!r}")
         if not isinstance(max_attempts, int) or max_attempts < 1:
             raise ValueError(f"expected max_attempts >= 1, got {max_attempts!r}")
+        if isinstance(joint_rate, bool) or not 0.0 <= joint_rate <= 1.0:
+            raise ValueError(f"expected joint_rate in [0, 1], got {joint_rate!r}")
         self.tags = tags
         self.rng = np.random.default_rng(seed)
         self.max_attempts = max_attempts
+        self.joint_rate = float(joint_rate)
 
     # -- text pieces --
     def _pick(self, options: tuple[str, ...]) -> str:
@@ -203,8 +221,21 @@ class SynthHopExpert:
         def need(h: int) -> str:
             return _NEEDS[relations[h]].format(X=entity_of(h))
 
-        text = self._think(self._pick(_PLAN).format(need=need(0)))
-        while True:
+        if (
+            comparison
+            and len(hops) == 2
+            and self.joint_rate
+            and self.rng.random() < self.joint_rate
+        ):
+            joint = self._joint(env, demo, meta, hops, relations, need)
+            if isinstance(joint, Demonstration):  # the env's step limit
+                return joint
+            text, values, prefix = joint
+            if len(values) == 2:
+                hop = 2
+        else:
+            text = self._think(self._pick(_PLAN).format(need=need(0)))
+        while hop < len(hops):
             sub_q = hops[hop]["question"]
             text += self._search(self._query(relations[hop], entity_of(hop), sub_q, attempt))
             obs, reward, terminated, truncated, info = env.step(text)
@@ -249,6 +280,34 @@ class SynthHopExpert:
         else:
             final = self._think(f"{prefix} {self._pick(_FINAL).format(A=answer)}")
         return self._finish(env, demo, final + self._answer(answer))
+
+    def _joint(self, env, demo, meta, hops, relations, need):
+        """A comparison's first search for both entities at once. Returns the next turn's
+        text, the values read (both, or none) and the reading prefix; or the demonstration,
+        when the env's step limit ended it."""
+        a, b = meta["start_entity"], meta["other_entity"]
+        keyword = _FACTS[relations[0]][1]
+        plan = self._pick(_JOINT_PLAN).format(need=need(0), other=need(1))
+        query = self._pick((f"{a} {b}", f"{keyword} of {a} and {b}", f"{a} and {b} {keyword}"))
+        text = self._think(plan) + self._search(query)
+        obs, reward, terminated, truncated, info = env.step(text)
+        demo.turns.append(Turn(text, obs, float(reward)))
+        if terminated or truncated:
+            demo.info, demo.gold_found = info, False
+            return demo
+        retrieved = list(info.get("retrieved_ids", []))
+        golds = [hops[0]["passage_id"], hops[1]["passage_id"]]
+        if all(g in retrieved for g in golds):
+            facts = [
+                self._pick(_READ).format(
+                    r=retrieved.index(g) + 1,
+                    fact=_FACTS[relations[h]][0].format(X=(a, b)[h], A=hops[h]["answer"]),
+                )
+                for h, g in enumerate(golds)
+            ]
+            return "", [hops[0]["answer"], hops[1]["answer"]], " ".join(facts)
+        miss = self._pick(_JOINT_MISS).format(need=need(0))
+        return self._think(miss), [], ""
 
     @staticmethod
     def _finish(env: gym.Env, demo: Demonstration, text: str) -> Demonstration:

@@ -48,6 +48,10 @@ class SFTConfig:
     """The :class:`~rag_gym.wrappers.TextActions` tag preset of the transcripts."""
     n_demos: int | None = 600
     """Demonstrations (questions drawn by ``seed`` from the split); ``None``: the whole split."""
+    joint_rate: float = 0.0
+    """The share of comparison questions whose demonstration searches both names at once
+    (:class:`~rag_gym.agents.expert.SynthHopExpert`'s ``joint_rate``): a cheaper path a step
+    cost can then teach the policy to prefer."""
     model: str = "embedded"
     """``embedded`` (SmolLM2-135M-Instruct), ``tiny`` (smoke tests), a hub id or a directory."""
     lora: bool = True
@@ -113,6 +117,8 @@ class SFTConfig:
             )
         if not self.learning_rate > 0 or not math.isfinite(self.learning_rate):
             raise ValueError(f"expected learning_rate > 0, got {self.learning_rate!r}")
+        if isinstance(self.joint_rate, bool) or not 0.0 <= self.joint_rate <= 1.0:
+            raise ValueError(f"expected joint_rate in [0, 1], got {self.joint_rate!r}")
         if self.eval_n is not None and (not isinstance(self.eval_n, int) or self.eval_n < 0):
             raise ValueError(f"expected eval_n >= 0 or None, got {self.eval_n!r}")
 
@@ -141,7 +147,7 @@ def demonstrations(cfg: SFTConfig) -> list[Demonstration]:
     """Expert episodes on ``n_demos`` questions of ``cfg.split`` (drawn by ``cfg.seed``); only
     those that end with the right answer or a justified refusal are kept."""
     env = make_text_env(cfg, cfg.split)
-    expert = SynthHopExpert(env.tags, seed=cfg.seed)
+    expert = SynthHopExpert(env.tags, seed=cfg.seed, joint_rate=cfg.joint_rate)
     total = len(env.unwrapped.examples)
     order = np.random.default_rng(cfg.seed).permutation(total)
     if cfg.n_demos is not None:

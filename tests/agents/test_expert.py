@@ -63,6 +63,43 @@ def test_phrasing_varies_and_a_seed_repeats_it():
     assert len(openings) >= 3  # several planning sentences, not one template
 
 
+def test_joint_comparisons_read_both_passages_from_one_search():
+    """``joint_rate=1``: every comparison's first search names both entities; when both gold
+    passages come back the answer follows in one more turn, each fact cited from its passage;
+    chains are played as before, and the demonstrations are still all right."""
+    env = _env()
+    examples = env.unwrapped.examples
+    joint = SynthHopExpert(env.tags, seed=0, joint_rate=1.0)
+    one_search = 0
+    comparisons = [i for i, ex in enumerate(examples) if ex.type == "comparison"]
+    assert comparisons
+    for i in comparisons:
+        ex = examples[i]
+        demo = joint.play(env, i)
+        a, b = ex.meta["start_entity"], ex.meta["other_entity"]
+        first = demo.turns[0].action
+        query = first.split("<search>")[1]
+        assert a in query and b in query, first
+        assert demo.info["scores"]["em"] == 1.0 and demo.gold_found
+        assert set(demo.info["gold_found"]) == set(ex.supporting_ids)
+        if len(demo.turns) == 2:  # both passages from the one search
+            one_search += 1
+            final = demo.turns[1].action
+            for hop in ex.meta["decomposition"]:
+                assert hop["answer"] in final
+        else:  # it said so and searched them one at a time
+            assert "one at a time" in demo.turns[1].action or "one by one" in demo.turns[1].action
+    assert one_search >= len(comparisons) // 2
+    # chains do not change, and joint_rate 0 draws nothing: the same demonstrations as before
+    chain = next(i for i, ex in enumerate(examples) if ex.type != "comparison")
+    assert len(joint.play(env, chain).turns) == len(examples[chain].meta["decomposition"]) + 1
+    plain = [SynthHopExpert(env.tags, seed=0).play(env, i).turns for i in range(12)]
+    zero = [SynthHopExpert(env.tags, seed=0, joint_rate=0.0).play(env, i).turns for i in range(12)]
+    assert [[t.action for t in d] for d in plain] == [[t.action for t in d] for d in zero]
+    with pytest.raises(ValueError, match="joint_rate"):
+        SynthHopExpert(env.tags, joint_rate=1.5)
+
+
 def test_expert_errors():
     env = _env()
     with pytest.raises(ValueError, match="max_attempts"):
