@@ -838,10 +838,10 @@ def _dynamic_sampling(choice: str) -> dict[str, Any]:
         return {}
     if choice == "off":
         return {"dynamic_sampling": False}
-    if choice in ("return", "answer"):
+    if choice in ("return", "answer", "unsolved"):
         return {"dynamic_sampling": True, "dynamic_sampling_on": choice}
     raise ValueError(
-        f"expected --dynamic-sampling to be auto, off, return or answer, got {choice!r}"
+        f"expected --dynamic-sampling to be auto, off, return, answer or unsolved, got {choice!r}"
     )
 
 
@@ -883,8 +883,8 @@ def train_grpo(
         str,
         typer.Option(
             help="Refill groups that teach nothing: 'return' (returns all equal), 'answer' "
-            "(answers all right or all wrong, DAPO's eq. 11; use it with --step-cost), 'off', "
-            "or 'auto' (return for dapo, off for grpo)."
+            "(answers all right or all wrong, DAPO's eq. 11), 'unsolved' (answers all wrong: "
+            "use it with --step-cost), 'off', or 'auto' (return for dapo, off for grpo)."
         ),
     ] = "auto",
     model: Annotated[str, typer.Option(help="Base model (with --init: its base).")] = "embedded",

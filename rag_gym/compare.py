@@ -146,7 +146,12 @@ def compare(
         key, questions = metric, shared
         if metric in CONDITIONAL_METRICS:
             key, keep = "refused", CONDITIONAL_METRICS[metric]
-            questions = [q for q in shared if bool(left[q].get("answerable", True)) is keep]
+            if any("answerable" not in left[q] for q in shared):
+                raise CompareError(
+                    f"metric {metric!r} needs each episode's 'answerable' field, and these "
+                    "episodes lack it: evaluate the agents again with this rag-gym"
+                )
+            questions = [q for q in shared if bool(left[q]["answerable"]) is keep]
             if not questions:
                 kind = "answerable" if keep else "unanswerable"
                 raise CompareError(

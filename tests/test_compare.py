@@ -202,6 +202,9 @@ def test_refusal_rates_pair_over_their_own_kind_of_question(tmp_path):
     )
     with pytest.raises(CompareError, match="needs unanswerable questions"):
         compare([only_answerable], "x", "y", metrics=["refuse_unans"])
+    unknown = _run(tmp_path / "u", [_episode(a, "q1", 1.0, refused=False) for a in ("x", "y")])
+    with pytest.raises(CompareError, match="'answerable' field"):
+        compare([unknown], "x", "y", metrics=["refuse_ans"])
 
 
 def test_cli_compare_prints_and_writes_json(tmp_path):

@@ -12,7 +12,9 @@ SynthHop worlds: it follows each question's gold decomposition (``meta["decompos
 * when a search misses the needed passage, a ``<think>`` that says so and a rephrased search;
 * ``<answer>`` with the gold answer once every hop is read; for a comparison, the two values
   compared; on an unanswerable question (SynthHop-Hard), ``<refuse/>`` once the missing passage
-  cannot be found, when the tag set has a refusal.
+  cannot be found, when the tag set has a refusal;
+* with ``joint_rate`` > 0, that share of the comparisons starts with one search naming both
+  entities and reads both facts from it.
 
 The expert reads only what the policy reads — the question, the decomposition's relations and
 the retrieved passages' ids, which it checks against the gold ids — so every statement in a
@@ -101,7 +103,11 @@ _JOINT_PLAN = (
 )
 _JOINT_MISS = (
     "These documents do not give both. Let me search them one at a time, starting with {need}.",
-    "The results miss one of the two. I will look them up one by one: first {need}.",
+    "The results do not say {need}. I will look the two up one by one, first {need}.",
+)
+_JOINT_HALF = (
+    "{read} The results do not say {need}, so I search for it.",
+    "{read} Now I need {need}, which these documents do not give.",
 )
 _FINAL = ("So the answer is {A}.", "Therefore the answer is {A}.", "The answer is {A}.")
 _REFUSE = (
@@ -152,10 +158,12 @@ class SynthHopExpert:
             refusal in the tag set, answers with what it has and the demonstration is marked
             ``gold_found=False``).
         joint_rate: the share of comparison questions whose first search names both
-            entities (``Kiabaeneis Guild Tithegon Observatory founded``): one search that
-            usually brings both passages, read in one turn, where the default reads them in
-            two. When it misses either passage, the expert says so and searches them one at a
-            time. 0 (the default) leaves the demonstrations of a seed exactly as they were.
+            entities (``Kiabaeneis Guild and Tithegon Observatory founded year``): one search
+            that usually brings both passages, read in one turn, where the default reads them
+            in two. When it misses the second entity's passage, the expert reads the first
+            and searches the second; when it misses the first, it says so and searches them
+            one at a time. 0 (the default) leaves the demonstrations of a seed exactly as
+            they were (no extra random draw).
     """
 
     def __init__(
@@ -231,8 +239,7 @@ class SynthHopExpert:
             if isinstance(joint, Demonstration):  # the env's step limit
                 return joint
             text, values, prefix = joint
-            if len(values) == 2:
-                hop = 2
+            hop = len(values)
         else:
             text = self._think(self._pick(_PLAN).format(need=need(0)))
         while hop < len(hops):
@@ -306,6 +313,11 @@ class SynthHopExpert:
                 for h, g in enumerate(golds)
             ]
             return "", [hops[0]["answer"], hops[1]["answer"]], " ".join(facts)
+        if golds[0] in retrieved:  # read the first, search the second
+            fact = _FACTS[relations[0]][0].format(X=a, A=hops[0]["answer"])
+            read = self._pick(_READ).format(r=retrieved.index(golds[0]) + 1, fact=fact)
+            miss = self._pick(_JOINT_HALF).format(read=read, need=need(1))
+            return self._think(miss), [hops[0]["answer"]], read
         miss = self._pick(_JOINT_MISS).format(need=need(0))
         return self._think(miss), [], ""
 

@@ -15,9 +15,14 @@ TRL supplies the loss and the trainer loop; this module supplies what it lacks:
   times (``episode/groups_resampled`` logs how many). ``dynamic_sampling_on="answer"`` is
   DAPO's own constraint (its eq. 11, 0 < #correct < G): a group is flat when its answers are
   all right or all wrong, even if a step cost or another dense term makes its returns differ.
-  Such a group's only signal is the dense term (a step cost then teaches "answer sooner"
-  wherever no episode of the group could answer), so one still flat after the refill rounds
-  trains with zero advantage (its returns are set to their mean);
+  ``"unsolved"`` is the one-sided form for a dense efficiency term: a group is flat when its
+  answers are all wrong (or its returns all agree), and a group of right answers keeps its
+  dense differences, which are then the step cost's whole point ("stay right, search less").
+  A group of wrong answers differs only in its dense terms (a step cost then teaches "answer
+  sooner" where no episode could answer), so under either criterion a group still flat after
+  the refill rounds trains with zero advantage (its returns are set to their mean). The
+  criteria read :attr:`Episode.solved <rag_gym.train.rollout.Episode.solved>` (exact match),
+  so they assume an EM outcome reward;
 * ARENA's stabilised KL estimator (``kl_estimator="stabilized"``, :func:`~rag_gym.train.trl_compat.stabilized_kl_trainer_class`);
 * curriculum stages (LWTS's stage 1 then stage 2 answer reward) switched at fractions of
   training, and R²AG's iterative forest training (:func:`train_forest`).
@@ -73,7 +78,7 @@ __all__ = [
 
 ALGORITHMS = ("grpo", "dapo")
 KL_ESTIMATORS = ("k3", "stabilized")
-FLAT_CRITERIA = ("return", "answer")
+FLAT_CRITERIA = ("return", "answer", "unsolved")
 
 
 @dataclass
@@ -128,11 +133,13 @@ class EnvGRPOConfig:
     epsilon_high: float | None = None
     """Upper clipping bound; default ε for GRPO, 0.28 for DAPO."""
     dynamic_sampling: bool | None = None
-    """Drop and refill flat groups; default on for DAPO."""
+    """Drop and refill flat groups; default on for DAPO, and whenever ``dynamic_sampling_on``
+    is not ``"return"``."""
     dynamic_sampling_on: str = "return"
-    """What makes a group flat: ``"return"`` (its returns all agree; R²AG's std > 0) or
-    ``"answer"`` (its answers are all right or all wrong; DAPO's eq. 11, see
-    :attr:`Episode.solved <rag_gym.train.rollout.Episode.solved>`)."""
+    """What makes a group flat: ``"return"`` (its returns all agree; R²AG's std > 0),
+    ``"answer"`` (its answers are all right or all wrong; DAPO's eq. 11) or ``"unsolved"``
+    (its answers are all wrong, or its returns all agree: the one to use with a step cost);
+    see :attr:`Episode.solved <rag_gym.train.rollout.Episode.solved>`."""
     max_resample_rounds: int = 3
     """Refill rounds per batch at most (the batch goes on with what it has after them)."""
     temperature: float = 1.0
@@ -232,11 +239,16 @@ class EnvGRPOConfig:
                 raise ValueError(f"expected stage fractions in (0, 1], got {fraction!r}")
         if self.epsilon_high is None:
             self.epsilon_high = 0.28 if self.algorithm == "dapo" else self.epsilon
-        if self.dynamic_sampling is None:
-            self.dynamic_sampling = self.algorithm == "dapo"
         if self.dynamic_sampling_on not in FLAT_CRITERIA:
             raise ValueError(
                 f"expected dynamic_sampling_on in {FLAT_CRITERIA}, got {self.dynamic_sampling_on!r}"
+            )
+        if self.dynamic_sampling is None:
+            self.dynamic_sampling = self.algorithm == "dapo" or self.dynamic_sampling_on != "return"
+        elif not self.dynamic_sampling and self.dynamic_sampling_on != "return":
+            raise ValueError(
+                f"dynamic_sampling_on={self.dynamic_sampling_on!r} needs dynamic_sampling: "
+                "leave dynamic_sampling unset (or True), or drop dynamic_sampling_on"
             )
 
     def text_env(self) -> TextEnvSpec:
@@ -313,11 +325,15 @@ class EnvRollout:
         return self.generator
 
     def is_flat(self, group: Sequence[Episode]) -> bool:
-        """The group teaches nothing under ``flat_on``: its returns all agree (``"return"``),
-        or its answers are all right or all wrong (``"answer"``)."""
+        """The group teaches nothing under ``flat_on``: its returns all agree (``"return"``);
+        its answers are all right or all wrong (``"answer"``); its answers are all wrong or
+        its returns all agree (``"unsolved"``)."""
         if self.flat_on == "answer":
             return len({e.solved for e in group}) == 1
-        return len({round(e.episode_return, 9) for e in group}) == 1
+        agree = len({round(e.episode_return, 9) for e in group}) == 1
+        if self.flat_on == "unsolved":
+            return agree or not any(e.solved for e in group)
+        return agree
 
     def play_keys(self, generate: Callable, keys: Sequence[str]) -> list[Episode]:
         indices = [self.keys[k][0] for k in keys]
@@ -352,7 +368,7 @@ class EnvRollout:
             else []
         )
         returns = [e.episode_return for e in episodes]
-        if self.dynamic_sampling and self.flat_on == "answer":
+        if self.dynamic_sampling and self.flat_on != "return":
             for i in flat_groups:  # zero advantage: only the dense terms tell these apart
                 mean = sum(returns[i : i + g]) / g
                 returns[i : i + g] = [mean] * g
@@ -428,6 +444,8 @@ def build_trainer(
     question of the split. ``extra_rewards`` adds TRL-style reward functions
     ``fn(completions, **columns) -> list[float]`` (e.g. :mod:`rag_gym.rewards.trl`) with their
     weights to the episode return; they see the whole completion text (passages included).
+    They are not flattened with a flat group's returns, so they cannot be combined with
+    ``dynamic_sampling_on`` other than ``"return"``.
     """
     from rag_gym.train.trl_compat import (
         checkpointing_option,
@@ -464,6 +482,16 @@ def build_trainer(
         flat_on=cfg.dynamic_sampling_on,
     )
     funcs, weights = reward_functions(term_names, rollout)
+    if (
+        rollout.dynamic_sampling
+        and rollout.flat_on != "return"
+        and any(w for _, w in extra_rewards)
+    ):
+        raise ValueError(
+            f"dynamic_sampling_on={rollout.flat_on!r} gives a flat group zero advantage through "
+            "its episode returns, which extra reward functions would undo: train them into the "
+            "env's reward (a preset or wrapper), or use dynamic_sampling_on='return'"
+        )
     for fn, weight in extra_rewards:
         funcs.append(fn)
         weights.append(float(weight))

@@ -105,7 +105,9 @@ class Episode:
     @property
     def solved(self) -> bool:
         """The episode's outcome is right: an exact-match answer to an answerable question, or a
-        refusal of an unanswerable one (DAPO's accuracy, which its dynamic sampling filters on)."""
+        refusal of an unanswerable one (DAPO's accuracy, which its dynamic sampling filters on).
+        Exact match whatever the env's answer reward is (an F1 reward's partial answers count
+        as wrong here)."""
         if self.info.get("answerable", True):
             return self.em >= 1.0
         return self.info.get("action_type") == "REFUSE"

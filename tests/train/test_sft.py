@@ -336,7 +336,7 @@ def test_grpo_command_passes_its_options_to_the_run(tmp_path, monkeypatch):
             "return",
         )
     result = CliRunner().invoke(app, ["train", "grpo", "--dynamic-sampling", "yes"])
-    assert result.exit_code != 0 and "auto, off, return or answer" in result.output
+    assert result.exit_code != 0 and "auto, off, return, answer or unsolved" in result.output
     # a micro-batch that does not divide the step's episodes is a clear error, not a crash
     bad = ["train", "grpo", "--micro-batch-size", "3", "--out", str(tmp_path)]
     result = CliRunner().invoke(app, bad)

@@ -246,8 +246,9 @@ def test_answer_filter_treats_groups_that_only_differ_in_step_cost_as_flat(token
     class OneOrTwoSearches:
         """Episode 2k searches once, episode 2k+1 twice; both then answer ``answers``."""
 
-        def __init__(self, wrong=()):
-            self.wrong = set(wrong)
+        def __init__(self, wrong=(), always_wrong=()):
+            self.wrong = set(wrong)  # the two-search episode answers these wrong
+            self.always_wrong = set(always_wrong)  # both answer these wrong
 
         def __call__(self, sequences, max_new_tokens, stop):
             out = []
@@ -260,7 +261,9 @@ def test_answer_filter_treats_groups_that_only_differ_in_step_cost_as_flat(token
                     reply = f"<search>{more}{question}</search>"
                 elif found == 1 and "<search>more " in text:
                     reply = f"<search>again {question}</search>"
-                elif question in self.wrong and "<search>more " in text:
+                elif question in self.always_wrong or (
+                    question in self.wrong and "<search>more " in text
+                ):
                     reply = "<answer>no idea at all</answer>"
                 else:
                     reply = f"<answer>{answers[question]}</answer>"
@@ -294,6 +297,19 @@ def test_answer_filter_treats_groups_that_only_differ_in_step_cost_as_flat(token
     assert by_answer.last_stats["episode/groups_flat"] == 1
     assert out["episode_return"] == pytest.approx([0.875, 0.875, 0.9, -0.15])
     assert [e.episode_return for e in by_answer.episodes] == pytest.approx([0.9, 0.85, 0.9, -0.15])
+    # "unsolved": q0's right answers keep their step-cost difference (fewer searches is
+    # better), q1's mixed group keeps its own; a group of wrong answers would be flat
+    by_unsolved = EnvRollout(
+        engine, keys, num_generations=2, dynamic_sampling=True, seed=0, flat_on="unsolved"
+    )
+    by_unsolved.pool = [q1.id]
+    by_unsolved.generator_for = lambda trainer, episodes: OneOrTwoSearches(wrong={q1.question})
+    out = by_unsolved(prompts, Trainer())
+    assert by_unsolved.last_stats["episode/groups_resampled"] == 0
+    assert out["episode_return"] == pytest.approx([0.9, 0.85, 0.9, -0.15])
+    all_wrong = OneOrTwoSearches(always_wrong={q0.question})
+    assert by_unsolved.is_flat(by_unsolved.play_keys(all_wrong, [q0.id] * 2))
+    assert not by_return.is_flat(by_return.play_keys(all_wrong, [q0.id] * 2))
     with pytest.raises(ValueError, match="flat_on"):
         EnvRollout(engine, keys, num_generations=2, flat_on="std")
 
@@ -310,6 +326,23 @@ def test_solved_is_a_right_answer_or_the_refusal_of_an_unanswerable_question():
     assert episode(answerable=False, action_type="REFUSE", scores={"em": 0.0}).solved
     assert not episode(answerable=False, action_type="ANSWER", scores={"em": 0.0}).solved
     assert not episode().solved  # cut before any answer
+
+
+def test_flattening_criteria_refuse_extra_reward_functions(tmp_path):
+    """A flat group's zero advantage is made through its episode returns; an extra reward
+    function would give it an advantage again, so the two together are a clear error."""
+    from rag_gym.train.grpo import EnvGRPOConfig, build_trainer
+
+    cfg = EnvGRPOConfig(
+        env_kwargs=ENV,
+        model="tiny",
+        num_generations=2,
+        max_steps=1,
+        dynamic_sampling_on="unsolved",
+        run_dir=str(tmp_path / "run"),
+    )
+    with pytest.raises(ValueError, match="extra reward functions would undo"):
+        build_trainer(cfg, extra_rewards=[(_length_bonus, 1.0)])
 
 
 def test_config_validation():
@@ -329,6 +362,10 @@ def test_config_validation():
     assert grpo.epsilon_high == 0.2 and not grpo.dynamic_sampling
     with pytest.raises(ValueError, match="dynamic_sampling_on"):
         EnvGRPOConfig(dynamic_sampling_on="accuracy")
+    # a criterion turns dynamic sampling on; turning it off as well is a contradiction
+    assert EnvGRPOConfig(dynamic_sampling_on="unsolved").dynamic_sampling
+    with pytest.raises(ValueError, match="needs dynamic_sampling"):
+        EnvGRPOConfig(dynamic_sampling=False, dynamic_sampling_on="answer")
 
 
 def test_stabilized_kl_is_finite_where_k3_explodes():
