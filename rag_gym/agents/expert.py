@@ -192,6 +192,11 @@ class SynthHopExpert:
     def _search(self, query: str) -> str:
         return f"<{self.tags.search}>{query}</{self.tags.search}>"
 
+    def _read(self, relation: str, entity: str, value: str, rank: int) -> str:
+        """The sentence that states what passage ``rank`` (1-based) says about ``entity``."""
+        fact = _FACTS[relation][0].format(X=entity, A=value)
+        return self._pick(_READ).format(r=rank, fact=fact)
+
     def _answer(self, text: str) -> str:
         return f"<{self.tags.answer}>{text}</{self.tags.answer}>"
 
@@ -254,8 +259,9 @@ class SynthHopExpert:
             retrieved = list(info.get("retrieved_ids", []))
             if gold in retrieved:
                 value = hops[hop]["answer"]
-                fact = _FACTS[relations[hop]][0].format(X=entity_of(hop), A=value)
-                prefix = self._pick(_READ).format(r=retrieved.index(gold) + 1, fact=fact)
+                prefix = self._read(
+                    relations[hop], entity_of(hop), value, retrieved.index(gold) + 1
+                )
                 values.append(value)
                 hop, attempt = hop + 1, 0
                 if hop == len(hops):
@@ -306,16 +312,12 @@ class SynthHopExpert:
         golds = [hops[0]["passage_id"], hops[1]["passage_id"]]
         if all(g in retrieved for g in golds):
             facts = [
-                self._pick(_READ).format(
-                    r=retrieved.index(g) + 1,
-                    fact=_FACTS[relations[h]][0].format(X=(a, b)[h], A=hops[h]["answer"]),
-                )
+                self._read(relations[h], (a, b)[h], hops[h]["answer"], retrieved.index(g) + 1)
                 for h, g in enumerate(golds)
             ]
             return "", [hops[0]["answer"], hops[1]["answer"]], " ".join(facts)
         if golds[0] in retrieved:  # read the first, search the second
-            fact = _FACTS[relations[0]][0].format(X=a, A=hops[0]["answer"])
-            read = self._pick(_READ).format(r=retrieved.index(golds[0]) + 1, fact=fact)
+            read = self._read(relations[0], a, hops[0]["answer"], retrieved.index(golds[0]) + 1)
             miss = self._pick(_JOINT_HALF).format(read=read, need=need(1))
             return self._think(miss), [hops[0]["answer"]], read
         miss = self._pick(_JOINT_MISS).format(need=need(0))

@@ -324,6 +324,12 @@ class EnvRollout:
             )
         return self.generator
 
+    @property
+    def zeroes_flat_groups(self) -> bool:
+        """A group still flat after the refills trains with zero advantage (every criterion
+        but ``"return"``, whose flat groups have equal returns already)."""
+        return self.dynamic_sampling and self.flat_on != "return"
+
     def is_flat(self, group: Sequence[Episode]) -> bool:
         """The group teaches nothing under ``flat_on``: its returns all agree (``"return"``);
         its answers are all right or all wrong (``"answer"``); its answers are all wrong or
@@ -368,7 +374,7 @@ class EnvRollout:
             else []
         )
         returns = [e.episode_return for e in episodes]
-        if self.dynamic_sampling and self.flat_on != "return":
+        if self.zeroes_flat_groups:
             for i in flat_groups:  # zero advantage: only the dense terms tell these apart
                 mean = sum(returns[i : i + g]) / g
                 returns[i : i + g] = [mean] * g
@@ -482,11 +488,7 @@ def build_trainer(
         flat_on=cfg.dynamic_sampling_on,
     )
     funcs, weights = reward_functions(term_names, rollout)
-    if (
-        rollout.dynamic_sampling
-        and rollout.flat_on != "return"
-        and any(w for _, w in extra_rewards)
-    ):
+    if rollout.zeroes_flat_groups and any(w for _, w in extra_rewards):
         raise ValueError(
             f"dynamic_sampling_on={rollout.flat_on!r} gives a flat group zero advantage through "
             "its episode returns, which extra reward functions would undo: train them into the "
