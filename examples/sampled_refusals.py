@@ -1,0 +1,78 @@
+"""How often a trained policy refuses when it samples: the question a refusal reward depends on.
+
+GRPO can only reward a refusal that its rollouts contain. Before an RL run with
+``--refusal``, play the policy at the rollout temperature on SynthHop-Hard training questions
+and count how its episodes end::
+
+    python examples/sampled_refusals.py runs/sft-hard-600 --questions 20 --samples 2 \
+        --temperature 1.0 --kind unanswerable
+
+It plays the ``search_r1`` agent of the checkpoint (llama.cpp, the checkpoint's tag preset)
+in the text env the SFT stage trained in, each sample with its own seed, and prints one JSON
+line per episode and a summary line (``final``: how many episodes ended in each action).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from collections import Counter
+
+from rag_gym.baselines import make_agent
+from rag_gym.generation.llama_cpp import LlamaCppLM
+from rag_gym.train.sft import SFTConfig
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", help="a run folder of rag-gym train sft or grpo")
+    parser.add_argument("--questions", type=int, default=20)
+    parser.add_argument("--samples", type=int, default=2, help="episodes per question")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--kind", choices=("unanswerable", "answerable"), default="unanswerable")
+    parser.add_argument("--split", default="train")
+    parser.add_argument("--unanswerable-rate", type=float, default=0.3)
+    args = parser.parse_args()
+
+    cfg = SFTConfig(
+        env_id="rag_gym/SynthHop-Hard-v0",
+        tags="evo_rag",
+        env_kwargs={"dataset_kwargs": {"unanswerable_rate": args.unanswerable_rate}},
+    )
+    env = cfg.text_env().make_env(args.split)()
+    examples = env.unwrapped.examples
+    want = [i for i, ex in enumerate(examples) if ex.answerable == (args.kind == "answerable")]
+    agent = make_agent(f"search_r1:{args.run}", lm=LlamaCppLM(seed=0))
+    final: Counter[str] = Counter()
+    for index in want[: args.questions]:
+        for sample in range(args.samples):
+            agent.reset(seed=sample)
+            agent.config = dataclasses.replace(
+                agent.config, temperature=args.temperature, seed=1000 * sample + index
+            )
+            obs, info = env.reset(seed=sample, options={"index": index})
+            done = False
+            while not done:
+                obs, _, terminated, truncated, info = env.step(agent.act(obs, info))
+                done = terminated or truncated
+            action = str(info.get("action_type"))
+            final[action] += 1
+            em = info.get("scores", {}).get("em")
+            print(json.dumps({"index": index, "sample": sample, "final": action, "em": em}))
+    env.close()
+    print(
+        json.dumps(
+            {
+                "run": args.run,
+                "kind": args.kind,
+                "temperature": args.temperature,
+                "episodes": sum(final.values()),
+                "final": dict(final),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
