@@ -890,6 +890,13 @@ def train_grpo(
     model: Annotated[str, typer.Option(help="Base model (with --init: its base).")] = "embedded",
     eval_n: Annotated[int, typer.Option(help="Held-out (validation) questions for EM.")] = 100,
     save_steps: Annotated[int, typer.Option(help="Checkpoint every this many steps.")] = 10,
+    max_minutes: Annotated[
+        float | None,
+        typer.Option(
+            help="Stop (and save) after the first step that ends this many minutes into "
+            "training; --steps still sets the learning-rate schedule."
+        ),
+    ] = None,
     gradient_checkpointing: Annotated[
         bool,
         typer.Option(
@@ -934,6 +941,7 @@ def train_grpo(
                 **_dynamic_sampling(dynamic_sampling),
                 model=model,
                 save_steps=save_steps,
+                max_minutes=max_minutes,
                 gradient_checkpointing=gradient_checkpointing,
                 seed=seed,
                 run_dir=str(_run_dir(out, run_name, env, algorithm, seed)),

@@ -164,6 +164,10 @@ class EnvGRPOConfig:
     exp_name: str = "grpo"
     save_steps: int = 50
     """Checkpoint every this many steps (``resume_from_checkpoint`` picks one up)."""
+    max_minutes: float | None = None
+    """Wall-clock budget of the training loop: once a step ends past it, training stops there
+    and saves as it would at ``max_steps`` (for a lease of fixed length, e.g. a lent GPU).
+    ``max_steps`` still sets the learning-rate schedule and ``stages``."""
     rollout_log_steps: int = 10
     """Save a few sampled rollouts to ``steps.jsonl`` every this many steps, and at the end
     (:mod:`rag_gym.train.rollout_log`, shown by ``rag-gym view``); 0: only at the end."""
@@ -234,6 +238,10 @@ class EnvGRPOConfig:
             )
         if not self.beta >= 0:
             raise ValueError(f"expected beta >= 0, got {self.beta!r}")
+        if self.max_minutes is not None and not (
+            isinstance(self.max_minutes, (int, float)) and self.max_minutes > 0
+        ):
+            raise ValueError(f"expected max_minutes > 0 (or None), got {self.max_minutes!r}")
         for fraction in (f for _, f in self.stages):
             if not 0 < fraction <= 1:
                 raise ValueError(f"expected stage fractions in (0, 1], got {fraction!r}")
@@ -574,13 +582,44 @@ def build_trainer(
         processing_class=tokenizer,
         peft_config=peft_config,
         rollout_func=rollout,
-        callbacks=[Stages(), Curve(), rollout_callback(rollout_log, rollout)],
+        callbacks=[
+            Stages(),
+            Curve(),
+            rollout_callback(rollout_log, rollout),
+            *([time_limit_callback(cfg.max_minutes)] if cfg.max_minutes else []),
+        ],
     )
     # The rollout plays episodes with the trainer's (possibly PEFT-wrapped) model.
     rollout.generator = None
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(_json(asdict(cfg)))
     return trainer, rollout
+
+
+def time_limit_callback(minutes: float) -> Any:
+    """A ``TrainerCallback`` that stops training (with a save) at the end of the first step that
+    ends ``minutes`` after training began (:attr:`EnvGRPOConfig.max_minutes`)."""
+    import time
+
+    from transformers import TrainerCallback
+
+    class TimeLimit(TrainerCallback):
+        def __init__(self) -> None:
+            self.started: float | None = None
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.started = time.monotonic()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if self.started is not None and time.monotonic() - self.started >= 60 * minutes:
+                print(
+                    f"max_minutes={minutes:g} reached at step {state.global_step}: stopping",
+                    flush=True,
+                )
+                control.should_training_stop = True
+                control.should_save = True
+
+    return TimeLimit()
 
 
 def micro_batch(cfg: EnvGRPOConfig, cuda: bool) -> int:

@@ -436,6 +436,33 @@ def test_trainer_two_steps_update_weights(tmp_path, algorithm, kl_estimator, bet
     assert all(r["schema_version"] == 1 and r["steps"] for r in saved)
 
 
+def test_max_minutes_stops_after_the_step_that_ends_past_it(tmp_path):
+    """--max-minutes: the first step that ends past the budget is the last, and it is saved."""
+    pytest.importorskip("trl")
+    pytest.importorskip("peft")
+    from rag_gym.train.grpo import EnvGRPOConfig, build_trainer
+
+    with pytest.raises(ValueError, match="max_minutes"):
+        EnvGRPOConfig(model="tiny", max_minutes=0)
+    cfg = EnvGRPOConfig(
+        model="tiny",
+        env_kwargs=ENV,
+        num_generations=2,
+        max_steps=5,
+        max_turns=2,
+        max_episode_steps=2,
+        max_turn_tokens=8,
+        max_completion_tokens=120,
+        run_dir=str(tmp_path / "run"),
+        save_steps=1000,
+        max_minutes=1e-6,
+    )
+    trainer, _ = build_trainer(cfg, extra_rewards=[(_length_bonus, 1.0)])
+    trainer.train()
+    assert trainer.state.global_step == 1
+    assert (tmp_path / "run" / "checkpoint-1").is_dir()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["eval_rar", "lwts", "arena", "r2ag"])
 def test_each_recipe_trains_one_step(tmp_path, name):
