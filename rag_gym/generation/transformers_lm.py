@@ -83,6 +83,10 @@ def _split_model(model: str | Path | None) -> tuple[str, str | None, str]:
     return str(model), None, str(model)
 
 
+#: the folder name of the embedded model's trainable copy (rag_gym.train.models.trainable_embedded)
+EMBEDDED_DIR_NAME = "smollm2-135m-instruct"
+
+
 def adapter_base(folder: Path) -> str | None:
     """The base model of a LoRA adapter folder: ``rag_gym.json``'s ``base`` (``"embedded"`` is
     the embedded SmolLM2, returned as ``None``), else PEFT's ``base_model_name_or_path``."""
@@ -94,7 +98,13 @@ def adapter_base(folder: Path) -> str | None:
         base = json.loads((folder / "adapter_config.json").read_text()).get(
             "base_model_name_or_path"
         )
-    return None if base in (None, "embedded") else base
+    if base in (None, "embedded"):
+        return None
+    if Path(base).name == EMBEDDED_DIR_NAME and not Path(base).exists():
+        # trained on another machine over its converted copy of the embedded model (a GPU box's
+        # cache folder): the same weights are this machine's embedded model
+        return None
+    return base
 
 
 def merge_adapter(model: Any, folder: Path) -> Any:
@@ -496,6 +506,9 @@ class _Cache:
 
     def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any):
         keys, values, step = self.keys[layer_idx], self.values[layer_idx], self.step
+        # under autocast (a float32 policy trained with bf16=True) projections come out in the
+        # autocast dtype: the cache keeps the model's
+        key_states, value_states = key_states.to(keys.dtype), value_states.to(values.dtype)
         if step.decode:
             keys[step.slots, :, step.positions] = key_states[0, :, step.queries].transpose(0, 1)
             values[step.slots, :, step.positions] = value_states[0, :, step.queries].transpose(0, 1)
@@ -559,9 +572,10 @@ def _row_attention(module, query, key, value, attention_mask, scaling=None, **kw
         if q1 - q0 > 1 and start > 0:  # new tokens after a cached part: causal, offset
             mask = torch.ones(q1 - q0, start + q1 - q0, dtype=torch.bool, device=query.device)
             mask = mask.tril(start)[None, None]
-        out[:, q0:q1], _ = sdpa_attention_forward(
+        part, _ = sdpa_attention_forward(
             module, query[:, :, q0:q1], k, v, mask, scaling=scaling, **kwargs
         )
+        out[:, q0:q1] = part.to(out.dtype)
     if step.decode:
         # Only the decoding rows' caches, and no repeated key/value heads: each key/value
         # head's query heads (``groups`` of them, consecutive, as transformers' repeat_kv
@@ -576,7 +590,7 @@ def _row_attention(module, query, key, value, attention_mask, scaling=None, **kw
             attn_mask=step.mask,
             scale=scaling,
         )
-        out[0, step.queries] = res.reshape(rows, heads, dim)
+        out[0, step.queries] = res.reshape(rows, heads, dim).to(out.dtype)
     return out, None
 
 

@@ -43,7 +43,9 @@ def trainable_embedded(out: str | Path | None = None) -> Path:
     from rag_gym.generation.llama_cpp import embedded_gguf_path
 
     torch, transformers = _require()
-    out = Path(out) if out is not None else cache_dir() / "smollm2-135m-instruct"
+    from rag_gym.generation.transformers_lm import EMBEDDED_DIR_NAME
+
+    out = Path(out) if out is not None else cache_dir() / EMBEDDED_DIR_NAME
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         return out
     gguf = embedded_gguf_path()

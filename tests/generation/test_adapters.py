@@ -128,3 +128,23 @@ def test_fit_check_against_the_embedded_model(tmp_path):
         check_adapter_fits(lora_to_gguf(tmp_path / "deep"), base)
     with pytest.raises(AdapterError, match=r"general\.type = adapter"):
         check_adapter_fits(base, base)
+
+
+def test_an_adapter_trained_on_another_machine_over_the_embedded_model_finds_it_here(tmp_path):
+    """A run folder copied from a GPU box names that box's converted copy of the embedded model
+    as its PEFT base; here the base is the embedded model. Any other base is kept as written."""
+    from rag_gym.generation.transformers_lm import EMBEDDED_DIR_NAME, adapter_base
+
+    def folder(base: str):
+        path = tmp_path / f"adapter{len(list(tmp_path.iterdir()))}"
+        path.mkdir()
+        (path / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": base}))
+        return path
+
+    assert adapter_base(folder(f"/nowhere/cache/{EMBEDDED_DIR_NAME}")) is None
+    assert adapter_base(folder("HuggingFaceTB/SmolLM2-360M-Instruct")) == (
+        "HuggingFaceTB/SmolLM2-360M-Instruct"
+    )
+    local = tmp_path / "mine" / EMBEDDED_DIR_NAME
+    local.mkdir(parents=True)
+    assert adapter_base(folder(str(local))) == str(local)

@@ -229,3 +229,25 @@ def test_bad_model_path():
 
     with pytest.raises(FileNotFoundError, match=r"no GGUF model file at nope\.gguf"):
         TransformersLM("nope.gguf")
+
+
+def test_the_engine_runs_a_float32_policy_under_bf16_autocast():
+    """Trainers with bf16=True (every GPU run) sample from a float32 policy under autocast, where
+    projections come out in bfloat16: the engine's float32 cache and output take them (this
+    failed on the first GPU run with "Index put requires the source and destination dtypes
+    match"). CPU autocast reproduces it."""
+    import torch
+
+    from rag_gym.generation.transformers_lm import TransformersLM
+    from rag_gym.train.models import tiny_policy
+
+    model, tok = tiny_policy()
+    model.eval()
+    lm = TransformersLM.from_model(model, tok, batch_size=4)
+    assert lm.engine_enabled
+    config = GenerationConfig(max_tokens=8, temperature=0.6, n=2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = lm.generate(["What is the capital of France?", "Name a river."], config)
+    assert lm.engine_enabled  # no fallback to model.generate
+    assert [len(o) for o in out] == [2, 2]
+    assert all(g.completion_tokens > 0 and g.error is None for o in out for g in o)
