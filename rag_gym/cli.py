@@ -775,6 +775,13 @@ def train_sft(
             help="Share of comparison demonstrations that search both names in one query."
         ),
     ] = 0.0,
+    title_check: Annotated[
+        bool,
+        typer.Option(
+            help="Demonstrations name each document read by its title and list the titles "
+            "of a miss (so a refusal follows a visible miss)."
+        ),
+    ] = False,
     model: Annotated[
         str, typer.Option(help="embedded, tiny, a hub id or a directory.")
     ] = "embedded",
@@ -810,6 +817,7 @@ def train_sft(
             tags=tags,
             n_demos=demos,
             joint_rate=joint_rate,
+            title_check=title_check,
             model=model,
             lora=lora,
             learning_rate=lr,

@@ -14,7 +14,12 @@ SynthHop worlds: it follows each question's gold decomposition (``meta["decompos
   compared; on an unanswerable question (SynthHop-Hard), ``<refuse/>`` once the missing passage
   cannot be found, when the tag set has a refusal;
 * with ``joint_rate`` > 0, that share of the comparisons starts with one search naming both
-  entities and reads both facts from it.
+  entities and reads both facts from it;
+* with ``title_check``, every reading names the document by its title, which is the entity
+  searched (``Doc 2 is about Tribrigrok Institute: ...``), and every miss lists the titles that
+  came back (``The documents are about A, B and C, not Tribrigrok Institute``): noticing a miss,
+  and so refusing on an unanswerable question, becomes a comparison of names the policy can
+  copy from the ``(Title: ...)`` of each passage.
 
 The expert reads only what the policy reads — the question, the decomposition's relations and
 the retrieved passages' ids, which it checks against the gold ids — so every statement in a
@@ -109,6 +114,23 @@ _JOINT_HALF = (
     "{read} The results do not say {need}, so I search for it.",
     "{read} Now I need {need}, which these documents do not give.",
 )
+#: the title-check phrasings (``title_check``): the reading names the passage's title, the
+#: miss lists the titles that came back
+_TITLED_READ = (
+    "Doc {r} is about {X}: {fact}.",
+    "Doc {r} is the one about {X}, and it says {fact}.",
+    "Doc {r} is titled {X}; it says {fact}.",
+)
+_TITLED_MISS = (
+    "The documents are about {titles}, not {X}. Let me search differently.",
+    "None of these is about {X}: they are about {titles}. I will rephrase the search.",
+)
+_TITLED_REFUSE = (
+    "Again the documents are about {titles}, not {X}. The collection has no passage saying "
+    "{need}, so I cannot answer.",
+    "These are about {titles}; none is about {X}. No document tells {need}, so the question "
+    "cannot be answered from this collection.",
+)
 _FINAL = ("So the answer is {A}.", "Therefore the answer is {A}.", "The answer is {A}.")
 _REFUSE = (
     "I searched twice and the collection has no passage saying {need}. I cannot answer.",
@@ -164,10 +186,18 @@ class SynthHopExpert:
             and searches the second; when it misses the first, it says so and searches them
             one at a time. 0 (the default) leaves the demonstrations of a seed exactly as
             they were (no extra random draw).
+        title_check: name each document read by its title and list the titles of a miss
+            (see the module doc). Off (the default) leaves the demonstrations of a seed
+            exactly as they were.
     """
 
     def __init__(
-        self, tags: TagSet, seed: int = 0, max_attempts: int = 2, joint_rate: float = 0.0
+        self,
+        tags: TagSet,
+        seed: int = 0,
+        max_attempts: int = 2,
+        joint_rate: float = 0.0,
+        title_check: bool = False,
     ) -> None:
         if tags.search is None or tags.answer is None:
             raise ValueError(f"expected a tag set with search and answer tags, got {tags.name!r}")
@@ -179,6 +209,9 @@ class SynthHopExpert:
         self.rng = np.random.default_rng(seed)
         self.max_attempts = max_attempts
         self.joint_rate = float(joint_rate)
+        if not isinstance(title_check, bool):
+            raise ValueError(f"expected title_check to be True or False, got {title_check!r}")
+        self.title_check = title_check
 
     # -- text pieces --
     def _pick(self, options: tuple[str, ...]) -> str:
@@ -195,7 +228,17 @@ class SynthHopExpert:
     def _read(self, relation: str, entity: str, value: str, rank: int) -> str:
         """The sentence that states what passage ``rank`` (1-based) says about ``entity``."""
         fact = _FACTS[relation][0].format(X=entity, A=value)
+        if self.title_check:  # the passage read is the one titled with the entity
+            return self._pick(_TITLED_READ).format(r=rank, X=entity, fact=fact)
         return self._pick(_READ).format(r=rank, fact=fact)
+
+    def _miss(self, entity: str, need: str, info: dict[str, Any], refuse: bool = False) -> str:
+        """The sentence of a search that missed ``entity``'s passage (then a refusal's, when
+        ``refuse``)."""
+        if self.title_check:
+            options = _TITLED_REFUSE if refuse else _TITLED_MISS
+            return self._pick(options).format(X=entity, need=need, titles=_titles(info))
+        return self._pick(_REFUSE if refuse else _MISS).format(X=entity, need=need)
 
     def _answer(self, text: str) -> str:
         return f"<{self.tags.answer}>{text}</{self.tags.answer}>"
@@ -272,12 +315,11 @@ class SynthHopExpert:
                 continue
             attempt += 1
             if attempt < self.max_attempts:
-                miss = self._pick(_MISS).format(X=entity_of(hop), need=need(hop))
-                text = self._think(miss)
+                text = self._think(self._miss(entity_of(hop), need(hop), info))
                 continue
             demo.gold_found = False
             if self.tags.refuse:
-                final = self._think(self._pick(_REFUSE).format(need=need(hop)))
+                final = self._think(self._miss(entity_of(hop), need(hop), info, refuse=True))
                 final += f"<{self.tags.refuse}/>"
             else:
                 final = self._think(self._pick(_FINAL).format(A=example.answers[0]))
@@ -329,6 +371,14 @@ class SynthHopExpert:
         demo.turns.append(Turn(text, obs, float(reward)))
         demo.info = info
         return demo
+
+
+def _titles(info: dict[str, Any]) -> str:
+    """The titles of the passages a search returned, as ``A, B and C``."""
+    titles = [str(p["title"]) for p in info.get("passages", [])]
+    if not titles:
+        return "nothing"
+    return titles[0] if len(titles) == 1 else f"{', '.join(titles[:-1])} and {titles[-1]}"
 
 
 def _messages(env: gym.Env, obs: str) -> list[dict[str, str]]:

@@ -52,6 +52,10 @@ class SFTConfig:
     """The share of comparison questions whose demonstration searches both names at once
     (:class:`~rag_gym.agents.expert.SynthHopExpert`'s ``joint_rate``): a cheaper path a step
     cost can then teach the policy to prefer."""
+    title_check: bool = False
+    """Demonstrations that name each document read by its title and list the titles of a
+    miss (:class:`~rag_gym.agents.expert.SynthHopExpert`'s ``title_check``): a miss, and the
+    refusal after it, become checkable by copying names (SynthHop-Hard)."""
     model: str = "embedded"
     """``embedded`` (SmolLM2-135M-Instruct), ``tiny`` (smoke tests), a hub id or a directory."""
     lora: bool = True
@@ -119,6 +123,8 @@ class SFTConfig:
             raise ValueError(f"expected learning_rate > 0, got {self.learning_rate!r}")
         if isinstance(self.joint_rate, bool) or not 0.0 <= self.joint_rate <= 1.0:
             raise ValueError(f"expected joint_rate in [0, 1], got {self.joint_rate!r}")
+        if not isinstance(self.title_check, bool):
+            raise ValueError(f"expected title_check to be True or False, got {self.title_check!r}")
         if self.eval_n is not None and (not isinstance(self.eval_n, int) or self.eval_n < 0):
             raise ValueError(f"expected eval_n >= 0 or None, got {self.eval_n!r}")
 
@@ -147,7 +153,9 @@ def demonstrations(cfg: SFTConfig) -> list[Demonstration]:
     """Expert episodes on ``n_demos`` questions of ``cfg.split`` (drawn by ``cfg.seed``); only
     those that end with the right answer or a justified refusal are kept."""
     env = make_text_env(cfg, cfg.split)
-    expert = SynthHopExpert(env.tags, seed=cfg.seed, joint_rate=cfg.joint_rate)
+    expert = SynthHopExpert(
+        env.tags, seed=cfg.seed, joint_rate=cfg.joint_rate, title_check=cfg.title_check
+    )
     total = len(env.unwrapped.examples)
     order = np.random.default_rng(cfg.seed).permutation(total)
     if cfg.n_demos is not None:

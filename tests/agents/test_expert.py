@@ -146,3 +146,61 @@ def test_expert_errors():
         SynthHopExpert(env.tags).play(
             gym.make("rag_gym/SynthHop-v0", dataset_kwargs=SMALL_WORLD), 0
         )
+
+
+def _titles_of(observation: str) -> list[str]:
+    import re
+
+    return re.findall(r"Doc \d+\(Title: ([^)]*)\)", observation)
+
+
+def test_title_check_names_the_document_read_and_the_titles_of_a_miss():
+    """``title_check``: each reading names the document by its title (the entity searched, as
+    the observation shows it), each miss lists exactly the titles that came back, and the
+    demonstrations stay right: answers EM 1, refusals only where the passage is missing."""
+    import re
+
+    env = _env("rag_gym/SynthHop-Hard-v0", tags="evo_rag", unanswerable_rate=0.3)
+    expert = SynthHopExpert(env.tags, seed=1, title_check=True)
+    reads = misses = refusals = 0
+    for i, ex in enumerate(env.unwrapped.examples):
+        demo = expert.play(env, i)
+        refused = demo.info["action_type"] == ActionType.REFUSE.name
+        assert refused == (not ex.answerable), ex.question
+        if ex.answerable:
+            assert demo.info["scores"]["em"] == 1.0
+        observations = [""] + [t.observation for t in demo.turns]
+        for turn, before in zip(demo.turns, observations, strict=False):
+            titles = _titles_of(before)
+            for rank, entity in re.findall(
+                r"Doc (\d+) (?:is about|is the one about|is titled) (.+?)(?::|, and it|;) ",
+                turn.action,
+            ):
+                assert titles[int(rank) - 1] == entity, (turn.action, titles)
+                reads += 1
+            listed = re.search(
+                r"(?:are about|they are about) (.+?)(?:, not |\. |; none)", turn.action
+            )
+            if listed:
+                named = re.split(r", | and ", listed.group(1))
+                assert named == titles, (turn.action, titles)
+                misses += 1
+        refusals += refused
+    assert reads > 50 and misses > 5 and refusals > 0
+    with pytest.raises(ValueError, match="title_check"):
+        SynthHopExpert(env.tags, title_check="yes")
+
+
+def test_title_check_off_gives_the_demonstrations_a_seed_always_gave():
+    """The default makes no change: the Hard world's demonstrations (misses and refusals
+    included) hash to what they were before ``title_check`` existed, so the SFT runs that
+    docs/training.md reports train on the same transcripts."""
+    import hashlib
+
+    env = _env("rag_gym/SynthHop-Hard-v0", tags="evo_rag", unanswerable_rate=0.3)
+    expert = SynthHopExpert(env.tags, seed=1)
+    digest = hashlib.sha256()
+    for i in range(len(env.unwrapped.examples)):
+        for turn in expert.play(env, i).turns:
+            digest.update(turn.action.encode())
+    assert digest.hexdigest() == "7d8bf2f12e2e0c9ca1cb6a67c3df7aad7e99299af465e9681900c445de9b7361"
