@@ -471,7 +471,10 @@ class _Cache:
         self.layers = cfg.num_hidden_layers
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.dtype, self.device = model.dtype, model.device
+        # not ``dtype``/``device``: accelerate's mixed-precision output conversion (a model
+        # prepared with bf16=True) calls ``.float()`` on any output with a half ``dtype``, and
+        # the cache is returned as the forward pass's ``past_key_values``
+        self.cache_dtype, self.cache_device = model.dtype, model.device
         self.slots = slots
         self.capacity = 0
         self.keys: list[Any] = []
@@ -486,11 +489,11 @@ class _Cache:
             capacity *= 2
         shape = (self.slots, self.kv_heads, capacity, self.head_dim)
         new_k = [
-            self.torch.zeros(shape, dtype=self.dtype, device=self.device)
+            self.torch.zeros(shape, dtype=self.cache_dtype, device=self.cache_device)
             for _ in range(self.layers)
         ]
         new_v = [
-            self.torch.zeros(shape, dtype=self.dtype, device=self.device)
+            self.torch.zeros(shape, dtype=self.cache_dtype, device=self.cache_device)
             for _ in range(self.layers)
         ]
         for old, new in ((self.keys, new_k), (self.values, new_v)):
@@ -823,8 +826,18 @@ class _Engine:
             return f"{type(model).__name__} failed the engine's forward pass: {exc!r}{suffix}"
         finally:
             model.train(training)
-        if not torch.allclose(got[0], want.float(), atol=1e-3, rtol=1e-3):
-            gap = float((got[0] - want.float()).abs().max())
+        want = want.float()
+        gap = float((got[0] - want).abs().max())
+        if model.dtype in (torch.float16, torch.bfloat16):
+            # half precision: the two passes add in different orders, which moves SmolLM2-135M's
+            # bf16 logits by up to 0.31 on a scale of 20 (1.6%, measured on a CPU); a model the
+            # engine drives wrongly is off by the scale itself. Same top token, within 5%.
+            same = gap <= 0.05 * max(1.0, float(want.abs().max())) and int(got[0].argmax()) == int(
+                want.argmax()
+            )
+        else:
+            same = bool(torch.allclose(got[0], want, atol=1e-3, rtol=1e-3))
+        if not same:
             return (
                 f"{type(model).__name__}'s logits on the engine differ from a plain forward "
                 f"pass by up to {gap:.3g}{suffix}"

@@ -90,3 +90,27 @@ def test_a_model_the_engine_cannot_run_falls_back_with_a_warning_and_a_record(mo
     assert isinstance(generator, HFGenerator)
     info = generation_info(generator)
     assert info["generator"] == "HFGenerator" and "no route" in info["engine_fallback"]
+
+
+@requires_policy
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_self_check_rejects_wrong_logits_in_full_and_half_precision(monkeypatch, dtype):
+    """Half precision loosens the self-check to bf16 rounding (within 5% of the logits' scale,
+    same top token), not to any answer: logits shifted off the plain pass's are still refused."""
+    import torch
+
+    from rag_gym.generation import transformers_lm
+    from rag_gym.train.models import tiny_policy
+
+    model, tok = tiny_policy()
+    model = model.to(getattr(torch, dtype))
+    right = transformers_lm._Engine.forward
+
+    def shifted(self, *args, **kwargs):
+        logits = right(self, *args, **kwargs)
+        return torch.roll(logits, 1, dims=-1)  # every token's logit on its neighbour
+
+    monkeypatch.setattr(transformers_lm._Engine, "forward", shifted)
+    with pytest.warns(RuntimeWarning, match="falls back to model.generate"):
+        lm = transformers_lm.TransformersLM.from_model(model, tok, batch_size=2)
+    assert "differ from a plain forward pass" in lm.engine_fallback

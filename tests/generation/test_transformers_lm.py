@@ -251,3 +251,23 @@ def test_the_engine_runs_a_float32_policy_under_bf16_autocast():
     assert lm.engine_enabled  # no fallback to model.generate
     assert [len(o) for o in out] == [2, 2]
     assert all(g.completion_tokens > 0 and g.error is None for o in out for g in o)
+
+
+def test_the_engine_runs_a_bf16_policy_prepared_for_mixed_precision():
+    """A GPU trainer (bf16=True) wraps the policy's forward in accelerate's fp32 output
+    conversion, which calls ``.float()`` on any output with a half ``dtype``: the engine's cache,
+    returned as ``past_key_values``, must not look like one, and its self-check must accept
+    bf16 rounding. Both made the first GPU run fall back to ``model.generate``."""
+    import torch
+    from accelerate.utils import convert_outputs_to_fp32
+
+    from rag_gym.generation.transformers_lm import TransformersLM
+    from rag_gym.train.models import tiny_policy
+
+    model, tok = tiny_policy()
+    model = model.to(torch.bfloat16).eval()
+    model.forward = convert_outputs_to_fp32(model.forward)
+    lm = TransformersLM.from_model(model, tok, batch_size=4)
+    assert lm.engine_enabled, lm.engine_fallback
+    out = lm.generate(["What is the capital of France?"], GenerationConfig(max_tokens=8))
+    assert out[0][0].completion_tokens == 8 and out[0][0].error is None
