@@ -782,6 +782,13 @@ def train_sft(
             "of a miss (so a refusal follows a visible miss)."
         ),
     ] = False,
+    title_list: Annotated[
+        bool,
+        typer.Option(
+            help="Demonstrations list the titles returned against the entity searched after "
+            "every search, then read or say none is about it."
+        ),
+    ] = False,
     model: Annotated[
         str, typer.Option(help="embedded, tiny, a hub id or a directory.")
     ] = "embedded",
@@ -818,6 +825,7 @@ def train_sft(
             n_demos=demos,
             joint_rate=joint_rate,
             title_check=title_check,
+            title_list=title_list,
             model=model,
             lora=lora,
             learning_rate=lr,

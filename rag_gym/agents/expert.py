@@ -19,7 +19,12 @@ SynthHop worlds: it follows each question's gold decomposition (``meta["decompos
   searched (``Doc 2 is about Tribrigrok Institute: ...``), and every miss lists the titles that
   came back (``The documents are about A, B and C, not Tribrigrok Institute``): noticing a miss,
   and so refusing on an unanswerable question, becomes a comparison of names the policy can
-  copy from the ``(Title: ...)`` of each passage.
+  copy from the ``(Title: ...)`` of each passage;
+* with ``title_list``, every turn after a search starts by listing the titles that came back
+  against the entity searched (``Looking for Tribrigrok Institute: Doc 1 is about A, Doc 2 is
+  about B, Doc 3 is about C.``), then reads (``Doc 2 says ...``) or says that none is about it:
+  reading and missing share one prefix and differ only in whether the name is in the list just
+  written.
 
 The expert reads only what the policy reads — the question, the decomposition's relations and
 the retrieved passages' ids, which it checks against the gold ids — so every statement in a
@@ -131,6 +136,16 @@ _TITLED_REFUSE = (
     "These are about {titles}; none is about {X}. No document tells {need}, so the question "
     "cannot be answered from this collection.",
 )
+#: the title-list phrasings (``title_list``), after ``Looking for X: Doc 1 is about A, …``
+_LISTED_MISS = (
+    "None is about {X}. Let me search differently.",
+    "None is about {X}. I will rephrase the search.",
+)
+_LISTED_REFUSE = (
+    "None is about {X}, again. The collection has no passage saying {need}, so I cannot answer.",
+    "None is about {X}, again. No document tells {need}, so the question cannot be answered "
+    "from this collection.",
+)
 _FINAL = ("So the answer is {A}.", "Therefore the answer is {A}.", "The answer is {A}.")
 _REFUSE = (
     "I searched twice and the collection has no passage saying {need}. I cannot answer.",
@@ -189,6 +204,10 @@ class SynthHopExpert:
         title_check: name each document read by its title and list the titles of a miss
             (see the module doc). Off (the default) leaves the demonstrations of a seed
             exactly as they were.
+        title_list: start every turn after a search with the list of the titles returned
+            against the entity searched (see the module doc); not with ``title_check`` or
+            ``joint_rate``. Off (the default) leaves the demonstrations of a seed exactly as
+            they were.
     """
 
     def __init__(
@@ -198,6 +217,7 @@ class SynthHopExpert:
         max_attempts: int = 2,
         joint_rate: float = 0.0,
         title_check: bool = False,
+        title_list: bool = False,
     ) -> None:
         if tags.search is None or tags.answer is None:
             raise ValueError(f"expected a tag set with search and answer tags, got {tags.name!r}")
@@ -212,6 +232,14 @@ class SynthHopExpert:
         if not isinstance(title_check, bool):
             raise ValueError(f"expected title_check to be True or False, got {title_check!r}")
         self.title_check = title_check
+        if not isinstance(title_list, bool):
+            raise ValueError(f"expected title_list to be True or False, got {title_list!r}")
+        if title_list and (title_check or self.joint_rate):
+            raise ValueError(
+                "expected title_list alone: it replaces title_check's phrasing, and joint "
+                "searches (joint_rate) have no title list yet"
+            )
+        self.title_list = title_list
 
     # -- text pieces --
     def _pick(self, options: tuple[str, ...]) -> str:
@@ -225,9 +253,16 @@ class SynthHopExpert:
     def _search(self, query: str) -> str:
         return f"<{self.tags.search}>{query}</{self.tags.search}>"
 
-    def _read(self, relation: str, entity: str, value: str, rank: int) -> str:
-        """The sentence that states what passage ``rank`` (1-based) says about ``entity``."""
+    def _read(
+        self, relation: str, entity: str, value: str, rank: int, info: dict | None = None
+    ) -> str:
+        """The sentence that states what passage ``rank`` (1-based) says about ``entity``
+        (after the title list of the search's ``info``, with ``title_list``)."""
         fact = _FACTS[relation][0].format(X=entity, A=value)
+        if self.title_list:
+            return (
+                f"{_title_list(entity, info or {})} {self._pick(_READ).format(r=rank, fact=fact)}"
+            )
         if self.title_check:  # the passage read is the one titled with the entity
             return self._pick(_TITLED_READ).format(r=rank, X=entity, fact=fact)
         return self._pick(_READ).format(r=rank, fact=fact)
@@ -235,6 +270,10 @@ class SynthHopExpert:
     def _miss(self, entity: str, need: str, info: dict[str, Any], refuse: bool = False) -> str:
         """The sentence of a search that missed ``entity``'s passage (then a refusal's, when
         ``refuse``)."""
+        if self.title_list:
+            options = _LISTED_REFUSE if refuse else _LISTED_MISS
+            text = self._pick(options).format(X=entity, need=need)
+            return f"{_title_list(entity, info)} {text}"
         if self.title_check:
             options = _TITLED_REFUSE if refuse else _TITLED_MISS
             return self._pick(options).format(X=entity, need=need, titles=_titles(info))
@@ -303,7 +342,7 @@ class SynthHopExpert:
             if gold in retrieved:
                 value = hops[hop]["answer"]
                 prefix = self._read(
-                    relations[hop], entity_of(hop), value, retrieved.index(gold) + 1
+                    relations[hop], entity_of(hop), value, retrieved.index(gold) + 1, info
                 )
                 values.append(value)
                 hop, attempt = hop + 1, 0
@@ -371,6 +410,15 @@ class SynthHopExpert:
         demo.turns.append(Turn(text, obs, float(reward)))
         demo.info = info
         return demo
+
+
+def _title_list(entity: str, info: dict[str, Any]) -> str:
+    """``Looking for X: Doc 1 is about A, Doc 2 is about B, Doc 3 is about C.``"""
+    titles = [str(p["title"]) for p in info.get("passages", [])]
+    if not titles:
+        return f"Looking for {entity}: no documents came back."
+    docs = ", ".join(f"Doc {i} is about {t}" for i, t in enumerate(titles, 1))
+    return f"Looking for {entity}: {docs}."
 
 
 def _titles(info: dict[str, Any]) -> str:

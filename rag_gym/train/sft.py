@@ -56,6 +56,10 @@ class SFTConfig:
     """Demonstrations that name each document read by its title and list the titles of a
     miss (:class:`~rag_gym.agents.expert.SynthHopExpert`'s ``title_check``): a miss, and the
     refusal after it, become checkable by copying names (SynthHop-Hard)."""
+    title_list: bool = False
+    """Demonstrations whose every turn after a search first lists the titles returned against
+    the entity searched, then reads or says none is about it
+    (:class:`~rag_gym.agents.expert.SynthHopExpert`'s ``title_list``)."""
     model: str = "embedded"
     """``embedded`` (SmolLM2-135M-Instruct), ``tiny`` (smoke tests), a hub id or a directory."""
     lora: bool = True
@@ -125,6 +129,10 @@ class SFTConfig:
             raise ValueError(f"expected joint_rate in [0, 1], got {self.joint_rate!r}")
         if not isinstance(self.title_check, bool):
             raise ValueError(f"expected title_check to be True or False, got {self.title_check!r}")
+        if not isinstance(self.title_list, bool):
+            raise ValueError(f"expected title_list to be True or False, got {self.title_list!r}")
+        if self.title_list and (self.title_check or self.joint_rate):
+            raise ValueError("expected title_list alone, without title_check or joint_rate")
         if self.eval_n is not None and (not isinstance(self.eval_n, int) or self.eval_n < 0):
             raise ValueError(f"expected eval_n >= 0 or None, got {self.eval_n!r}")
 
@@ -154,7 +162,11 @@ def demonstrations(cfg: SFTConfig) -> list[Demonstration]:
     those that end with the right answer or a justified refusal are kept."""
     env = make_text_env(cfg, cfg.split)
     expert = SynthHopExpert(
-        env.tags, seed=cfg.seed, joint_rate=cfg.joint_rate, title_check=cfg.title_check
+        env.tags,
+        seed=cfg.seed,
+        joint_rate=cfg.joint_rate,
+        title_check=cfg.title_check,
+        title_list=cfg.title_list,
     )
     total = len(env.unwrapped.examples)
     order = np.random.default_rng(cfg.seed).permutation(total)

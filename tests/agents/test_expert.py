@@ -204,3 +204,42 @@ def test_title_check_off_gives_the_demonstrations_a_seed_always_gave():
         for turn in expert.play(env, i).turns:
             digest.update(turn.action.encode())
     assert digest.hexdigest() == "7d8bf2f12e2e0c9ca1cb6a67c3df7aad7e99299af465e9681900c445de9b7361"
+
+
+def test_title_list_lists_the_titles_then_reads_the_one_named_or_says_none_is():
+    """``title_list``: every turn after a search starts with ``Looking for X:`` and the titles
+    the observation shows, in rank order; it reads Doc r only where r's title is X, and says
+    "None is about X" exactly where X is not among them. The demonstrations stay right."""
+    import re
+
+    env = _env("rag_gym/SynthHop-Hard-v0", tags="evo_rag", unanswerable_rate=0.3)
+    expert = SynthHopExpert(env.tags, seed=1, title_list=True)
+    reads = misses = 0
+    for i, ex in enumerate(env.unwrapped.examples):
+        demo = expert.play(env, i)
+        refused = demo.info["action_type"] == ActionType.REFUSE.name
+        assert refused == (not ex.answerable), ex.question
+        if ex.answerable:
+            assert demo.info["scores"]["em"] == 1.0
+        for before, turn in zip(demo.turns, demo.turns[1:], strict=False):
+            titles = _titles_of(before.observation)
+            listed = re.match(r"<think>Looking for (.+?): (.+?)\. ", turn.action)
+            assert listed, turn.action
+            entity = listed.group(1)
+            assert re.findall(r"Doc \d+ is about (.+?)(?=, Doc|$)", listed.group(2)) == titles
+            read = re.search(
+                r"(?:Doc (\d+) says|According to Doc (\d+),|From Doc (\d+):|"
+                r"Doc (\d+) tells me)",
+                turn.action,
+            )
+            if entity in titles:
+                assert read and titles[int(next(g for g in read.groups() if g)) - 1] == entity
+                reads += 1
+            else:
+                assert f"None is about {entity}" in turn.action and not read, turn.action
+                misses += 1
+    assert reads > 50 and misses > 5
+    with pytest.raises(ValueError, match="title_list alone"):
+        SynthHopExpert(env.tags, title_list=True, title_check=True)
+    with pytest.raises(ValueError, match="title_list alone"):
+        SynthHopExpert(env.tags, title_list=True, joint_rate=0.5)

@@ -366,7 +366,11 @@ def test_sft_command_passes_its_options_to_the_run(tmp_path, monkeypatch):
     cfg = seen["cfg"]
     assert (cfg.env_id, cfg.tags, cfg.n_demos) == ("rag_gym/SynthHop-Hard-v0", "evo_rag", 30)
     assert (cfg.max_length, cfg.micro_batch_size, cfg.batch_size) == (1536, 2, 4)
-    assert cfg.joint_rate == 0.5 and cfg.title_check is True
+    assert cfg.joint_rate == 0.5 and cfg.title_check is True and cfg.title_list is False
+    result = CliRunner().invoke(
+        app, ["train", "sft", "--title-list", "--title-check", "--out", str(tmp_path)]
+    )
+    assert result.exit_code != 0 and "title_list alone" in result.output
     result = CliRunner().invoke(app, ["train", "sft", "--joint-rate", "2", "--out", str(tmp_path)])
     assert result.exit_code != 0 and "joint_rate in [0, 1]" in result.output
     result = CliRunner().invoke(app, ["train", "sft", "--max-length", "0", "--out", str(tmp_path)])
