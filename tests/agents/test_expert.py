@@ -17,6 +17,16 @@ def _env(env_id="rag_gym/SynthHop-v0", tags="search_r1", **world):
     return TextActions(gym.make(env_id, split="train", dataset_kwargs=kwargs), tags=tags)
 
 
+def _right(demo, ex) -> bool:
+    """Assert a Hard demonstration is right (EM 1, or a refusal exactly when unanswerable);
+    return whether it refused."""
+    refused = demo.info["action_type"] == ActionType.REFUSE.name
+    assert refused == (not ex.answerable), ex.question
+    if ex.answerable:
+        assert demo.info["scores"]["em"] == 1.0
+    return refused
+
+
 def test_every_demonstration_answers_right_and_retrieves_its_gold():
     env = _env()
     expert = SynthHopExpert(env.tags, seed=0)
@@ -40,11 +50,7 @@ def test_hard_world_refuses_only_unanswerable_questions():
     seen = {True: 0, False: 0}
     for i, ex in enumerate(env.unwrapped.examples):
         demo = expert.play(env, i)
-        refused = demo.info["action_type"] == ActionType.REFUSE.name
-        assert refused == (not ex.answerable), ex.question
-        if ex.answerable:
-            assert demo.info["scores"]["em"] == 1.0
-        else:
+        if _right(demo, ex):
             assert demo.turns[-1].action.endswith("<refuse/>")
         seen[ex.answerable] += 1
     assert seen[False] > 0 and seen[True] > 0
@@ -165,10 +171,7 @@ def test_title_check_names_the_document_read_and_the_titles_of_a_miss():
     reads = misses = refusals = 0
     for i, ex in enumerate(env.unwrapped.examples):
         demo = expert.play(env, i)
-        refused = demo.info["action_type"] == ActionType.REFUSE.name
-        assert refused == (not ex.answerable), ex.question
-        if ex.answerable:
-            assert demo.info["scores"]["em"] == 1.0
+        refused = _right(demo, ex)
         observations = [""] + [t.observation for t in demo.turns]
         for turn, before in zip(demo.turns, observations, strict=False):
             titles = _titles_of(before)
@@ -217,10 +220,7 @@ def test_title_list_lists_the_titles_then_reads_the_one_named_or_says_none_is():
     reads = misses = 0
     for i, ex in enumerate(env.unwrapped.examples):
         demo = expert.play(env, i)
-        refused = demo.info["action_type"] == ActionType.REFUSE.name
-        assert refused == (not ex.answerable), ex.question
-        if ex.answerable:
-            assert demo.info["scores"]["em"] == 1.0
+        _right(demo, ex)
         for before, turn in zip(demo.turns, demo.turns[1:], strict=False):
             titles = _titles_of(before.observation)
             listed = re.match(r"<think>Looking for (.+?): (.+?)\. ", turn.action)
