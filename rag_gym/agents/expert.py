@@ -223,22 +223,12 @@ class SynthHopExpert:
             raise ValueError(f"expected a tag set with search and answer tags, got {tags.name!r}")
         if not isinstance(max_attempts, int) or max_attempts < 1:
             raise ValueError(f"expected max_attempts >= 1, got {max_attempts!r}")
-        if isinstance(joint_rate, bool) or not 0.0 <= joint_rate <= 1.0:
-            raise ValueError(f"expected joint_rate in [0, 1], got {joint_rate!r}")
+        check_options(joint_rate, title_check, title_list)
         self.tags = tags
         self.rng = np.random.default_rng(seed)
         self.max_attempts = max_attempts
         self.joint_rate = float(joint_rate)
-        if not isinstance(title_check, bool):
-            raise ValueError(f"expected title_check to be True or False, got {title_check!r}")
         self.title_check = title_check
-        if not isinstance(title_list, bool):
-            raise ValueError(f"expected title_list to be True or False, got {title_list!r}")
-        if title_list and (title_check or self.joint_rate):
-            raise ValueError(
-                "expected title_list alone: it replaces title_check's phrasing, and joint "
-                "searches (joint_rate) have no title list yet"
-            )
         self.title_list = title_list
 
     # -- text pieces --
@@ -412,9 +402,30 @@ class SynthHopExpert:
         return demo
 
 
+def check_options(joint_rate: float, title_check: bool, title_list: bool) -> None:
+    """Raise ``ValueError`` for phrasing options :class:`SynthHopExpert` does not take (also
+    checked by ``SFTConfig``, before any demonstration is written)."""
+    if isinstance(joint_rate, bool) or not 0.0 <= joint_rate <= 1.0:
+        raise ValueError(f"expected joint_rate in [0, 1], got {joint_rate!r}")
+    if not isinstance(title_check, bool):
+        raise ValueError(f"expected title_check to be True or False, got {title_check!r}")
+    if not isinstance(title_list, bool):
+        raise ValueError(f"expected title_list to be True or False, got {title_list!r}")
+    if title_list and (title_check or joint_rate):
+        raise ValueError(
+            "expected title_list alone: it replaces title_check's phrasing, and joint "
+            "searches (joint_rate) have no title list yet"
+        )
+
+
+def _passage_titles(info: dict[str, Any]) -> list[str]:
+    """The titles of the passages the last search returned, in rank order."""
+    return [str(p["title"]) for p in info.get("passages", [])]
+
+
 def _title_list(entity: str, info: dict[str, Any]) -> str:
     """``Looking for X: Doc 1 is about A, Doc 2 is about B, Doc 3 is about C.``"""
-    titles = [str(p["title"]) for p in info.get("passages", [])]
+    titles = _passage_titles(info)
     if not titles:
         return f"Looking for {entity}: no documents came back."
     docs = ", ".join(f"Doc {i} is about {t}" for i, t in enumerate(titles, 1))
@@ -423,7 +434,7 @@ def _title_list(entity: str, info: dict[str, Any]) -> str:
 
 def _titles(info: dict[str, Any]) -> str:
     """The titles of the passages a search returned, as ``A, B and C``."""
-    titles = [str(p["title"]) for p in info.get("passages", [])]
+    titles = _passage_titles(info)
     if not titles:
         return "nothing"
     return titles[0] if len(titles) == 1 else f"{', '.join(titles[:-1])} and {titles[-1]}"

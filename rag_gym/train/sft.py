@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from rag_gym.agents.expert import Demonstration, SynthHopExpert
+from rag_gym.agents.expert import Demonstration, SynthHopExpert, check_options
 from rag_gym.envs.search import ActionType
 from rag_gym.wrappers.text_actions import OBS_TEMPLATE
 
@@ -125,14 +125,7 @@ class SFTConfig:
             )
         if not self.learning_rate > 0 or not math.isfinite(self.learning_rate):
             raise ValueError(f"expected learning_rate > 0, got {self.learning_rate!r}")
-        if isinstance(self.joint_rate, bool) or not 0.0 <= self.joint_rate <= 1.0:
-            raise ValueError(f"expected joint_rate in [0, 1], got {self.joint_rate!r}")
-        if not isinstance(self.title_check, bool):
-            raise ValueError(f"expected title_check to be True or False, got {self.title_check!r}")
-        if not isinstance(self.title_list, bool):
-            raise ValueError(f"expected title_list to be True or False, got {self.title_list!r}")
-        if self.title_list and (self.title_check or self.joint_rate):
-            raise ValueError("expected title_list alone, without title_check or joint_rate")
+        check_options(self.joint_rate, self.title_check, self.title_list)
         if self.eval_n is not None and (not isinstance(self.eval_n, int) or self.eval_n < 0):
             raise ValueError(f"expected eval_n >= 0 or None, got {self.eval_n!r}")
 
