@@ -470,6 +470,7 @@ def warm_up(data, indices, indptr, id_rank, doc_len=None) -> None:
     out = (np.zeros((1, 1), np.int64), np.zeros((1, 1), data.dtype), np.zeros(1, np.int64))
     scratch = new_scratch(1, data.dtype)
     blocks = compute_blocks(d, ix, ip)
+    blocks["block_rank"] = block_min_rank(ix, ip, blocks, rank)
     query = (
         d,
         ix,
@@ -479,7 +480,7 @@ def warm_up(data, indices, indptr, id_rank, doc_len=None) -> None:
         blocks["block_ptr"],
         blocks["block_max"],
         blocks["block_last"],
-        block_min_rank(ix, ip, blocks, rank),
+        blocks["block_rank"],
         best_blocks(blocks),
         rank,
         rank,
@@ -495,7 +496,10 @@ def warm_up(data, indices, indptr, id_rank, doc_len=None) -> None:
     )
     top_k_blockmax(*query, *no_length_bounds(data.dtype))
     lengths = like(doc_len, [1]) if doc_len is not None else np.ones(1, dtype=np.int32)
-    top_k_blockmax(*query, lengths, *length_bounds(tok, d, ix, ip, blocks, lengths, {}))
+    state: dict = {}
+    minlen, rows, table = length_bounds(tok, d, ix, ip, blocks, lengths, state)
+    pairs = pair_bounds(tok, ptr, rows, d, ix, ip, state)
+    top_k_blockmax(*query, lengths, minlen, rows, table, pairs, *super_blocks(state))
     blocks["best_block"] = best_blocks(blocks)
     check_lists(tok, ip, ix, 1, blocks, np.zeros(1, np.uint8))
     check_lists(tok, ip, ix, 1, None, np.zeros(1, np.uint8))
@@ -559,6 +563,24 @@ def _bound_at(tmax_u, row_u, len_bound, length):
     return tmax_u
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _pair_at(pair_bound, row_a, row_b, tmax_b):
+    """The bound on token ``b``'s contribution to a passage holding token ``a`` (rows of the
+    length tables; -1: none): :func:`pair_bounds`'s entry where computed, else ``b``'s list
+    maximum."""
+    n = pair_bound.shape[0]
+    if 0 <= row_a < n and 0 <= row_b < n:
+        v = pair_bound[row_a, row_b]
+        if v >= 0 and v < tmax_b:
+            return v
+    return tmax_b
+
+
+SUPERBLOCK = 64
+"""Blocks per superblock (:func:`top_k_blockmax`'s wide ranges): each keeps its blocks' largest contribution,
+last passage, smallest id rank and shortest passage."""
+
+
 @njit(nogil=True, cache=True)
 def _find_blocked(indices, lo, hi, block, b_lo, b_hi, block_last, d) -> int:
     # position of passage d in the posting list indices[lo:hi], whose blocks are
@@ -605,6 +627,12 @@ def top_k_blockmax(
     block_minlen,
     token_row,
     len_bound,
+    pair_bound,
+    sb_off,
+    sb_max,
+    sb_last,
+    sb_rank,
+    sb_minlen,
 ) -> None:
     """:func:`top_k_dense`'s results, bit for bit, reading a fraction of the postings; needs
     :func:`block_facts`'s arrays and an index it accepted (contributions >= 0, sorted lists).
@@ -640,6 +668,22 @@ def top_k_blockmax(
     words and the k-th best score is a tie among the shortest of them, those bounds equal the
     tied passages' exact contributions: whole blocks of tied passages are skipped by the tie
     rule above, and a longer passage is dropped before any probe.
+
+    Pair bounds (with the length bounds; ``pair_bound`` of shape (0, 0): off): a passage that
+    holds token ``a`` gets from token ``b`` at most the largest contribution ``b`` makes to any
+    passage holding ``a``, ``pair_bound[row(a), row(b)]`` (rows of ``token_row``; -1: not
+    computed, the list's maximum then; :func:`pair_bounds`). A range's passages each hold one
+    of the essential lists whose current block covers it, so a non-essential list is bounded
+    there by its largest pair bound with those lists; a passage holds every essential list it
+    was found in, so on one passage the smallest of those pair bounds applies. Where two
+    frequent words never share a passage (``quarri`` and ``atlas`` in a SynthHop world, whose
+    passages about a quarry never mention an atlas), the bound is 0: a query naming both kinds
+    then skips every block of either list whose bound alone cannot pass the k-th best score,
+    instead of probing the other list for each of its passages. With them, a range is first
+    tried whole over superblocks (:data:`SUPERBLOCK` blocks of a list with a length table:
+    ``sb_*`` from :func:`length_bounds`, ``sb_off`` each row's first), then over blocks
+    (see the comments in the scan), so that a scan of thousands of tied passages costs a few checks per
+    superblock, not one per block.
     """
     hs = np.empty(k, dtype=out_scores.dtype)
     hr = np.empty(k, dtype=np.int64)
@@ -647,6 +691,7 @@ def top_k_blockmax(
     zero = np.zeros(1, dtype=out_scores.dtype)[0]
     big = np.iinfo(np.int64).max
     use_len = doc_len.shape[0] > 0
+    use_pair = use_len and pair_bound.shape[0] > 0
     cap = len_bound.shape[1] - 1
     for q in range(token_ptr.shape[0] - 1):
         if clock[0] >= STAMP_LIMIT:
@@ -706,6 +751,10 @@ def top_k_blockmax(
         for u in range(n_u):
             tmax[u] = token_max[tok[u]]  # a float32 maximum, so exact
         lb = np.empty(n_u, dtype=out_scores.dtype)  # each list's bound at one length
+        umax = np.empty(n_u, dtype=out_scores.dtype)  # the wide ranges' units of the lists
+        ulast = np.empty(n_u, dtype=np.int64)
+        urank = np.empty(n_u, dtype=np.int64)
+        ulen = np.empty(n_u, dtype=np.int64)
         lrest = np.empty(n_u + 1, dtype=np.float64)
         size = 0
         # a head start: the k largest contributions of each list's best block, scored exactly,
@@ -760,6 +809,8 @@ def top_k_blockmax(
         region_bound = np.inf
         region_ub = zero  # the same bound summed in float32 as bm25s sums: exact, no margin
         region_rank = -1  # the smallest id rank of the passages in the range's blocks
+        sb_fails = 0  # superblock ranges not skipped in a row
+        sb_wait = 0  # ranges before superblocks are tried again
         while ne < n_u:
             # the next passage of an essential list
             d = big
@@ -770,7 +821,112 @@ def top_k_blockmax(
             if d == big:
                 break
             if size == k:
-                if d > region_hi:
+                if d > region_hi and use_pair:
+                    # with pair bounds, a range from d over the current unit of every
+                    # essential list: its superblock (level 0, where it has them), skipped
+                    # whole where it cannot reach the k best, else its block (level 1). It
+                    # ends where the first unit of the lists at d ends. A list whose next
+                    # passage comes later adds nothing there and is left out; over
+                    # superblocks any other list is included (ess) and ends the range at its
+                    # unit's end too, over blocks it ends the range before its next passage.
+                    # A passage of the range that can score holds an included list e: it
+                    # gets at most e's unit maximum plus, from every other list, the smaller
+                    # of its own bound (unit maximum, or a non-essential list's length bound
+                    # at the units' shortest passage; 0 with no posting in the range) and its
+                    # pair bound with e. The range's bound is the largest over e: where two
+                    # lists never share a passage, one unit's maximum, not their sum.
+                    # Superblocks are tried again after 2**n - 1 ranges once they failed n
+                    # times in a row.
+                    level = 0 if sb_wait == 0 else 1
+                    while True:
+                        region_hi = big
+                        for u in range(n_u):
+                            ess[u] = False
+                        for i in range(ne, n_u):
+                            u = ord_[i]
+                            if pos[u] >= end[u]:
+                                continue
+                            t = tok[u]
+                            j = pos[u] - indptr[t]  # the list's postings before its next one
+                            c = block_ptr[t] + j // block
+                            r = row[u]
+                            if level == 0 and 0 <= r < sb_off.shape[0] and sb_off[r] >= 0:
+                                xs = sb_off[r] + j // (block * SUPERBLOCK)
+                                umax[u], ulast[u] = sb_max[xs], sb_last[xs]
+                                urank[u], ulen[u] = sb_rank[xs], sb_minlen[xs]
+                            else:
+                                umax[u], ulast[u], urank[u] = (
+                                    block_max[c],
+                                    block_last[c],
+                                    block_rank[c],
+                                )
+                                ulen[u] = block_minlen[c]
+                            if indices[pos[u]] == d and ulast[u] < region_hi:
+                                region_hi = ulast[u]
+                        region_rank = big
+                        shortest = cap
+                        for i in range(ne, n_u):
+                            u = ord_[i]
+                            if pos[u] >= end[u]:
+                                continue
+                            nxt = indices[pos[u]]
+                            if nxt == d or (level == 0 and nxt <= region_hi):
+                                ess[u] = True
+                            elif nxt <= region_hi:  # blocks: end the range before it instead
+                                region_hi = nxt - 1
+                        for i in range(ne, n_u):
+                            u = ord_[i]
+                            if ess[u]:
+                                region_hi = min(region_hi, ulast[u])
+                                region_rank = min(region_rank, urank[u])
+                                shortest = min(shortest, ulen[u])
+                        for u in range(n_u):
+                            noness[u] = False
+                        for i in range(ne):
+                            u = ord_[i]
+                            p = _gallop(indices, pos[u], end[u], d)
+                            pos[u] = p
+                            noness[u] = p < end[u] and indices[p] <= region_hi
+                            lb[u] = _bound_at(tmax[u], row[u], len_bound, shortest)
+                        region_bound = 0.0
+                        region_ub = zero
+                        for e in range(n_u):
+                            if not ess[e]:
+                                continue
+                            tot = 0.0
+                            sub = zero
+                            for i in range(m):  # in query order, summed as bm25s sums
+                                v = occ[i]
+                                if v == e:
+                                    x = umax[e]
+                                elif ess[v] or noness[v]:
+                                    x = umax[v] if ess[v] else lb[v]
+                                    y = _pair_at(pair_bound, row[e], row[v], tmax[v])
+                                    if y < x:
+                                        x = y
+                                else:
+                                    x = zero  # no posting in the range
+                                tot += x
+                                sub += x
+                            if tot > region_bound:
+                                region_bound = tot
+                            if sub > region_ub:
+                                region_ub = sub
+                        region_ub += b
+                        if level == 1:
+                            sb_wait = max(sb_wait - 1, 0)
+                            break
+                        if (
+                            region_bound + margin < theta
+                            or region_ub < hs[0]
+                            or (region_ub == hs[0] and region_rank > hr[0])
+                        ):
+                            sb_fails = 0
+                            break
+                        sb_fails = min(sb_fails + 1, 16)
+                        sb_wait = (1 << sb_fails) - 1
+                        level = 1
+                elif d > region_hi:
                     # the essential lists' blocks holding d (a list whose next passage comes
                     # after d adds nothing before it), and the non-essential lists' bounds,
                     # bound every passage up to the first block end or next passage
@@ -851,6 +1007,12 @@ def top_k_blockmax(
                     for i in range(ne):
                         u = ord_[i]
                         lb[u] = _bound_at(tmax[u], row[u], len_bound, ln)
+                        if use_pair:  # d holds every essential list it was found in
+                            for e in range(n_u):
+                                if hit[e]:
+                                    v = _pair_at(pair_bound, row[e], row[u], tmax[u])
+                                    if v < lb[u]:
+                                        lb[u] = v
                         lrest[i + 1] = lrest[i] + mult[u] * lb[u]
                     dropped = known + lrest[ne] + margin < theta
                 # probe the non-essential lists, largest bound first, while d can still make it
@@ -1003,21 +1165,190 @@ def length_bounds(tokens, data, indices, indptr, blocks: dict, doc_len, state: d
             out,
         )
         if full < 0:
-            return state["block_minlen"], out, state["table"]
+            break
         old = state["table"]
         grown = np.zeros((max(16, 2 * old.shape[0]), old.shape[1]), dtype=old.dtype)
         grown[: old.shape[0]] = old
         state["table"] = grown
+    _super_blocks(tokens, out, indptr, blocks, state)
+    return state["block_minlen"], out, state["table"]
+
+
+def super_blocks(state: dict) -> tuple:
+    """:func:`top_k_blockmax`'s superblock arguments ``(sb_off, sb_max, sb_last, sb_rank,
+    sb_minlen)`` as :func:`length_bounds` left them in ``state``."""
+    return tuple(state[name] for name in ("sb_off", "sb_max", "sb_last", "sb_rank", "sb_minlen"))
+
+
+def no_super_blocks(dtype) -> tuple:
+    """:func:`top_k_blockmax`'s superblock arguments, none."""
+    return (
+        np.zeros(0, dtype=np.int64),
+        np.zeros(0, dtype=dtype),
+        np.zeros(0, dtype=np.int64),
+        np.zeros(0, dtype=np.int64),
+        np.zeros(0, dtype=np.uint8),
+    )
+
+
+@njit(nogil=True, cache=True)
+def _fill_super_blocks(
+    tokens, rows, block_ptr, block_max, block_last, block_rank, block_minlen, sb_off, sb_max,
+    sb_last, sb_rank, sb_minlen, n_used,
+) -> int:  # fmt: skip
+    for q in range(tokens.shape[0]):
+        r = rows[q]
+        if r < 0 or sb_off[r] >= 0:
+            continue
+        t = tokens[q]
+        lo, hi = block_ptr[t], block_ptr[t + 1]
+        n_sb = (hi - lo + SUPERBLOCK - 1) // SUPERBLOCK
+        off = n_used[0]
+        if off + n_sb > sb_max.shape[0]:
+            return q  # full: the caller grows the pool and calls again
+        for x in range(n_sb):
+            c0 = lo + x * SUPERBLOCK
+            c1 = min(c0 + SUPERBLOCK, hi)
+            most, rank, shortest = block_max[c0], block_rank[c0], block_minlen[c0]
+            for c in range(c0 + 1, c1):
+                most = max(most, block_max[c])
+                rank = min(rank, block_rank[c])
+                shortest = min(shortest, block_minlen[c])
+            sb_max[off + x] = most
+            sb_last[off + x] = block_last[c1 - 1]
+            sb_rank[off + x] = rank
+            sb_minlen[off + x] = shortest
+        n_used[0] = off + n_sb
+        sb_off[r] = off  # written last: a row is whole once it has an offset
+    return -1
+
+
+def _super_blocks(tokens, rows, indptr, blocks: dict, state: dict) -> None:
+    """Each length-table row's superblocks (:data:`SUPERBLOCK` blocks: their largest
+    contribution, last passage, smallest id rank and shortest passage), computed the first time
+    a query reads the row's list and kept in ``state``; needs ``blocks["block_rank"]``. A row
+    never changes once written, and growing the pool copies it."""
+    n_rows = state["table"].shape[0]
+    if "sb_off" not in state:
+        state["sb_off"] = np.zeros(0, dtype=np.int64)
+        state["sb_n"] = np.zeros(1, dtype=np.int64)
+        for name, dtype in (
+            ("sb_max", state["table"].dtype),
+            ("sb_last", np.int64),
+            ("sb_rank", np.int64),
+            ("sb_minlen", np.uint8),
+        ):
+            state[name] = np.zeros(0, dtype=dtype)
+    if state["sb_off"].shape[0] < n_rows:
+        grown = np.full(n_rows, -1, dtype=np.int64)
+        grown[: state["sb_off"].shape[0]] = state["sb_off"]
+        state["sb_off"] = grown
+    rank = blocks.get("block_rank")
+    if rank is None:
+        return  # no superblocks: every row keeps offset -1
+    while True:
+        full = _fill_super_blocks(
+            tokens,
+            rows,
+            blocks["block_ptr"],
+            blocks["block_max"],
+            blocks["block_last"],
+            rank,
+            state["block_minlen"],
+            state["sb_off"],
+            state["sb_max"],
+            state["sb_last"],
+            state["sb_rank"],
+            state["sb_minlen"],
+            state["sb_n"],
+        )
+        if full < 0:
+            return
+        size = max(1024, 2 * state["sb_max"].shape[0])
+        for name in ("sb_max", "sb_last", "sb_rank", "sb_minlen"):
+            grown = np.zeros(size, dtype=state[name].dtype)
+            grown[: state[name].shape[0]] = state[name]
+            state[name] = grown
 
 
 def no_length_bounds(dtype) -> tuple:
-    """:func:`top_k_blockmax`'s four length-bound arguments, switched off."""
+    """:func:`top_k_blockmax`'s length-, pair- and superblock arguments, switched off."""
     return (
         np.zeros(0, dtype=np.int32),
         np.zeros(0, dtype=np.uint8),
         np.zeros(0, dtype=np.int64),
         np.zeros((0, 1), dtype=dtype),
+        no_pair_bounds(dtype),
+        *no_super_blocks(dtype),
     )
+
+
+def no_pair_bounds(dtype) -> np.ndarray:
+    """:func:`top_k_blockmax`'s ``pair_bound``, switched off."""
+    return np.zeros((0, 0), dtype=dtype)
+
+
+PAIR_ROWS = 2048
+"""Pair bounds (:func:`pair_bounds`) are kept between the tokens of the first this many
+length-table rows: a float32 table of at most 16 MiB, whatever the vocabulary."""
+
+
+@njit(nogil=True, cache=True)
+def _pair_bounds(tokens, token_ptr, rows, data, indices, indptr, pair) -> None:
+    n = pair.shape[0]
+    zero = np.zeros(1, dtype=data.dtype)[0]
+    for q in range(token_ptr.shape[0] - 1):
+        for i in range(token_ptr[q], token_ptr[q + 1]):
+            ra = rows[i]
+            if ra < 0 or ra >= n:
+                continue
+            for j in range(token_ptr[q], token_ptr[q + 1]):
+                rb = rows[j]
+                if rb < 0 or rb >= n or rb == ra or pair[ra, rb] >= 0:
+                    continue
+                # the shorter list (sh) is walked, the longer (lo) galloped in
+                sh, lo, r_sh, r_lo = tokens[i], tokens[j], ra, rb
+                if indptr[sh + 1] - indptr[sh] > indptr[lo + 1] - indptr[lo]:
+                    sh, lo, r_sh, r_lo = lo, sh, rb, ra
+                most_sh, most_lo = zero, zero
+                p, hi = indptr[lo], indptr[lo + 1]
+                for x in range(indptr[sh], indptr[sh + 1]):
+                    if p >= hi:
+                        break
+                    d = indices[x]
+                    p = _gallop(indices, p, hi, d)
+                    if p < hi and indices[p] == d:
+                        if data[x] > most_sh:
+                            most_sh = data[x]
+                        if data[p] > most_lo:
+                            most_lo = data[p]
+                pair[r_lo, r_sh] = most_sh  # sh's largest contribution to a passage holding lo
+                pair[r_sh, r_lo] = most_lo
+
+
+def pair_bounds(tokens, token_ptr, rows, data, indices, indptr, state: dict) -> np.ndarray:
+    """:func:`top_k_blockmax`'s ``pair_bound`` for the queries ``tokens``/``token_ptr`` (CSR,
+    as the kernel takes them), whose length-table rows are ``rows`` (:func:`length_bounds`):
+    ``pair_bound[r, s]`` is the largest contribution the token of row ``s`` makes to a passage
+    that holds the token of row ``r`` (0 where they never share a passage; -1: not computed).
+
+    Each pair of tokens that share a query, both with a row below :data:`PAIR_ROWS`, is
+    computed the first time a query holds both (one walk of the shorter list, galloping in the
+    longer) and kept in ``state`` (the length bounds' ``state``): a list long enough to have a
+    length table is where a bound pays. An entry never changes once written, and growing the
+    table copies it, so the array a running kernel holds stays whole. Not thread-safe: call it
+    under the caller's lock, after :func:`length_bounds` for the same tokens."""
+    used = int(rows.max()) + 1 if len(rows) else 0
+    need = min(used, PAIR_ROWS)
+    pair = state.get("pairs")
+    if pair is None or pair.shape[0] < need:
+        size = min(PAIR_ROWS, max(16, need, 2 * (0 if pair is None else pair.shape[0])))
+        grown = np.full((size, size), -1, dtype=data.dtype)
+        if pair is not None:
+            grown[: pair.shape[0], : pair.shape[1]] = pair
+        state["pairs"] = pair = grown
+    _pair_bounds(tokens, token_ptr, rows, data, indices, indptr, pair)
+    return pair
 
 
 @njit(nogil=True, cache=True)

@@ -128,9 +128,14 @@ class BM25Retriever:
         length_bounds: the block-max kernel bounds a list's contribution by the passage's
             length (an index built with passage lengths: every index built since they were
             saved); the results are the same either way (``False`` to compare speeds).
+        pair_bounds: with the length bounds, the block-max kernel also bounds a list's
+            contribution to a passage by the largest it makes beside the query's other words
+            found there (0 for two words that never share a passage); the same results
+            either way (``False`` to compare speeds).
     """
 
     length_bounds: bool = True
+    pair_bounds: bool = True
 
     def __init__(
         self,
@@ -391,7 +396,7 @@ class BM25Retriever:
         else:
             excluded = np.zeros(0, np.int64)
         self._check_lists(tokens)
-        lengths = self._length_bounds(tokens)
+        lengths = self._length_bounds(tokens, token_ptr)
         out_pos = np.empty((n, k), dtype=np.int64)
         out_val = np.empty((n, k), dtype=self._data.dtype)
         out_n = np.empty(n, dtype=np.int64)
@@ -511,25 +516,30 @@ class BM25Retriever:
                 "rebuild the index"
             )
 
-    def _length_bounds(self, tokens: np.ndarray) -> tuple:
-        """The block-max kernel's length-bound arguments for ``tokens``
-        (:func:`~rag_gym.retrieval._bm25_numba.length_bounds`: each list's table and block
-        lengths are computed the first time a query reads it); switched off for an index
-        without passage lengths, with ``length_bounds`` off, or another kernel."""
+    def _length_bounds(self, tokens: np.ndarray, token_ptr: np.ndarray) -> tuple:
+        """The block-max kernel's length- and pair-bound arguments for the queries
+        ``tokens``/``token_ptr`` (:func:`~rag_gym.retrieval._bm25_numba.length_bounds` and
+        :func:`~rag_gym.retrieval._bm25_numba.pair_bounds`: each list's table and block
+        lengths, and each pair of lists' bounds, are computed the first time a query reads
+        them, with each list's superblocks); switched off for an index without passage lengths,
+        with ``length_bounds`` off, or another kernel, and the pair bounds (with the wider
+        ranges they allow) alone with ``pair_bounds`` off."""
         kernels = self._kernels
         if self._doc_len is None or not self.length_bounds or self.kernel != "blockmax":
             return kernels.no_length_bounds(self._data.dtype)
+        arrays = (self._data, self._indices, self._indptr)
+        self._block_extras(self._blocks)  # the block ranks, which the superblocks keep
         with self._lock:
             minlen, rows, table = kernels.length_bounds(
-                tokens,
-                self._data,
-                self._indices,
-                self._indptr,
-                self._blocks,
-                self._doc_len,
-                self._lengths,
+                tokens, *arrays, self._blocks, self._doc_len, self._lengths
             )
-        return self._doc_len, minlen, rows, table
+            if self.pair_bounds:
+                pairs = kernels.pair_bounds(tokens, token_ptr, rows, *arrays, self._lengths)
+                supers = kernels.super_blocks(self._lengths)
+            else:
+                pairs = kernels.no_pair_bounds(self._data.dtype)
+                supers = kernels.no_super_blocks(self._data.dtype)
+        return self._doc_len, minlen, rows, table, pairs, *supers
 
     def _take_scratch(self) -> tuple:
         # one scratch set per concurrent batch part, kept for the next call (no re-zeroing)

@@ -214,11 +214,16 @@ def templated_corpus(seed: int, n: int = 6000) -> Corpus:
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_length_bounds_keep_exhaustive_top_k(seed):
-    """The block-max kernel with its length bounds (and without) returns exhaustive scoring's
-    top-k on templated text whose k-th best score is a tie, with comparison-like and
-    template-only queries, k of 1, 3 and 40, and exclusions."""
+    """The block-max kernel with its length and pair bounds (and without either) returns
+    exhaustive scoring's top-k on templated text whose k-th best score is a tie, with
+    comparison-like and template-only queries, k of 1, 3 and 40, exclusions, and blocks of 64
+    and of 4 postings (whose superblocks of 256 postings the wide ranges then skip)."""
+    from rag_gym.retrieval import _bm25_numba
+
     corpus = templated_corpus(seed)
     bm25 = BM25Retriever(corpus, backend="numba")
+    default_blocks = bm25._blocks
+    small_blocks = _bm25_numba.compute_blocks(bm25._data, bm25._indices, bm25._indptr, block=4)
     assert bm25._doc_len is not None
     rng = random.Random(seed)
 
@@ -239,12 +244,16 @@ def test_length_bounds_keep_exhaustive_top_k(seed):
             bm25.kernel = "dense"
             expected = bm25.retrieve(queries, k, exclude=excl)
             bm25.kernel = "blockmax"
-            for on in (True, False):
-                bm25.length_bounds = on
-                got = bm25.retrieve(queries, k, exclude=excl)
-                assert got.ids == expected.ids, (seed, k, on)
-                assert got.scores == expected.scores, (seed, k, on)
-    bm25.length_bounds = True
+            for blocks in (default_blocks, small_blocks):
+                bm25._blocks = blocks
+                for lengths, pairs in ((True, True), (True, False), (False, False)):
+                    bm25.length_bounds, bm25.pair_bounds = lengths, pairs
+                    got = bm25.retrieve(queries, k, exclude=excl)
+                    case = (seed, k, blocks["block"], lengths, pairs)
+                    assert got.ids == expected.ids, case
+                    assert got.scores == expected.scores, case
+    bm25._blocks = default_blocks
+    bm25.length_bounds = bm25.pair_bounds = True
     # the ties are real: most comparison queries' top 40 hold one score 20 times or more
     got = bm25.retrieve(queries[:60], 40)
     tied = [max(scores.count(s) for s in scores) for scores in got.scores]
@@ -285,3 +294,57 @@ def test_length_tables_bound_every_posting():
     # a second call builds nothing new: the same rows, the same table
     again = _bm25_numba.length_bounds(tokens, data, indices, indptr, blocks, bm25._doc_len, state)
     assert np.array_equal(again[1], rows) and again[2] is state["table"]
+
+
+def test_pair_bounds_and_superblocks_bound_every_passage():
+    """Each pair bound is the largest contribution one token makes to a passage holding the
+    other (0 for template words of two kinds, which never share a passage), and each
+    superblock holds its blocks' largest contribution, last passage, smallest id rank and
+    shortest passage."""
+    from rag_gym.retrieval import _bm25_numba
+
+    corpus = templated_corpus(3)
+    bm25 = BM25Retriever(corpus, backend="numba")
+    data, indices, indptr = bm25._data, bm25._indices, bm25._indptr
+    blocks = _bm25_numba.compute_blocks(data, indices, indptr, block=4)
+    blocks["block_rank"] = _bm25_numba.block_min_rank(indices, indptr, blocks, bm25._id_rank)
+    tokens = np.arange(len(indptr) - 1, dtype=np.int64)
+    state: dict = {}
+    minlen, rows, _ = _bm25_numba.length_bounds(
+        tokens, data, indices, indptr, blocks, bm25._doc_len, state
+    )
+    with_rows = tokens[rows >= 0]
+    assert len(with_rows) >= 10  # the template words
+    # one query of every token with a row: every pair of them is computed
+    pair = _bm25_numba.pair_bounds(
+        with_rows, np.array([0, len(with_rows)]), rows[with_rows], data, indices, indptr, state
+    )
+    lists = {
+        int(t): (indices[indptr[t] : indptr[t + 1]], data[indptr[t] : indptr[t + 1]])
+        for t in with_rows
+    }
+    zeros = 0
+    for a in with_rows:
+        for b in with_rows:
+            if a == b:
+                continue
+            _, _, in_b = np.intersect1d(lists[a][0], lists[b][0], return_indices=True)
+            expected = lists[b][1][in_b].max() if len(in_b) else 0.0
+            assert pair[rows[a], rows[b]] == expected, (a, b)
+            zeros += expected == 0
+    assert zeros >= 4  # e.g. "loom" and "harbour" never meet
+    sb_off, sb_max, sb_last, sb_rank, sb_minlen = _bm25_numba.super_blocks(state)
+    per = _bm25_numba.SUPERBLOCK
+    checked = 0
+    for t in with_rows:
+        lo, hi = int(blocks["block_ptr"][t]), int(blocks["block_ptr"][t + 1])
+        off = sb_off[rows[t]]
+        assert off >= 0
+        for x, c0 in enumerate(range(lo, hi, per)):
+            c = slice(c0, min(c0 + per, hi))
+            assert sb_max[off + x] == blocks["block_max"][c].max()
+            assert sb_last[off + x] == blocks["block_last"][c][-1]
+            assert sb_rank[off + x] == blocks["block_rank"][c].min()
+            assert sb_minlen[off + x] == minlen[c].min()
+            checked += 1
+    assert checked > len(with_rows)  # lists of several superblocks (blocks of 4 postings)
