@@ -13,9 +13,9 @@ JSONL, or the ``--corpus`` file), each step in a fresh process so that memory fi
   load (and how much of it is file-backed, i.e. mapped index pages), then batched throughput (one
   ``retrieve`` call over ``--queries`` queries, k = ``--k``, best of ``--repeats``) and
   single-query throughput (``--single`` calls); the top-k kernels on the same queries, timed
-  alternately: block-max (default), block-max without its length bounds, term-at-a-time
-  MaxScore and, up to ``--exhaustive-max`` passages, exhaustive scoring; all must return the
-  same top-k;
+  alternately: block-max (default), block-max without its pair bounds, block-max without its
+  length and pair bounds, term-at-a-time MaxScore and, up to ``--exhaustive-max`` passages,
+  exhaustive scoring; all must return the same top-k;
 * **tantivy** (``pip install tantivy``; skipped with the reason when absent): the same corpus,
   queries and k through tantivy's Python bindings (``en_stem`` tokenizer, BM25, OR of the query
   words; one query per call, as its API searches), with the same figures, and the overlap of its
@@ -132,13 +132,14 @@ def cell_serve(args, out: dict) -> None:
         bm25.retrieve([q], k)
     out["single_qps"] = len(single) / (time.perf_counter() - t0)
     out["rss_served"] = rss()
-    kernels = ["blockmax", "blockmax-no-length", "maxscore"]
+    kernels = ["blockmax", "blockmax-no-pairs", "blockmax-no-length", "maxscore"]
     if len(bm25.corpus) <= args.exhaustive_max:
         kernels.append("dense")
 
-    def use(name):  # "blockmax-no-length": block-max without its length bounds
-        bm25.kernel = name.removesuffix("-no-length")
+    def use(name):  # "blockmax-no-pairs": without its pair bounds; "-no-length": without both
+        bm25.kernel = name.removesuffix("-no-length").removesuffix("-no-pairs")
         bm25.length_bounds = not name.endswith("-no-length")
+        bm25.pair_bounds = not name.endswith(("-no-length", "-no-pairs"))
 
     expected = None
     for name in kernels:
@@ -343,7 +344,9 @@ def main() -> None:
                 kq = serve["kernels_qps"]
                 ratios = (
                     f"block-max / MaxScore {kq['blockmax'] / kq['maxscore']:.2f}x, with / "
-                    f"without length bounds {kq['blockmax'] / kq['blockmax-no-length']:.2f}x"
+                    f"without pair bounds {kq['blockmax'] / kq['blockmax-no-pairs']:.2f}x, "
+                    "with pair bounds / without length and pair bounds "
+                    f"{kq['blockmax'] / kq['blockmax-no-length']:.2f}x"
                 )
                 if "dense" in kq:
                     ratios += f", block-max / exhaustive {kq['blockmax'] / kq['dense']:.1f}x"
