@@ -679,10 +679,12 @@ def top_k_blockmax(
     frequent words never share a passage (``quarri`` and ``atlas`` in a SynthHop world, whose
     passages about a quarry never mention an atlas), the bound is 0: a query naming both kinds
     then skips every block of either list whose bound alone cannot pass the k-th best score,
-    instead of probing the other list for each of its passages. With them, a range is first
-    tried whole over superblocks (:data:`SUPERBLOCK` blocks of a list with a length table:
-    ``sb_*`` from :func:`length_bounds`, ``sb_off`` each row's first), then over blocks
-    (see the comments in the scan), so that a scan of thousands of tied passages costs a few checks per
+    instead of probing the other list for each of its passages. A query uses pair bounds only
+    where one of them is at most half its list's maximum (else it runs as without them: most
+    pairs of common words in natural text share passages). With them, a range is first tried
+    whole over superblocks (:data:`SUPERBLOCK` blocks of a list with a length table: ``sb_*``
+    from :func:`length_bounds`, ``sb_off`` each row's first), then over blocks (see the
+    comments in the scan), so that a scan of thousands of tied passages costs a few checks per
     superblock, not one per block.
     """
     hs = np.empty(k, dtype=out_scores.dtype)
@@ -751,6 +753,16 @@ def top_k_blockmax(
         for u in range(n_u):
             tmax[u] = token_max[tok[u]]  # a float32 maximum, so exact
         lb = np.empty(n_u, dtype=out_scores.dtype)  # each list's bound at one length
+        # pb[e, v]: v's bound on a passage holding e; this query uses pair bounds (and the
+        # wide ranges) only where one of them is at most half its list's maximum
+        pq = False
+        pb = np.empty((n_u if use_pair else 0, n_u), dtype=out_scores.dtype)
+        if use_pair:
+            for e in range(n_u):
+                for v in range(n_u):
+                    pb[e, v] = tmax[v] if e == v else _pair_at(pair_bound, row[e], row[v], tmax[v])
+                    if e != v and 2 * pb[e, v] <= tmax[v]:
+                        pq = True
         umax = np.empty(n_u, dtype=out_scores.dtype)  # the wide ranges' units of the lists
         ulast = np.empty(n_u, dtype=np.int64)
         urank = np.empty(n_u, dtype=np.int64)
@@ -821,7 +833,7 @@ def top_k_blockmax(
             if d == big:
                 break
             if size == k:
-                if d > region_hi and use_pair:
+                if d > region_hi and pq:
                     # with pair bounds, a range from d over the current unit of every
                     # essential list: its superblock (level 0, where it has them), skipped
                     # whole where it cannot reach the k best, else its block (level 1). It
@@ -901,7 +913,7 @@ def top_k_blockmax(
                                     x = umax[e]
                                 elif ess[v] or noness[v]:
                                     x = umax[v] if ess[v] else lb[v]
-                                    y = _pair_at(pair_bound, row[e], row[v], tmax[v])
+                                    y = pb[e, v]
                                     if y < x:
                                         x = y
                                 else:
@@ -1007,10 +1019,10 @@ def top_k_blockmax(
                     for i in range(ne):
                         u = ord_[i]
                         lb[u] = _bound_at(tmax[u], row[u], len_bound, ln)
-                        if use_pair:  # d holds every essential list it was found in
+                        if pq:  # d holds every essential list it was found in
                             for e in range(n_u):
                                 if hit[e]:
-                                    v = _pair_at(pair_bound, row[e], row[u], tmax[u])
+                                    v = pb[e, u]
                                     if v < lb[u]:
                                         lb[u] = v
                         lrest[i + 1] = lrest[i] + mult[u] * lb[u]
