@@ -577,8 +577,8 @@ def _pair_at(pair_bound, row_a, row_b, tmax_b):
 
 
 SUPERBLOCK = 64
-"""Blocks per superblock (:func:`top_k_blockmax`'s wide ranges): each keeps its blocks' largest contribution,
-last passage, smallest id rank and shortest passage."""
+"""Blocks per superblock (:func:`top_k_blockmax`'s wide ranges): each keeps its blocks' largest
+contribution, last passage, smallest id rank and shortest passage."""
 
 
 @njit(nogil=True, cache=True)
