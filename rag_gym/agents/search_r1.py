@@ -8,7 +8,8 @@ sees exactly the token stream a policy sees in training (:mod:`rag_gym.train.rol
   (the tag set's instructions as the system message, then ``Question: …``) with the generation
   prompt;
 * each turn the model continues that one assistant message until an action tag closes
-  (``</search>``, ``</answer>``, ``<backtrack/>``, ``<refuse/>``: the same stop strings), and the
+  (``</search>``, ``</answer>``, or the ``/>`` of ``<backtrack/>`` and ``<refuse/>``: the same
+  stop strings, :func:`turn_stops`), and the
   observation is appended with :data:`~rag_gym.wrappers.text_actions.OBS_TEMPLATE`.
 
 So a checkpoint trained here (a full model, or a LoRA adapter over its base; see
@@ -38,9 +39,18 @@ _OPEN_TAIL = re.compile(r"<\s*([A-Za-z][\w-]*)\s*$")
 
 def turn_stops(tags: TagSet) -> tuple[str, ...]:
     """The stop strings that end a policy's turn: the closing action tags (not
-    ``</evaluate>``: Eval-RAR writes an evaluation and a search in one turn)."""
+    ``</evaluate>``: Eval-RAR writes an evaluation and a search in one turn), and ``/>`` for the
+    self-closing ones (``<backtrack/>``, ``<refuse/>``).
+
+    Backends (llama.cpp, vLLM, OpenAI-compatible servers, transformers) return the text without
+    the stop string they met, and do not say which one it was. A closing tag is put back from the
+    tag left open (:func:`restore_stop`); a whole self-closing tag would leave nothing behind, so
+    its stop string is the ``/>`` they share: the text keeps ``<refuse`` and :func:`restore_stop`
+    completes it. (With ``<refuse/>`` itself as the stop string, a refusal came back as a
+    reply with no action at all.)"""
     stops = [f"</{tags.search}>", f"</{tags.answer}>"]
-    stops += [f"<{s}/>" for s in (tags.backtrack, tags.refuse) if s]
+    if tags.backtrack or tags.refuse:
+        stops.append("/>")
     return tuple(stops)
 
 

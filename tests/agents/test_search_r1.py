@@ -115,6 +115,47 @@ def test_out_of_turns_ends_the_episode_as_a_bad_reply():
     assert lm.calls[1][0][-2] == {"role": "assistant", "content": "I am not sure"}
 
 
+class CuttingLM(EchoLM):
+    """Writes scripted whole replies and returns each cut before the first stop string in it, as
+    llama.cpp, vLLM, OpenAI-compatible servers and the transformers backend do."""
+
+    def __init__(self, replies) -> None:
+        super().__init__(reply=lambda prompt: next(self.script))
+        self.script = iter(replies)
+
+    def generate(self, prompts, config=None):
+        out = super().generate(prompts, config)
+        for samples in out:
+            for g in samples:
+                cuts = [g.text.find(s) for s in config.stop if s in g.text]
+                g.text = g.text[: min(cuts)] if cuts else g.text
+        return out
+
+
+@pytest.mark.parametrize("action", ["REFUSE", "BACKTRACK"])
+def test_a_self_closing_action_survives_the_backend_cutting_its_stop(action):
+    """A reply that ends in ``<refuse/>`` or ``<backtrack/>``, cut at the stop string by the
+    backend, reaches the env as that action (with ``<refuse/>`` itself as a stop string, a
+    refusal came back as a reply with no action)."""
+    tag = action.lower()
+    lm = CuttingLM(
+        [
+            "<think>look</think><search>Breivagouth capital</search>",
+            f"<think>None is about Breivagouth, again, so I cannot answer.</think>\n<{tag}/>",
+        ]
+    )
+    agent = SearchR1Agent(lm, tags=EVO)
+    assert "/>" in agent.config.stop
+    env = TextActions(gym.make("rag_gym/SynthHop-Hard-v0", dataset_kwargs=SMALL_WORLD), tags=EVO)
+    obs, info = env.reset(seed=0)
+    agent.reset(slot=0)
+    obs, _, _, _, info = env.step(agent.act(obs, info))
+    reply = agent.act(obs, info)
+    assert reply.endswith(f"<{tag}/>")
+    _, _, _, _, info = env.step(reply)
+    assert info["action_type"] == action and not info.get("invalid", False)
+
+
 class ContextLM(EchoLM):
     """Replies with a search; a prompt for which ``fills(prompt)`` is true fills the window."""
 
@@ -193,7 +234,7 @@ def test_the_agent_writes_the_tags_its_checkpoint_was_trained_with(tmp_path):
     assert checkpoint_tags(run / "final" / "adapter.gguf") == "evo_rag"
     agent = make_agent(f"search_r1:{run}", lm=AdapterLM())
     assert agent.tags.name == "evo_rag" and agent.name == f"search_r1:{run}"
-    assert "<refuse/>" in agent.config.stop
+    assert "/>" in agent.config.stop  # the refusal's stop (turn_stops)
     # a packaged checkpoint says it in rag_gym.json; the shipped one was trained on search_r1
     assert checkpoint_tags(checkpoint_path("synthhop")) == "search_r1"
     # a folder that does not say (a bare adapter, a full model's config.json) keeps the default
