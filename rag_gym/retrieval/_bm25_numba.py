@@ -499,7 +499,8 @@ def warm_up(data, indices, indptr, id_rank, doc_len=None) -> None:
     state: dict = {}
     minlen, rows, table = length_bounds(tok, d, ix, ip, blocks, lengths, state)
     pairs = pair_bounds(tok, ptr, rows, d, ix, ip, state)
-    top_k_blockmax(*query, lengths, minlen, rows, table, pairs, *super_blocks(state))
+    supers = super_blocks(tok, rows, blocks, state)
+    top_k_blockmax(*query, lengths, minlen, rows, table, pairs, *supers)
     blocks["best_block"] = best_blocks(blocks)
     check_lists(tok, ip, ix, 1, blocks, np.zeros(1, np.uint8))
     check_lists(tok, ip, ix, 1, None, np.zeros(1, np.uint8))
@@ -683,7 +684,7 @@ def top_k_blockmax(
     where one of them is at most half its list's maximum (else it runs as without them: most
     pairs of common words in natural text share passages). With them, a range is first tried
     whole over superblocks (:data:`SUPERBLOCK` blocks of a list with a length table: ``sb_*``
-    from :func:`length_bounds`, ``sb_off`` each row's first), then over blocks (see the
+    from :func:`super_blocks`, ``sb_off`` each row's first), then over blocks (see the
     comments in the scan), so that a scan of thousands of tied passages costs a few checks per
     superblock, not one per block.
     """
@@ -1177,18 +1178,22 @@ def length_bounds(tokens, data, indices, indptr, blocks: dict, doc_len, state: d
             out,
         )
         if full < 0:
-            break
+            return state["block_minlen"], out, state["table"]
         old = state["table"]
         grown = np.zeros((max(16, 2 * old.shape[0]), old.shape[1]), dtype=old.dtype)
         grown[: old.shape[0]] = old
         state["table"] = grown
-    _super_blocks(tokens, out, indptr, blocks, state)
-    return state["block_minlen"], out, state["table"]
 
 
-def super_blocks(state: dict) -> tuple:
+def super_blocks(tokens, rows, blocks: dict, state: dict) -> tuple:
     """:func:`top_k_blockmax`'s superblock arguments ``(sb_off, sb_max, sb_last, sb_rank,
-    sb_minlen)`` as :func:`length_bounds` left them in ``state``."""
+    sb_minlen)`` for the lists of ``tokens``, whose length-table rows are ``rows``
+    (:func:`length_bounds`, with the same ``state``): each row's superblocks (:data:`SUPERBLOCK`
+    blocks: their largest contribution, last passage, smallest id rank and shortest passage),
+    computed the first time a query reads the row's list and kept in ``state``; none without
+    ``blocks["block_rank"]`` (every row keeps offset -1). A row never changes once written,
+    and growing the pool copies it. Not thread-safe: call it under the caller's lock."""
+    _super_blocks(tokens, rows, blocks, state)
     return tuple(state[name] for name in ("sb_off", "sb_max", "sb_last", "sb_rank", "sb_minlen"))
 
 
@@ -1235,11 +1240,8 @@ def _fill_super_blocks(
     return -1
 
 
-def _super_blocks(tokens, rows, indptr, blocks: dict, state: dict) -> None:
-    """Each length-table row's superblocks (:data:`SUPERBLOCK` blocks: their largest
-    contribution, last passage, smallest id rank and shortest passage), computed the first time
-    a query reads the row's list and kept in ``state``; needs ``blocks["block_rank"]``. A row
-    never changes once written, and growing the pool copies it."""
+def _super_blocks(tokens, rows, blocks: dict, state: dict) -> None:
+    """Fill :func:`super_blocks`'s pool in ``state`` for the rows of ``tokens``."""
     n_rows = state["table"].shape[0]
     if "sb_off" not in state:
         state["sb_off"] = np.zeros(0, dtype=np.int64)

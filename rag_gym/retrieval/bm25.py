@@ -528,14 +528,15 @@ class BM25Retriever:
         if self._doc_len is None or not self.length_bounds or self.kernel != "blockmax":
             return kernels.no_length_bounds(self._data.dtype)
         arrays = (self._data, self._indices, self._indptr)
-        self._block_extras(self._blocks)  # the block ranks, which the superblocks keep
+        if self.pair_bounds:
+            self._block_extras(self._blocks)  # the block ranks, which the superblocks keep
         with self._lock:
             minlen, rows, table = kernels.length_bounds(
                 tokens, *arrays, self._blocks, self._doc_len, self._lengths
             )
             if self.pair_bounds:
                 pairs = kernels.pair_bounds(tokens, token_ptr, rows, *arrays, self._lengths)
-                supers = kernels.super_blocks(self._lengths)
+                supers = kernels.super_blocks(tokens, rows, self._blocks, self._lengths)
             else:
                 pairs = kernels.no_pair_bounds(self._data.dtype)
                 supers = kernels.no_super_blocks(self._data.dtype)

@@ -333,7 +333,8 @@ def test_pair_bounds_and_superblocks_bound_every_passage():
             assert pair[rows[a], rows[b]] == expected, (a, b)
             zeros += expected == 0
     assert zeros >= 4  # e.g. "loom" and "harbour" never meet
-    sb_off, sb_max, sb_last, sb_rank, sb_minlen = _bm25_numba.super_blocks(state)
+    supers = _bm25_numba.super_blocks(with_rows, rows[with_rows], blocks, state)
+    sb_off, sb_max, sb_last, sb_rank, sb_minlen = supers
     per = _bm25_numba.SUPERBLOCK
     checked = 0
     for t in with_rows:
