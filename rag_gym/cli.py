@@ -895,6 +895,14 @@ def train_grpo(
     refusal: Annotated[
         float, typer.Option(help="EVO-RAG refusal reward weight (the paper's 0.5; 0: off).")
     ] = 0.0,
+    refusal_verifier: Annotated[
+        str,
+        typer.Option(
+            help="Who judges a refusal: 'answerable' (the env's ground truth: refusing an "
+            "answerable question is -1) or 'evidence' (the gold passages retrieved so far, "
+            "which pays for refusing before searching)."
+        ),
+    ] = "answerable",
     dynamic_sampling: Annotated[
         str,
         typer.Option(
@@ -954,6 +962,7 @@ def train_grpo(
                 temperature=temperature,
                 step_cost=step_cost,
                 refusal=refusal,
+                refusal_verifier=refusal_verifier,
                 **_dynamic_sampling(dynamic_sampling),
                 model=model,
                 save_steps=save_steps,
@@ -992,6 +1001,14 @@ def train_pipeline(
     refusal: Annotated[
         float, typer.Option(help="RL: EVO-RAG refusal reward weight (0: off).")
     ] = 0.0,
+    refusal_verifier: Annotated[
+        str,
+        typer.Option(
+            help="RL: who judges a refusal: 'answerable' (the env's ground truth: refusing an "
+            "answerable question is -1) or 'evidence' (the gold passages retrieved so far, "
+            "which pays for refusing before searching)."
+        ),
+    ] = "answerable",
     eval_n: Annotated[
         int,
         typer.Option(help="Validation questions for each stage's EM (transformers; 0: none)."),
@@ -1035,6 +1052,7 @@ def train_pipeline(
             prompts_per_step=prompts_per_step,
             step_cost=step_cost,
             refusal=refusal,
+            refusal_verifier=refusal_verifier,
             test_n=test_n,
         )
     except (TypeError, ValueError) as exc:

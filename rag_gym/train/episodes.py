@@ -37,21 +37,29 @@ def env_factory(
     max_episode_steps: int | None = None,
     step_cost: float = 0.0,
     refusal: float = 0.0,
+    refusal_verifier: str = "answerable",
     **env_kwargs: Any,
 ) -> Callable[[], gym.Env]:
     """A function that builds the text-action env a policy trains in: ``gym.make`` with the
     reward preset, EVO-RAG's :class:`~rag_gym.wrappers.StepCost` when ``step_cost`` > 0 and its
     :class:`~rag_gym.wrappers.RefusalReward` when ``refusal`` > 0 (the weights η and ρ, on top of
     the preset's reward), and :class:`~rag_gym.wrappers.TextActions` around a search env (the
-    ``when_to_search`` preset brings its own)."""
+    ``when_to_search`` preset brings its own). ``refusal_verifier`` names the refusal reward's
+    sufficiency verifier (:data:`~rag_gym.wrappers.evo_rag.REFUSAL_VERIFIERS`): by default
+    ``"answerable"``, the env's ground truth, because ``"evidence"`` (the evidence so far, as the
+    paper's LLM judge sees it) rewards refusing before searching."""
     for name, weight in (("step_cost", step_cost), ("refusal", refusal)):
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0:
             raise ValueError(f"expected {name} >= 0, got {weight!r}")
     from rag_gym.envs.search import SearchEnv
     from rag_gym.wrappers import presets
+    from rag_gym.wrappers.evo_rag import refusal_verifier as check_verifier
     from rag_gym.wrappers.text_actions import TextActions
 
     reward_kwargs = dict(reward_kwargs or {})
+    if not isinstance(refusal_verifier, str):
+        raise ValueError(f"expected refusal_verifier to be a name, got {refusal_verifier!r}")
+    check_verifier(refusal_verifier)
 
     def make() -> gym.Env:
         kwargs = {**env_kwargs, "split": split}
@@ -75,7 +83,7 @@ def env_factory(
         if refusal:
             from rag_gym.wrappers.evo_rag import RefusalReward
 
-            env = RefusalReward(env, weight=float(refusal))
+            env = RefusalReward(env, weight=float(refusal), verifier=refusal_verifier)
         if isinstance(env.unwrapped, SearchEnv) and not text:
             env = TextActions(env, tags=tags or default_tags(reward_preset))
         return env
@@ -103,6 +111,9 @@ class TextEnvSpec:
     """Weight of EVO-RAG's per-step cost (0 leaves it out)."""
     refusal: float = 0.0
     """Weight of EVO-RAG's refusal reward (0 leaves it out)."""
+    refusal_verifier: str = "answerable"
+    """Its sufficiency verifier: ``"answerable"`` (the env's ground truth) or ``"evidence"`` (every
+    gold passage retrieved so far); see :func:`env_factory`."""
     max_turns: int = 8
     """Model turns per episode at most."""
     max_turn_tokens: int = 128
@@ -129,6 +140,7 @@ class TextEnvSpec:
             max_episode_steps=self.max_episode_steps,
             step_cost=self.step_cost,
             refusal=self.refusal,
+            refusal_verifier=self.refusal_verifier,
             **self.env_kwargs,
         )
 

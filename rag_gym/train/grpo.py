@@ -108,7 +108,13 @@ class EnvGRPOConfig:
     refusal: float = 0.0
     """Weight ρ of EVO-RAG's refusal reward r_ref (§3.2: +1 for REFUSE when the evidence so far
     is insufficient, −1 when it suffices; Table 1 gives ρ = 0.5), added on top of the preset's
-    reward; 0 leaves it out. Sufficiency is :func:`rag_gym.wrappers.evo_rag.gold_coverage`."""
+    reward; 0 leaves it out. Sufficiency is decided by ``refusal_verifier``."""
+    refusal_verifier: str = "answerable"
+    """The refusal reward's sufficiency verifier: ``"answerable"`` (the env's ground truth: §3.2's
+    cases as written, refusing an answerable question is −1 whatever has been retrieved) or
+    ``"evidence"`` (:func:`rag_gym.wrappers.evo_rag.gold_coverage`: every gold passage retrieved so
+    far, the paper's verifier made exact), under which a REFUSE before searching is +1 on every
+    question, and a SynthHop-Hard GRPO run learnt to refuse all of them."""
     model: str = "embedded"
     """``embedded`` (SmolLM2-135M-Instruct), ``tiny`` (a random 2-layer model for smoke tests),
     a hub id or a directory."""
@@ -203,6 +209,12 @@ class EnvGRPOConfig:
                 f"expected stages as (stage, until_fraction) pairs, got {self.stages!r}"
             ) from None
         check_preset(self.reward_preset)
+        from rag_gym.wrappers.evo_rag import REFUSAL_VERIFIERS
+
+        if self.refusal_verifier not in REFUSAL_VERIFIERS:
+            from rag_gym._names import unknown_name
+
+            raise unknown_name("refusal_verifier", self.refusal_verifier, REFUSAL_VERIFIERS)
         if self.algorithm not in ALGORITHMS:
             from rag_gym._names import unknown_name
 
@@ -270,6 +282,7 @@ class EnvGRPOConfig:
             max_episode_steps=self.max_episode_steps,
             step_cost=self.step_cost,
             refusal=self.refusal,
+            refusal_verifier=self.refusal_verifier,
             max_turns=self.max_turns,
             max_turn_tokens=self.max_turn_tokens,
             max_completion_tokens=self.max_completion_tokens,
@@ -651,6 +664,8 @@ def resume_config(run_dir: str | Path) -> tuple[EnvGRPOConfig, str | None, int |
             "stopped before its first save_steps): start it again"
         )
     fields = json.loads(config.read_text())
+    # runs from before the option judged refusals on the evidence so far
+    fields.setdefault("refusal_verifier", "evidence")
     fields.update(run_dir=str(run_dir), resume_from_checkpoint=checkpoint)
     start = json.loads(started.read_text())
     return EnvGRPOConfig(**fields), start.get("init"), start.get("eval_n")

@@ -49,6 +49,8 @@ class PipelineConfig:
     """EVO-RAG step-cost weight in the RL reward (0: off)"""
     refusal: float = 0.0
     """EVO-RAG refusal-reward weight ρ in the RL reward (0: off)"""
+    refusal_verifier: str = "answerable"
+    """its sufficiency verifier (``EnvGRPOConfig.refusal_verifier``)"""
     test_n: int = 200
     """test questions for the final llama.cpp evaluation (0: skip)"""
 
@@ -67,6 +69,13 @@ class PipelineConfig:
             raise ValueError(f"expected step_cost >= 0, got {self.step_cost!r}")
         if self.refusal < 0:
             raise ValueError(f"expected refusal >= 0, got {self.refusal!r}")
+        from rag_gym.wrappers.evo_rag import refusal_verifier
+
+        if not isinstance(self.refusal_verifier, str):
+            raise ValueError(
+                f"expected refusal_verifier to be a name, got {self.refusal_verifier!r}"
+            )
+        refusal_verifier(self.refusal_verifier)
 
 
 def train_and_ship(sft_cfg: Any, pipeline: PipelineConfig, root: str | Path, command: str) -> dict:
@@ -114,6 +123,7 @@ def train_and_ship(sft_cfg: Any, pipeline: PipelineConfig, root: str | Path, com
                 beta=0.0,
                 step_cost=pipeline.step_cost,
                 refusal=pipeline.refusal,
+                refusal_verifier=pipeline.refusal_verifier,
                 seed=sft_cfg.seed,
                 run_dir=str(root / "grpo"),
                 track=sft_cfg.track,

@@ -100,24 +100,67 @@ class BacktrackPenalty(RewardTerm):
 
 def gold_coverage(question: str, evidence: list, info: dict[str, Any]) -> bool:
     """The default sufficiency verifier: the evidence is sufficient when the question is
-    answerable and every gold passage has been retrieved this episode."""
+    answerable and every gold passage has been retrieved this episode. It judges the evidence so
+    far, as EVO-RAG's LLM verifier does (§3.2), so a REFUSE before the gold passages are found is
+    +1 on an answerable question too: as a training reward it pays for refusing without searching
+    (a GRPO run on SynthHop-Hard learnt to refuse every question within 5 steps; docs/training.md).
+    For training, :func:`answerability` is the verifier that does not."""
     retrieved = set(info.get("retrieved_history", []))
     return bool(info.get("answerable", True)) and set(info.get("gold_ids", [])).issubset(retrieved)
+
+
+def answerability(question: str, evidence: list, info: dict[str, Any]) -> bool:
+    """The oracle verifier: "sufficient" when the question is answerable from the corpus (the
+    env's ``answerable`` flag), whatever has been retrieved so far. It gives r_ref's cases as
+    §3.2 writes them, +1 for REFUSE ∧ unanswerable and −1 for REFUSE ∧ answerable, with the
+    env's ground truth in place of the paper's LLM judge; refusing before searching earns
+    nothing on a question the corpus can answer."""
+    return bool(info.get("answerable", True))
+
+
+REFUSAL_VERIFIERS: dict[str, Callable[[str, list, dict[str, Any]], bool]] = {
+    "evidence": gold_coverage,
+    "answerable": answerability,
+}
+"""The built-in sufficiency verifiers of :class:`RefusalReward`, by name."""
+
+
+def refusal_verifier(verifier: Callable | str | None) -> Callable:
+    """``verifier`` itself, or the built-in verifier it names (``None``: ``"evidence"``)."""
+    if verifier is None:
+        return gold_coverage
+    if isinstance(verifier, str):
+        if verifier not in REFUSAL_VERIFIERS:
+            from rag_gym._names import unknown_name
+
+            raise unknown_name("refusal verifier", verifier, REFUSAL_VERIFIERS)
+        return REFUSAL_VERIFIERS[verifier]
+    if not callable(verifier):
+        raise ValueError(
+            "expected the refusal verifier to be a name in "
+            f"{sorted(REFUSAL_VERIFIERS)} or a callable (question, evidence, info) -> bool, "
+            f"got {verifier!r}"
+        )
+    return verifier
 
 
 class RefusalReward(RewardTerm):
     """r_ref (§3.2): +1 for REFUSE when the evidence so far is insufficient, −1 when it is
     sufficient, 0 otherwise. EVO-RAG asks an external LLM verifier whether the evidence
-    suffices; ``verifier(question, evidence_passages, info) -> bool`` is pluggable: by default
-    :func:`gold_coverage` (all of D* retrieved and the question answerable); an LLM judge
-    (e.g. :class:`rag_gym.generation.judges.LLMSufficiencyJudge`) fits the same signature. Table 1
+    suffices; ``verifier(question, evidence_passages, info) -> bool`` is pluggable, or a name in
+    :data:`REFUSAL_VERIFIERS`: by default :func:`gold_coverage` (``"evidence"``: all of D*
+    retrieved and the question answerable); :func:`answerability` (``"answerable"``) reads the
+    env's answerable flag alone; an LLM judge (e.g.
+    :class:`rag_gym.generation.judges.LLMSufficiencyJudge`) fits the same signature. Table 1
     weight ρ: 0.5 throughout."""
 
     name = "refusal"
 
-    def __init__(self, env: gym.Env, weight: float = 1.0, verifier: Callable | None = None) -> None:
+    def __init__(
+        self, env: gym.Env, weight: float = 1.0, verifier: Callable | str | None = None
+    ) -> None:
         super().__init__(env, weight=weight)
-        self.verifier = verifier or gold_coverage
+        self.verifier = refusal_verifier(verifier)
 
     def term(self, action, obs, terminated, truncated, info) -> float:
         if not _valid(info, "REFUSE"):

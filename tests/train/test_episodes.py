@@ -63,18 +63,10 @@ def test_each_trainer_config_describes_its_env_with_one_spec():
     assert EnvGRPOConfig(refusal=0.5).text_env().refusal == 0.5
 
 
-def test_the_refusal_weight_adds_evo_rags_refusal_reward_to_the_env_reward():
-    from rag_gym.train.episodes import env_factory
-
-    make = env_factory(
-        "rag_gym/SynthHop-Hard-v0",
-        split="train",
-        tags="evo_rag",
-        refusal=0.5,
-        dataset_kwargs=SMALL_WORLD,
-    )
+def _refuse_at_once(make) -> dict[bool, set[float]]:
+    """The returns of refusing before any search, by the question's answerability."""
     env = make()
-    returns = {}
+    returns: dict[bool, set[float]] = {}
     for i in range(SMALL_WORLD["n_questions"][0]):
         _, info = env.reset(options={"index": i})
         _, reward, terminated, _, info = env.step("<think>nothing to go on</think><refuse/>")
@@ -82,12 +74,38 @@ def test_the_refusal_weight_adds_evo_rags_refusal_reward_to_the_env_reward():
         returns.setdefault(info["answerable"], set()).add(reward)
         if len(returns) == 2:
             break
+    return returns
+
+
+def test_the_refusal_weight_adds_evo_rags_refusal_reward_to_the_env_reward():
+    from rag_gym.train.episodes import env_factory
+    from rag_gym.train.grpo import EnvGRPOConfig
+
+    def make(**kwargs):
+        return env_factory(
+            "rag_gym/SynthHop-Hard-v0",
+            split="train",
+            tags="evo_rag",
+            refusal=0.5,
+            dataset_kwargs=SMALL_WORLD,
+            **kwargs,
+        )
+
     # the env's own reward (1 for refusing an unanswerable question, 0 an answerable one) plus
-    # 0.5 x r_ref, where nothing retrieved yet is insufficient evidence (+1) for both
-    assert returns == {False: {1.5}, True: {0.5}}
+    # 0.5 x r_ref: by default judged on the question's answerability, so refusing an answerable
+    # question without searching costs 0.5
+    assert _refuse_at_once(make()) == {False: {1.5}, True: {-0.5}}
+    # judged on the evidence so far, nothing retrieved yet is insufficient (+1) for both: the
+    # reward that pays for refusing before searching
+    assert _refuse_at_once(make(refusal_verifier="evidence")) == {False: {1.5}, True: {0.5}}
     for bad in (-0.5, True, "0.5"):
         with pytest.raises(ValueError, match="expected refusal >= 0"):
             env_factory("rag_gym/SynthHop-Hard-v0", refusal=bad)
+    with pytest.raises(ValueError, match=r"refusal verifier.*did you mean 'answerable'"):
+        env_factory("rag_gym/SynthHop-Hard-v0", refusal=0.5, refusal_verifier="answerble")
+    with pytest.raises(ValueError, match="refusal_verifier"):
+        EnvGRPOConfig(refusal_verifier="oracle")
+    assert EnvGRPOConfig(refusal_verifier="evidence").text_env().refusal_verifier == "evidence"
 
 
 def test_rollout_engine_names_what_it_needs():

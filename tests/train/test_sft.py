@@ -323,6 +323,13 @@ def test_grpo_command_passes_its_options_to_the_run(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     cfg = seen["cfg"]
     assert (cfg.temperature, cfg.beta, cfg.step_cost, cfg.refusal) == (0.6, 0.04, 0.05, 0.5)
+    assert cfg.refusal_verifier == "answerable"
+    more = ["--refusal-verifier", "evidence", "--out", str(tmp_path)]
+    result = CliRunner().invoke(app, ["train", "grpo", *args, *more])
+    assert result.exit_code == 0, result.output
+    assert seen["cfg"].refusal_verifier == "evidence"
+    result = CliRunner().invoke(app, ["train", "grpo", "--refusal-verifier", "oracle"])
+    assert result.exit_code != 0 and "refusal_verifier" in result.output
     assert cfg.max_steps == 7 and seen["eval_n"] == 3 and seen["init"] == tmp_path
     assert cfg.micro_batch_size == 2
     assert cfg.dynamic_sampling and cfg.dynamic_sampling_on == "answer"

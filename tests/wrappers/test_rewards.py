@@ -139,6 +139,28 @@ def test_refusal_with_and_without_evidence(question, searches, expected):
     assert all(s[4]["reward_raw"]["refusal"] == 0.0 for s in steps[:-1])
 
 
+@pytest.mark.parametrize(
+    ("question", "searches", "expected"),
+    [
+        ("q1", [], -1.0),  # answerable: refusing is wrong before any search too
+        ("q1", ["ada vell", "orrin city"], -1.0),
+        ("q2", [], 1.0),  # unanswerable: refusing is right
+        ("q2", ["kestrel guild"], 1.0),
+    ],
+)
+def test_the_answerable_verifier_judges_the_question_not_the_evidence(question, searches, expected):
+    env = RefusalReward(search_env(), verifier="answerable")
+    steps = run(env, [act(S, q) for q in searches] + [act(R)], question)
+    assert steps[-1][4]["reward_raw"]["refusal"] == expected
+
+
+def test_an_unknown_refusal_verifier_is_named():
+    with pytest.raises(ValueError, match="did you mean 'evidence'"):
+        RefusalReward(search_env(), verifier="evidense")
+    with pytest.raises(ValueError, match="a name in"):
+        RefusalReward(search_env(), verifier=3)
+
+
 def test_refusal_verifier_is_pluggable():
     seen = {}
 
