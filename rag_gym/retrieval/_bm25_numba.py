@@ -680,10 +680,11 @@ def top_k_blockmax(
     frequent words never share a passage (``quarri`` and ``atlas`` in a SynthHop world, whose
     passages about a quarry never mention an atlas), the bound is 0: a query naming both kinds
     then skips every block of either list whose bound alone cannot pass the k-th best score,
-    instead of probing the other list for each of its passages. A query uses pair bounds only
-    where one of them is at most half its list's maximum (else it runs as without them: most
-    pairs of common words in natural text share passages). With them, a range is first tried
-    whole over superblocks (:data:`SUPERBLOCK` blocks of a list with a length table: ``sb_*``
+    instead of probing the other list for each of its passages. A query uses pair bounds, and
+    the wide ranges below, only where one of them is at most half its list's maximum, or where
+    an essential list (after the head start) spans two superblocks or more; else it runs as
+    without them (most pairs of common words in natural text share passages, and their lists
+    are mostly non-essential). With them, a range is first tried whole over superblocks (:data:`SUPERBLOCK` blocks of a list with a length table: ``sb_*``
     from :func:`super_blocks`, ``sb_off`` each row's first), then over blocks (see the
     comments in the scan), so that a scan of thousands of tied passages costs a few checks per
     superblock, not one per block.
@@ -818,6 +819,16 @@ def top_k_blockmax(
         ne = 0  # ord_[:ne] are the non-essential lists
         while size == k and ne < n_u and prefix[ne] + margin < theta:
             ne += 1
+        if use_pair and not pq:
+            # the wide ranges also where an essential list spans superblocks: a list of
+            # templated passages tied at the k-th best score is then skipped a superblock at
+            # a time (at 21M SynthHop passages, 3x fewer seconds over its 4,000 questions)
+            for i in range(ne, n_u):
+                u = ord_[i]
+                r = row[u]
+                n_blocks = block_ptr[tok[u] + 1] - block_ptr[tok[u]]
+                if 0 <= r < sb_off.shape[0] and sb_off[r] >= 0 and n_blocks >= 2 * SUPERBLOCK:
+                    pq = True
         region_hi = -1  # passages up to here score at most region_bound
         region_bound = np.inf
         region_ub = zero  # the same bound summed in float32 as bm25s sums: exact, no margin
