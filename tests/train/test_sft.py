@@ -196,6 +196,26 @@ def test_grpo_resume_errors_are_clear(tmp_path):
     assert "found none (the run stopped before its first save_steps)" in fail(tmp_path)
 
 
+def test_a_run_from_before_the_refusal_verifier_resumes_with_the_judge_it_trained_with(tmp_path):
+    """A run whose config.json has no ``refusal_verifier`` judged refusals on the evidence so
+    far (the only verifier then): resuming it keeps that judge, not today's default."""
+    import json
+
+    from rag_gym.train.grpo import EnvGRPOConfig, resume_config
+
+    fields = {"refusal": 0.5, "max_steps": 7}
+    for name, config in (("old", fields), ("new", {**fields, "refusal_verifier": "answerable"})):
+        run = tmp_path / name
+        (run / "checkpoint-5").mkdir(parents=True)
+        (run / "config.json").write_text(json.dumps(config))
+        (run / "init.json").write_text(json.dumps({"init": None, "eval_n": 0}))
+        cfg, _, _ = resume_config(run)
+        assert cfg.refusal == 0.5 and cfg.max_steps == 7
+        assert cfg.resume_from_checkpoint.endswith("checkpoint-5")
+        assert cfg.refusal_verifier == {"old": "evidence", "new": "answerable"}[name]
+    assert EnvGRPOConfig().refusal_verifier == "answerable"
+
+
 def test_init_errors(tmp_path):
     from rag_gym.generation.adapters import AdapterError
     from rag_gym.train.grpo import load_with_adapter
