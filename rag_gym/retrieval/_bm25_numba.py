@@ -684,10 +684,10 @@ def top_k_blockmax(
     the wide ranges below, only where one of them is at most half its list's maximum, or where
     an essential list (after the head start) spans two superblocks or more; else it runs as
     without them (most pairs of common words in natural text share passages, and their lists
-    are mostly non-essential). With them, a range is first tried whole over superblocks (:data:`SUPERBLOCK` blocks of a list with a length table: ``sb_*``
-    from :func:`super_blocks`, ``sb_off`` each row's first), then over blocks (see the
-    comments in the scan), so that a scan of thousands of tied passages costs a few checks per
-    superblock, not one per block.
+    are mostly non-essential). With them, a range is first tried whole over superblocks
+    (:data:`SUPERBLOCK` blocks of a list with a length table: ``sb_*`` from :func:`super_blocks`,
+    ``sb_off`` each row's first), then over blocks (see the comments in the scan), so that a scan
+    of thousands of tied passages costs a few checks per superblock, not one per block.
     """
     hs = np.empty(k, dtype=out_scores.dtype)
     hr = np.empty(k, dtype=np.int64)

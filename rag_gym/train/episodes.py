@@ -53,13 +53,11 @@ def env_factory(
             raise ValueError(f"expected {name} >= 0, got {weight!r}")
     from rag_gym.envs.search import SearchEnv
     from rag_gym.wrappers import presets
-    from rag_gym.wrappers.evo_rag import refusal_verifier as check_verifier
+    from rag_gym.wrappers.evo_rag import refusal_verifier_name
     from rag_gym.wrappers.text_actions import TextActions
 
     reward_kwargs = dict(reward_kwargs or {})
-    if not isinstance(refusal_verifier, str):
-        raise ValueError(f"expected refusal_verifier to be a name, got {refusal_verifier!r}")
-    check_verifier(refusal_verifier)
+    refusal_verifier_name(refusal_verifier)
 
     def make() -> gym.Env:
         kwargs = {**env_kwargs, "split": split}

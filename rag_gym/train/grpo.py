@@ -209,12 +209,9 @@ class EnvGRPOConfig:
                 f"expected stages as (stage, until_fraction) pairs, got {self.stages!r}"
             ) from None
         check_preset(self.reward_preset)
-        from rag_gym.wrappers.evo_rag import REFUSAL_VERIFIERS
+        from rag_gym.wrappers.evo_rag import refusal_verifier_name
 
-        if self.refusal_verifier not in REFUSAL_VERIFIERS:
-            from rag_gym._names import unknown_name
-
-            raise unknown_name("refusal_verifier", self.refusal_verifier, REFUSAL_VERIFIERS)
+        refusal_verifier_name(self.refusal_verifier, "refusal_verifier")
         if self.algorithm not in ALGORITHMS:
             from rag_gym._names import unknown_name
 

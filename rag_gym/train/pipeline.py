@@ -69,13 +69,9 @@ class PipelineConfig:
             raise ValueError(f"expected step_cost >= 0, got {self.step_cost!r}")
         if self.refusal < 0:
             raise ValueError(f"expected refusal >= 0, got {self.refusal!r}")
-        from rag_gym.wrappers.evo_rag import refusal_verifier
+        from rag_gym.wrappers.evo_rag import refusal_verifier_name
 
-        if not isinstance(self.refusal_verifier, str):
-            raise ValueError(
-                f"expected refusal_verifier to be a name, got {self.refusal_verifier!r}"
-            )
-        refusal_verifier(self.refusal_verifier)
+        refusal_verifier_name(self.refusal_verifier, "refusal_verifier")
 
 
 def train_and_ship(sft_cfg: Any, pipeline: PipelineConfig, root: str | Path, command: str) -> dict:

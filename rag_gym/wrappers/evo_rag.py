@@ -125,16 +125,26 @@ REFUSAL_VERIFIERS: dict[str, Callable[[str, list, dict[str, Any]], bool]] = {
 """The built-in sufficiency verifiers of :class:`RefusalReward`, by name."""
 
 
+def refusal_verifier_name(name: object, what: str = "refusal verifier") -> str:
+    """``name`` when it names a verifier of :data:`REFUSAL_VERIFIERS`, else a ``ValueError``
+    that calls it ``what`` and lists the names."""
+    if not isinstance(name, str):
+        raise ValueError(
+            f"expected {what} to be a name in {sorted(REFUSAL_VERIFIERS)}, got {name!r}"
+        )
+    if name not in REFUSAL_VERIFIERS:
+        from rag_gym._names import unknown_name
+
+        raise unknown_name(what, name, REFUSAL_VERIFIERS)
+    return name
+
+
 def refusal_verifier(verifier: Callable | str | None) -> Callable:
     """``verifier`` itself, or the built-in verifier it names (``None``: ``"evidence"``)."""
     if verifier is None:
         return gold_coverage
     if isinstance(verifier, str):
-        if verifier not in REFUSAL_VERIFIERS:
-            from rag_gym._names import unknown_name
-
-            raise unknown_name("refusal verifier", verifier, REFUSAL_VERIFIERS)
-        return REFUSAL_VERIFIERS[verifier]
+        return REFUSAL_VERIFIERS[refusal_verifier_name(verifier)]
     if not callable(verifier):
         raise ValueError(
             "expected the refusal verifier to be a name in "
