@@ -889,6 +889,13 @@ def train_grpo(
         ),
     ] = None,
     lr: Annotated[float, typer.Option(help="Learning rate.")] = 2e-5,
+    warmup_steps: Annotated[
+        int,
+        typer.Option(
+            help="Steps of linear learning-rate warmup from 0 (0: the full rate at once; "
+            "Adam's first step moves every weight by about the rate, whatever one group says)."
+        ),
+    ] = 0,
     beta: Annotated[float, typer.Option(help="KL coefficient.")] = 0.0,
     temperature: Annotated[float, typer.Option(help="Sampling temperature of the rollouts.")] = 1.0,
     step_cost: Annotated[float, typer.Option(help="EVO-RAG step cost weight.")] = 0.0,
@@ -958,6 +965,7 @@ def train_grpo(
                 prompts_per_step=prompts_per_step,
                 micro_batch_size=micro_batch_size,
                 learning_rate=lr,
+                warmup_steps=warmup_steps,
                 beta=beta,
                 temperature=temperature,
                 step_cost=step_cost,

@@ -151,6 +151,13 @@ class EnvGRPOConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     learning_rate: float = 1e-6
+    warmup_steps: int = 0
+    """Steps over which the learning rate rises linearly from 0 (then it decays linearly to 0
+    at ``max_steps``). Adam's first update moves every weight by about the learning rate
+    whatever the gradient's size, and its momentum carries that direction through the next
+    flat steps: with one question a step, the first group alone sets it (a SynthHop-Hard run
+    whose first group punished three refusals of an answerable question never refused again).
+    0: the full rate from the first step."""
     max_steps: int = 200
     max_turns: int = 8
     """Model turns per episode at most (the env's horizon usually ends it first)."""
@@ -231,6 +238,12 @@ class EnvGRPOConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"expected {name} to be an int >= 1, got {value!r}")
+        w = self.warmup_steps
+        if not isinstance(w, int) or isinstance(w, bool) or not 0 <= w < self.max_steps:
+            raise ValueError(
+                f"expected warmup_steps to be an int in [0, max_steps = {self.max_steps}), "
+                f"got {w!r}"
+            )
         if self.num_generations < 2:
             raise ValueError(
                 f"expected num_generations >= 2 (a group needs two episodes to compare), "
@@ -528,6 +541,7 @@ def build_trainer(
         num_generations=cfg.num_generations,
         max_completion_length=cfg.max_completion_tokens,
         learning_rate=cfg.learning_rate,
+        warmup_steps=cfg.warmup_steps,
         beta=cfg.beta,
         epsilon=cfg.epsilon,
         epsilon_high=cfg.epsilon_high,

@@ -366,6 +366,38 @@ def test_config_validation():
     assert EnvGRPOConfig(dynamic_sampling_on="unsolved").dynamic_sampling
     with pytest.raises(ValueError, match="needs dynamic_sampling"):
         EnvGRPOConfig(dynamic_sampling=False, dynamic_sampling_on="answer")
+    for bad in (-1, 1.5, True, 200):
+        with pytest.raises(ValueError, match="warmup_steps"):
+            EnvGRPOConfig(warmup_steps=bad, max_steps=200)
+
+
+def test_warmup_raises_the_learning_rate_from_zero(tmp_path):
+    pytest.importorskip("trl")
+    pytest.importorskip("peft")
+    from rag_gym.train.grpo import EnvGRPOConfig, build_trainer
+
+    cfg = EnvGRPOConfig(
+        model="tiny",
+        env_kwargs=ENV,
+        num_generations=2,
+        max_steps=10,
+        warmup_steps=4,
+        learning_rate=1e-3,
+        max_turns=1,
+        max_turn_tokens=8,
+        max_completion_tokens=64,
+        run_dir=str(tmp_path / "run"),
+    )
+    trainer, _ = build_trainer(cfg)
+    trainer.create_optimizer_and_scheduler(num_training_steps=cfg.max_steps)
+    rates = []
+    for _ in range(cfg.max_steps):
+        rates.append(trainer.lr_scheduler.get_last_lr()[0])
+        trainer.optimizer.step()
+        trainer.lr_scheduler.step()
+    # 0, then a quarter of the rate per step up to the full rate at step 4, then linear decay
+    assert rates[:5] == pytest.approx([0.0, 2.5e-4, 5e-4, 7.5e-4, 1e-3])
+    assert rates[5] < rates[4] and rates[-1] > 0
 
 
 def test_stabilized_kl_is_finite_where_k3_explodes():
