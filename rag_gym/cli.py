@@ -896,6 +896,13 @@ def train_grpo(
             "Adam's first step moves every weight by about the rate, whatever one group says)."
         ),
     ] = 0,
+    max_completion_tokens: Annotated[
+        int,
+        typer.Option(
+            help="Model + env tokens per episode (past it the episode is cut, unfinished): "
+            "SynthHop-Hard's refusals after two misses need more than the default."
+        ),
+    ] = 1024,
     beta: Annotated[float, typer.Option(help="KL coefficient.")] = 0.0,
     temperature: Annotated[float, typer.Option(help="Sampling temperature of the rollouts.")] = 1.0,
     step_cost: Annotated[float, typer.Option(help="EVO-RAG step cost weight.")] = 0.0,
@@ -966,6 +973,7 @@ def train_grpo(
                 micro_batch_size=micro_batch_size,
                 learning_rate=lr,
                 warmup_steps=warmup_steps,
+                max_completion_tokens=max_completion_tokens,
                 beta=beta,
                 temperature=temperature,
                 step_cost=step_cost,

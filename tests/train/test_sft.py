@@ -323,7 +323,8 @@ def test_grpo_from_an_adapter_keeps_the_adapter_as_its_kl_reference(tmp_path, kl
 
 def test_grpo_command_passes_its_options_to_the_run(tmp_path, monkeypatch):
     """`rag-gym train grpo`'s options reach the run's config: the rollouts' temperature, the
-    KL coefficient, EVO-RAG's step cost and refusal weights and the micro-batch size."""
+    KL coefficient, EVO-RAG's step cost and refusal weights, the micro-batch size, the warmup and
+    the episode's token budget."""
     from typer.testing import CliRunner
 
     import rag_gym.train.grpo as grpo
@@ -339,6 +340,7 @@ def test_grpo_command_passes_its_options_to_the_run(tmp_path, monkeypatch):
     args = ["--init", str(tmp_path), "--temperature", "0.6", "--beta", "0.04"]
     args += ["--step-cost", "0.05", "--refusal", "0.5", "--steps", "7", "--eval-n", "3"]
     args += ["--micro-batch-size", "2", "--dynamic-sampling", "answer"]
+    args += ["--warmup-steps", "3", "--max-completion-tokens", "1536"]
     result = CliRunner().invoke(app, ["train", "grpo", *args, "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     cfg = seen["cfg"]
@@ -352,6 +354,7 @@ def test_grpo_command_passes_its_options_to_the_run(tmp_path, monkeypatch):
     assert result.exit_code != 0 and "refusal_verifier" in result.output
     assert cfg.max_steps == 7 and seen["eval_n"] == 3 and seen["init"] == tmp_path
     assert cfg.micro_batch_size == 2
+    assert (cfg.warmup_steps, cfg.max_completion_tokens) == (3, 1536)
     assert cfg.dynamic_sampling and cfg.dynamic_sampling_on == "answer"
     for choice, expected in (("auto", False), ("off", False), ("return", True)):
         result = CliRunner().invoke(
