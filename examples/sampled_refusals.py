@@ -10,6 +10,12 @@ and count how its episodes end::
 It plays the ``search_r1`` agent of the checkpoint (llama.cpp, the checkpoint's tag preset)
 in the text env the SFT stage trained in, each sample with its own seed, and prints one JSON
 line per episode and a summary line (``final``: how many episodes ended in each action).
+
+``--rollouts`` plays the same questions through GRPO's own rollout path instead: the
+transformers policy with the run's adapter, :class:`~rag_gym.train.rollout.RolloutEngine`
+and its token budget (``--max-completion-tokens``), all episodes at once, so that the count is
+exactly what a GRPO step would sample (``final`` then counts ``refused``, ``answered`` and
+``cut``: episodes that ran out of the budget unfinished).
 """
 
 from __future__ import annotations
@@ -33,7 +39,14 @@ def main() -> None:
     parser.add_argument("--kind", choices=("unanswerable", "answerable"), default="unanswerable")
     parser.add_argument("--split", default="train")
     parser.add_argument("--unanswerable-rate", type=float, default=0.3)
+    parser.add_argument(
+        "--rollouts", action="store_true", help="sample through GRPO's rollout path instead"
+    )
+    parser.add_argument("--max-completion-tokens", type=int, default=1536)
     args = parser.parse_args()
+    if args.rollouts:
+        rollouts(args)
+        return
 
     cfg = SFTConfig(
         env_id="rag_gym/SynthHop-Hard-v0",
@@ -69,6 +82,52 @@ def main() -> None:
                 "temperature": args.temperature,
                 "episodes": sum(final.values()),
                 "final": dict(final),
+            }
+        )
+    )
+
+
+def rollouts(args: argparse.Namespace) -> None:
+    """The same count through GRPO's rollout path (transformers, the run's adapter)."""
+    from rag_gym.train.episodes import rollout_engine
+    from rag_gym.train.generators import make_generator
+    from rag_gym.train.grpo import EnvGRPOConfig, load_with_adapter
+
+    cfg = EnvGRPOConfig(
+        env_id="rag_gym/SynthHop-Hard-v0",
+        tags="evo_rag",
+        reward_preset="none",
+        refusal=0.5,
+        env_kwargs={"dataset_kwargs": {"unanswerable_rate": args.unanswerable_rate}},
+        max_completion_tokens=args.max_completion_tokens,
+    )
+    model, tokenizer = load_with_adapter(cfg.model, args.run, trainable=False)
+    model.eval()
+    engine = rollout_engine(cfg, tokenizer, args.split)
+    examples = engine.envs[0].unwrapped.examples
+    want = [i for i, ex in enumerate(examples) if ex.answerable == (args.kind == "answerable")]
+    generate = make_generator(model, tokenizer, temperature=args.temperature)
+    import torch
+
+    torch.manual_seed(0)  # the samples are torch's: seeded, so the count repeats
+    indices = [i for i in want[: args.questions] for _ in range(args.samples)]
+    final: Counter[str] = Counter()
+    episodes = engine.play(generate, indices)
+    for index, episode in zip(indices, episodes, strict=True):
+        refused = episode.reward_terms.get("refusal", 0.0) != 0.0
+        end = "cut" if not episode.finished else "refused" if refused else "answered"
+        final[end] += 1
+        print(json.dumps({"index": index, "final": end, "em": episode.em}))
+    print(
+        json.dumps(
+            {
+                "run": args.run,
+                "kind": args.kind,
+                "temperature": args.temperature,
+                "path": "rollouts",
+                "episodes": len(episodes),
+                "final": dict(final),
+                "searches": sum(e.num_searches for e in episodes) / max(1, len(episodes)),
             }
         )
     )
