@@ -48,17 +48,11 @@ def main() -> None:
         rollouts(args)
         return
 
-    cfg = SFTConfig(
-        env_id="rag_gym/SynthHop-Hard-v0",
-        tags="evo_rag",
-        env_kwargs={"dataset_kwargs": {"unanswerable_rate": args.unanswerable_rate}},
-    )
+    cfg = SFTConfig(**hard_env(args))
     env = cfg.text_env().make_env(args.split)()
-    examples = env.unwrapped.examples
-    want = [i for i, ex in enumerate(examples) if ex.answerable == (args.kind == "answerable")]
     agent = make_agent(f"search_r1:{args.run}", lm=LlamaCppLM(seed=0))
     final: Counter[str] = Counter()
-    for index in want[: args.questions]:
+    for index in questions(env.unwrapped.examples, args):
         for sample in range(args.samples):
             agent.reset(seed=sample)
             agent.config = dataclasses.replace(
@@ -87,30 +81,42 @@ def main() -> None:
     )
 
 
+def hard_env(args: argparse.Namespace) -> dict:
+    """The env both paths probe: SynthHop-Hard with the ``evo_rag`` tags, as the SFT trained."""
+    return {
+        "env_id": "rag_gym/SynthHop-Hard-v0",
+        "tags": "evo_rag",
+        "env_kwargs": {"dataset_kwargs": {"unanswerable_rate": args.unanswerable_rate}},
+    }
+
+
+def questions(examples: list, args: argparse.Namespace) -> list[int]:
+    """The first ``--questions`` indices of ``--kind``."""
+    answerable = args.kind == "answerable"
+    return [i for i, ex in enumerate(examples) if ex.answerable == answerable][: args.questions]
+
+
 def rollouts(args: argparse.Namespace) -> None:
     """The same count through GRPO's rollout path (transformers, the run's adapter)."""
+    import torch
+
     from rag_gym.train.episodes import rollout_engine
     from rag_gym.train.generators import make_generator
     from rag_gym.train.grpo import EnvGRPOConfig, load_with_adapter
 
     cfg = EnvGRPOConfig(
-        env_id="rag_gym/SynthHop-Hard-v0",
-        tags="evo_rag",
+        **hard_env(args),
         reward_preset="none",
         refusal=0.5,
-        env_kwargs={"dataset_kwargs": {"unanswerable_rate": args.unanswerable_rate}},
         max_completion_tokens=args.max_completion_tokens,
     )
     model, tokenizer = load_with_adapter(cfg.model, args.run, trainable=False)
     model.eval()
     engine = rollout_engine(cfg, tokenizer, args.split)
-    examples = engine.envs[0].unwrapped.examples
-    want = [i for i, ex in enumerate(examples) if ex.answerable == (args.kind == "answerable")]
     generate = make_generator(model, tokenizer, temperature=args.temperature)
-    import torch
-
     torch.manual_seed(0)  # the samples are torch's: seeded, so the count repeats
-    indices = [i for i in want[: args.questions] for _ in range(args.samples)]
+    want = questions(engine.envs[0].unwrapped.examples, args)
+    indices = [i for i in want for _ in range(args.samples)]
     final: Counter[str] = Counter()
     episodes = engine.play(generate, indices)
     for index, episode in zip(indices, episodes, strict=True):
