@@ -68,17 +68,14 @@ def main() -> None:
             em = info.get("scores", {}).get("em")
             print(json.dumps({"index": index, "sample": sample, "final": action, "em": em}))
     env.close()
-    print(
-        json.dumps(
-            {
-                "run": args.run,
-                "kind": args.kind,
-                "temperature": args.temperature,
-                "episodes": sum(final.values()),
-                "final": dict(final),
-            }
-        )
-    )
+    print_summary(args, final)
+
+
+def print_summary(args: argparse.Namespace, final: Counter[str], **extra: object) -> None:
+    """The summary line both paths end with: how many episodes ended in each way."""
+    summary = {"run": args.run, "kind": args.kind, "temperature": args.temperature}
+    summary.update(episodes=sum(final.values()), final=dict(final), **extra)
+    print(json.dumps(summary))
 
 
 def hard_env(args: argparse.Namespace) -> dict:
@@ -124,19 +121,8 @@ def rollouts(args: argparse.Namespace) -> None:
         end = "cut" if not episode.finished else "refused" if refused else "answered"
         final[end] += 1
         print(json.dumps({"index": index, "final": end, "em": episode.em}))
-    print(
-        json.dumps(
-            {
-                "run": args.run,
-                "kind": args.kind,
-                "temperature": args.temperature,
-                "path": "rollouts",
-                "episodes": len(episodes),
-                "final": dict(final),
-                "searches": sum(e.num_searches for e in episodes) / max(1, len(episodes)),
-            }
-        )
-    )
+    searches = sum(e.num_searches for e in episodes) / max(1, len(episodes))
+    print_summary(args, final, path="rollouts", searches=searches)
 
 
 if __name__ == "__main__":
