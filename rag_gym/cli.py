@@ -881,6 +881,14 @@ def train_grpo(
     steps: Annotated[int, typer.Option(help="Optimiser steps.")] = 100,
     num_generations: Annotated[int, typer.Option(help="Episodes per question (G).")] = 4,
     prompts_per_step: Annotated[int, typer.Option(help="Questions per step.")] = 2,
+    balance_answerable: Annotated[
+        bool,
+        typer.Option(
+            help="Half of every step's questions answerable, half unanswerable (an even "
+            "--prompts-per-step; a world with both kinds): with --refusal, no step's mix of "
+            "kinds alone sets the refusal bias."
+        ),
+    ] = False,
     micro_batch_size: Annotated[
         int | None,
         typer.Option(
@@ -970,6 +978,7 @@ def train_grpo(
                 max_steps=steps,
                 num_generations=num_generations,
                 prompts_per_step=prompts_per_step,
+                balance_answerable=balance_answerable,
                 micro_batch_size=micro_batch_size,
                 learning_rate=lr,
                 warmup_steps=warmup_steps,

@@ -63,6 +63,7 @@ __all__ = [
     "EnvGRPOConfig",
     "EnvRollout",
     "TextEnvSpec",
+    "balanced_order",
     "build_trainer",
     "default_tags",
     "env_factory",
@@ -124,6 +125,14 @@ class EnvGRPOConfig:
     """Group size G: episodes per question."""
     prompts_per_step: int = 1
     """Questions per optimisation step (the batch is ``prompts_per_step * G`` episodes)."""
+    balance_answerable: bool = False
+    """Give every step as many answerable questions as unanswerable ones: the split's two kinds,
+    each shuffled with ``seed``, are interleaved and trained in that order (``prompts_per_step``
+    must be even). With the refusal reward, a step then both pays refusals of the questions
+    that should be refused and punishes refusals of the ones that should not, so no single
+    step's mix of kinds sets the policy's refusal bias (the SynthHop-Hard rows of
+    docs/training.md: with the kinds drawn at random, the first steps' mix decided whether a run
+    refused everything or nothing). The split needs questions of both kinds."""
     micro_batch_size: int | None = None
     """Episodes per forward/backward pass: the step's ``prompts_per_step * G`` episodes are
     accumulated into one update in passes of this many (the same update up to float rounding;
@@ -243,6 +252,11 @@ class EnvGRPOConfig:
             raise ValueError(
                 f"expected warmup_steps to be an int in [0, max_steps = {self.max_steps}), "
                 f"got {w!r}"
+            )
+        if self.balance_answerable and self.prompts_per_step % 2:
+            raise ValueError(
+                f"balance_answerable needs an even prompts_per_step (half answerable, half "
+                f"unanswerable questions a step), got {self.prompts_per_step}"
             )
         if self.num_generations < 2:
             raise ValueError(
@@ -463,6 +477,28 @@ def question_keys(engine: RolloutEngine) -> dict[str, tuple[int, tuple[str, ...]
     return {ex.id: (i, ()) for i, ex in enumerate(engine.envs[0].unwrapped.examples)}
 
 
+def balanced_order(
+    keys: dict[str, tuple[int, tuple[str, ...]]], examples: Sequence[Any], seed: int
+) -> list[str]:
+    """``keys`` ordered answerable, unanswerable, answerable, … (each kind shuffled by ``seed``,
+    the longer kind cut to the shorter's length): :attr:`EnvGRPOConfig.balance_answerable`."""
+    rng = random.Random(seed)
+    kinds: dict[bool, list[str]] = {True: [], False: []}
+    for key, (index, _) in keys.items():
+        kinds[bool(examples[index].answerable)].append(key)
+    if not kinds[True] or not kinds[False]:
+        missing = "unanswerable" if not kinds[False] else "answerable"
+        raise ValueError(
+            f"balance_answerable needs answerable and unanswerable questions, but the training "
+            f"split has no {missing} one: train on a world with both (e.g. SynthHop-Hard-v0 with "
+            f'--env-kwargs \'{{"dataset_kwargs": {{"unanswerable_rate": 0.5}}}}\'), '
+            f"or leave balance_answerable off"
+        )
+    for kind in kinds.values():
+        rng.shuffle(kind)
+    return [key for pair in zip(kinds[True], kinds[False], strict=False) for key in pair]
+
+
 def build_trainer(
     cfg: EnvGRPOConfig,
     model: Any = None,
@@ -561,13 +597,17 @@ def build_trainer(
         use_vllm=cfg.use_vllm,
         vllm_mode="colocate",
         remove_unused_columns=False,
-        shuffle_dataset=True,
+        shuffle_dataset=not cfg.balance_answerable,
         disable_dropout=True,
         log_completions=False,
         **checkpointing_option(trl.GRPOConfig, cfg.gradient_checkpointing),
     )
     peft_config = lora_config(cfg.lora_r, cfg.lora_alpha) if cfg.lora else None
-    dataset = Dataset.from_dict({"prompt": list(keys)})
+    if cfg.balance_answerable:
+        order = balanced_order(keys, engine.envs[0].unwrapped.examples, cfg.seed)
+    else:
+        order = list(keys)
+    dataset = Dataset.from_dict({"prompt": order})
 
     class Stages(TrainerCallback):
         def __init__(self) -> None:

@@ -340,7 +340,7 @@ def test_grpo_command_passes_its_options_to_the_run(tmp_path, monkeypatch):
     args = ["--init", str(tmp_path), "--temperature", "0.6", "--beta", "0.04"]
     args += ["--step-cost", "0.05", "--refusal", "0.5", "--steps", "7", "--eval-n", "3"]
     args += ["--micro-batch-size", "2", "--dynamic-sampling", "answer"]
-    args += ["--warmup-steps", "3", "--max-completion-tokens", "1536"]
+    args += ["--warmup-steps", "3", "--max-completion-tokens", "1536", "--balance-answerable"]
     result = CliRunner().invoke(app, ["train", "grpo", *args, "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     cfg = seen["cfg"]
@@ -355,6 +355,9 @@ def test_grpo_command_passes_its_options_to_the_run(tmp_path, monkeypatch):
     assert cfg.max_steps == 7 and seen["eval_n"] == 3 and seen["init"] == tmp_path
     assert cfg.micro_batch_size == 2
     assert (cfg.warmup_steps, cfg.max_completion_tokens) == (3, 1536)
+    assert cfg.balance_answerable and cfg.prompts_per_step == 2
+    result = CliRunner().invoke(app, ["train", "grpo", *args, "--prompts-per-step", "3"])
+    assert result.exit_code != 0 and "even prompts_per_step" in result.output
     assert cfg.dynamic_sampling and cfg.dynamic_sampling_on == "answer"
     for choice, expected in (("auto", False), ("off", False), ("return", True)):
         result = CliRunner().invoke(

@@ -400,6 +400,65 @@ def test_warmup_raises_the_learning_rate_from_zero(tmp_path):
     assert rates[5] < rates[4] and rates[-1] > 0
 
 
+def test_balanced_steps_hold_one_answerable_and_one_unanswerable_question(tmp_path):
+    pytest.importorskip("trl")
+    pytest.importorskip("peft")
+    from rag_gym.train.grpo import EnvGRPOConfig, build_trainer
+
+    with pytest.raises(ValueError, match="even prompts_per_step"):
+        EnvGRPOConfig(balance_answerable=True, prompts_per_step=3)
+    world = {**SMALL_WORLD, "unanswerable_rate": 0.3}
+    cfg = EnvGRPOConfig(
+        model="tiny",
+        env_id="rag_gym/SynthHop-Hard-v0",
+        env_kwargs={"dataset_kwargs": world},
+        num_generations=2,
+        prompts_per_step=2,
+        balance_answerable=True,
+        max_steps=3,
+        max_turns=1,
+        max_turn_tokens=8,
+        max_completion_tokens=64,
+        run_dir=str(tmp_path / "run"),
+    )
+    trainer, rollout = build_trainer(cfg)
+    examples = rollout.engine.envs[0].unwrapped.examples
+    answerable = {ex.id: ex.answerable for ex in examples}
+    n_unanswerable = sum(not a for a in answerable.values())
+    assert 0 < n_unanswerable < len(examples) / 2
+    # the order TRL's sampler feeds the trainer: each question G times, one step after another,
+    # each step's batch repeated once per micro-batch pass (the trainer generates on the first)
+    fed = [row["prompt"] for batch in trainer.get_train_dataloader() for row in batch]
+    n = cfg.episodes_per_step
+    chunks = [fed[i : i + n] for i in range(0, len(fed), n)]
+    steps = [c for i, c in enumerate(chunks) if i == 0 or c != chunks[i - 1]]
+    assert len(chunks) == len(steps) * trainer.args.steps_per_generation
+    assert len(steps) == n_unanswerable  # the shorter kind sets the length of an epoch
+    for step in steps:
+        assert sorted(answerable[key] for key in dict.fromkeys(step)) == [False, True]
+        assert all(step.count(key) == cfg.num_generations for key in set(step))
+    # every unanswerable question once, and the order is the seed's
+    assert {k for step in steps for k in step if not answerable[k]} == {
+        ex.id for ex in examples if not ex.answerable
+    }
+    again, _ = build_trainer(cfg)
+    assert [row["prompt"] for b in again.get_train_dataloader() for row in b] == fed
+    # a split without unanswerable questions says how to get them
+    plain = EnvGRPOConfig(
+        model="tiny",
+        env_kwargs=ENV,
+        num_generations=2,
+        prompts_per_step=2,
+        balance_answerable=True,
+        max_turns=1,
+        max_turn_tokens=8,
+        max_completion_tokens=64,
+        run_dir=str(tmp_path / "plain"),
+    )
+    with pytest.raises(ValueError, match=r"no unanswerable one.*unanswerable_rate"):
+        build_trainer(plain)
+
+
 def test_stabilized_kl_is_finite_where_k3_explodes():
     torch = pytest.importorskip("torch")
     logp = torch.tensor([-80.0, -1.0, -0.1])  # the sampled token is nearly impossible
