@@ -362,6 +362,8 @@ def check_resumable(saved: dict[str, Any], protocol: dict[str, Any], run_dir: Pa
         problems.append(f"no {', '.join(missing)} (the run has them; agents can only be added)")
     for name, desc in saved["agents"].items():
         now = protocol["agents"].get(name)
+        if now is not None:  # what a checkpoint trained on is a report, not a setting
+            now, desc = ({k: v for k, v in d.items() if k != "seen_questions"} for d in (now, desc))
         if now is not None and _normal(now) != _normal(desc):
             problems.append(f"agent {name} as {now} (the run has {desc})")
     if problems:
@@ -786,6 +788,12 @@ def evaluate(
     unwrapped = base_env.unwrapped
 
     agents = {name: agent_factory(name, base_env) for name in config.agents}
+    described = {name: a.describe() for name, a in agents.items()}
+    asked = [examples[i].question for i in indices]
+    for name in config.agents:
+        seen = _seen_questions(name, asked, config)
+        if seen is not None:
+            described[name]["seen_questions"] = seen
     protocol: dict[str, Any] = {
         "rag_gym_version": rag_gym.__version__,
         "env_id": config.env_id,
@@ -802,7 +810,7 @@ def evaluate(
         "corpus_size": getattr(unwrapped.corpus, "server_size", len(unwrapped.corpus)),
         "answer_metric": unwrapped.answer_metric,
         "max_episode_steps": base_env.spec.max_episode_steps if base_env.spec else None,
-        "agents": {name: a.describe() for name, a in agents.items()},
+        "agents": described,
         "lm": lm_description,
         "lm_spec": config.lm_spec,
         "judge": judge is not None,
@@ -932,6 +940,36 @@ def evaluate(
     if track:
         log_to_wandb(result)
     return result
+
+
+def _seen_questions(name: str, questions: list[str], config: EvalConfig) -> dict[str, Any] | None:
+    """For an agent with a checkpoint (``search_r1:PATH``): how many of the evaluated questions
+    are in the split it was trained on (:func:`rag_gym.agents.provenance.seen_questions`),
+    warned about when not 0, so that a figure that is not held out does not pass for one."""
+    from rag_gym.baselines import split_agent_name
+
+    checkpoint = split_agent_name(name)[1]
+    if checkpoint is None:
+        return None
+    from rag_gym.agents.provenance import SeenQuestionsWarning, seen_questions
+    from rag_gym.agents.search_r1 import checkpoint_path
+
+    report = seen_questions(checkpoint_path(checkpoint), questions)
+    if report["seen"]:
+        where = "; ".join(
+            f"{ts['env_id']} {ts['env_kwargs'] or ''} {ts['split']}".replace("  ", " ")
+            for ts in report["training_sets"]
+            if ts.get("seen")
+        )
+        warnings.warn(
+            f"{name}: {report['seen']} of the {report['n']} evaluated questions of "
+            f"{config.env_id} {config.split} are in the split it was trained on ({where}): its "
+            "figures here are not held out. Evaluate on questions training never saw (another "
+            "split of its training world), or note it beside the figures",
+            SeenQuestionsWarning,
+            stacklevel=3,
+        )
+    return report
 
 
 def evaluate_checkpoint(

@@ -1,0 +1,129 @@
+"""What a checkpoint was trained on, and the evaluated questions it has seen (agents.provenance)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import gymnasium as gym
+import pytest
+
+import rag_gym  # noqa: F401  (registers the envs)
+from rag_gym.agents.provenance import (
+    SeenQuestionsWarning,
+    normal_question,
+    seen_questions,
+    training_sets,
+)
+from rag_gym.agents.search_r1 import checkpoint_path
+from tests.conftest import SMALL_WORLD, EchoLM
+
+HARD = "rag_gym/SynthHop-Hard-v0"
+
+
+def questions(env_id: str, split: str, **dataset_kwargs) -> list[str]:
+    env = gym.make(env_id, split=split, dataset_kwargs={**SMALL_WORLD, **dataset_kwargs})
+    try:
+        return [ex.question for ex in env.unwrapped.examples]
+    finally:
+        env.close()
+
+
+def run_folder(path, env_kwargs, split="train", init=None, **extra):
+    (path / "final").mkdir(parents=True)
+    config = {"env_id": HARD, "env_kwargs": env_kwargs, "split": split, **extra}
+    (path / "config.json").write_text(json.dumps(config))
+    if init is not None:  # a GRPO run records the run it started from
+        (path / "init.json").write_text(json.dumps({"init": str(init), "eval_n": 0}))
+    return path
+
+
+def test_the_shipped_checkpoint_has_seen_its_train_split_and_nothing_of_validation():
+    ship = checkpoint_path("synthhop")
+    [ts] = training_sets(ship)
+    assert (ts.env_id, ts.env_kwargs, ts.split) == ("rag_gym/SynthHop-v0", {}, "train")
+    for split, expected in (("validation", 0), ("test", 0), ("train", 30)):
+        env = gym.make("rag_gym/SynthHop-v0", split=split)
+        asked = [ex.question for ex in env.unwrapped.examples[:30]]
+        report = seen_questions(ship, asked)
+        assert (report["seen"], report["n"]) == (expected, 30), split
+
+
+def test_worlds_that_differ_in_unanswerable_rate_share_questions_across_splits(tmp_path):
+    # the contamination this module exists for: an SFT run on a 30%-unanswerable world,
+    # evaluated on the default Hard world's test split
+    sft = run_folder(
+        tmp_path / "sft", {"dataset_kwargs": {**SMALL_WORLD, "unanswerable_rate": 0.3}}
+    )
+    asked = questions(HARD, "test")
+    trained = {normal_question(q) for q in questions(HARD, "train", unanswerable_rate=0.3)}
+    expected = sum(normal_question(q) in trained for q in asked)
+    assert expected > 0  # the two worlds do deal some of one's test questions to the other's train
+    for where in (sft, sft / "final"):  # the run folder, or the adapter folder inside it
+        report = seen_questions(where, asked)
+        assert (report["seen"], report["n"]) == (expected, len(asked))
+    # the training world's own test split shares nothing with its train split
+    own = questions(HARD, "test", unanswerable_rate=0.3)
+    assert seen_questions(sft, own)["seen"] == 0
+    # a GRPO run from that SFT run has seen what its start has, and its own split too
+    grpo = run_folder(tmp_path / "grpo", {"dataset_kwargs": SMALL_WORLD}, split="test", init=sft)
+    sets = training_sets(grpo / "final")
+    assert [(ts.split, ts.source.endswith("grpo/config.json")) for ts in sets] == [
+        ("test", True),
+        ("train", False),
+    ]
+    report = seen_questions(grpo, asked)
+    assert report["seen"] == len(asked)  # it trained on this very split
+    assert [row["seen"] for row in report["training_sets"]] == [len(asked), expected]
+
+
+def test_a_checkpoint_that_does_not_say_is_not_checked(tmp_path):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert training_sets(bare) == []
+    assert seen_questions(bare, ["Who?"]) == {"seen": None, "n": 1, "training_sets": []}
+
+
+def test_a_training_split_that_no_longer_builds_is_a_warning_not_a_crash(tmp_path):
+    gone = run_folder(tmp_path / "gone", {"dataset_kwargs": {"no_such_option": 1}})
+    with pytest.warns(SeenQuestionsWarning, match="did not build"):
+        report = seen_questions(gone, ["Who?"])
+    assert report["seen"] is None and "error" in report["training_sets"][0]
+
+
+def test_evaluate_records_and_warns_about_questions_the_agent_trained_on(tmp_path):
+    from rag_gym.baselines import make_agent
+    from rag_gym.evaluate import EvalConfig, evaluate
+
+    class AdapterLM(EchoLM):
+        def with_adapter(self, path):
+            return self
+
+    world = {"dataset_kwargs": SMALL_WORLD}
+    leaked = run_folder(tmp_path / "leaked", world, split="validation", tags="evo_rag")
+    clean = run_folder(tmp_path / "clean", world, split="train", tags="evo_rag")
+    agents = (f"search_r1:{leaked}", f"search_r1:{clean}", "random")
+    cfg = EvalConfig(
+        env_id=HARD,
+        env_kwargs=world,
+        split="validation",
+        n=4,
+        agents=agents,
+        out_dir=str(tmp_path / "runs"),
+        run_name="run",
+    )
+    factory = lambda name, env: make_agent(name, lm=AdapterLM(), seed=1)  # noqa: E731
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        evaluate(cfg, factory)
+    said = [str(w.message) for w in caught if issubclass(w.category, SeenQuestionsWarning)]
+    assert len(said) == 1 and said[0].startswith(f"search_r1:{leaked}: 4 of the 4 evaluated")
+    assert "not held out" in said[0]
+    protocol = json.loads((tmp_path / "runs" / "run" / "protocol.json").read_text())
+    assert protocol["agents"][agents[0]]["seen_questions"]["seen"] == 4
+    assert protocol["agents"][agents[1]]["seen_questions"]["seen"] == 0
+    assert "seen_questions" not in protocol["agents"]["random"]
+    # a resume compares the agents' settings, not this report (which it makes again)
+    with pytest.warns(SeenQuestionsWarning, match="4 of the 4"):
+        evaluate(cfg, factory, resume=True)
