@@ -108,6 +108,22 @@ def _agent_scores(
     return found, sources
 
 
+def _seen_in_training(runs: Sequence[str], agent: str) -> int | None:
+    """Evaluated questions ``agent``'s checkpoint was trained on, over ``runs`` (each run's
+    ``protocol.json``, ``agents.<agent>.seen_questions``, written by ``rag-gym evaluate``);
+    ``None`` where no run says."""
+    total = None
+    for run in runs:
+        try:
+            protocol = json.loads((Path(run) / "protocol.json").read_text())
+            seen = protocol["agents"][agent]["seen_questions"]["seen"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(seen, int):
+            total = (total or 0) + seen
+    return total
+
+
 @dataclass(frozen=True)
 class MetricComparison:
     metric: str
@@ -182,8 +198,18 @@ def compare(
             )
         )
     return {
-        "a": {"agent": a, "runs": a_runs, "episodes": len(left)},
-        "b": {"agent": b, "runs": b_runs, "episodes": len(right)},
+        "a": {
+            "agent": a,
+            "runs": a_runs,
+            "episodes": len(left),
+            "seen_in_training": _seen_in_training(a_runs, a),
+        },
+        "b": {
+            "agent": b,
+            "runs": b_runs,
+            "episodes": len(right),
+            "seen_in_training": _seen_in_training(b_runs, b),
+        },
         "questions": len(shared),
         "confidence": confidence,
         "n_resamples": n_resamples,
@@ -223,4 +249,12 @@ def comparison_markdown(result: dict[str, Any]) -> str:
             f"{row['b']['high']:.3f}] | {d['mean']:+.3f} | [{d['low']:+.3f}, {d['high']:+.3f}] "
             f"| {d['wins']} | {d['losses']} |"
         )
+    for side in ("a", "b"):
+        seen = result[side].get("seen_in_training")
+        if seen:
+            lines += [
+                "",
+                f"Not held out: {seen} of {result[side]['agent']}'s evaluated questions are in "
+                "the split its checkpoint was trained on (protocol.json, seen_questions).",
+            ]
     return "\n".join(lines) + "\n"

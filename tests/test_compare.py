@@ -119,6 +119,23 @@ def test_compare_pairs_by_question_across_runs(tmp_path):
     assert "| em | 0.641" in table and "| searches |" in table
 
 
+def test_compare_says_when_an_agent_was_trained_on_the_questions(tmp_path):
+    episodes = [_episode("trained", f"q{i}", 1.0) for i in range(4)]
+    episodes += [_episode("base", f"q{i}", 0.0) for i in range(4)]
+    run = _run(tmp_path / "r", episodes)
+    result = compare([run], "trained", "base", metrics=["em"])
+    assert result["a"]["seen_in_training"] is None  # no protocol.json says
+    assert "Not held out" not in comparison_markdown(result)
+    seen = {"seen": 3, "n": 4, "training_sets": []}
+    protocol = {"agents": {"trained": {"seen_questions": seen}, "base": {}}}
+    (run / "protocol.json").write_text(json.dumps(protocol))
+    result = compare([run], "trained", "base", metrics=["em"])
+    assert (result["a"]["seen_in_training"], result["b"]["seen_in_training"]) == (3, None)
+    table = comparison_markdown(result)
+    assert "Not held out: 3 of trained's evaluated questions" in table
+    assert "base's" not in table
+
+
 def test_compare_reads_a_cut_run_without_changing_it(tmp_path):
     run = _run(
         tmp_path / "r",
