@@ -1089,7 +1089,15 @@ def train_pipeline(
         from rag_gym.evaluate import evaluate_checkpoint
 
         t0 = time.perf_counter()
-        row = evaluate_checkpoint(report["checkpoint"], env, test_n, root, "test", seed=seed)
+        row = evaluate_checkpoint(
+            report["checkpoint"],
+            env,
+            test_n,
+            root,
+            "test",
+            seed=seed,
+            env_kwargs=sft_cfg.env_kwargs,
+        )
         report["test"] = row
         report["seconds"]["test"] = round(time.perf_counter() - t0, 1)
         typer.echo(f"test ({test_n} questions, llama.cpp): EM {row['em']:.3f}")

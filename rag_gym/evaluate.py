@@ -954,7 +954,16 @@ def _seen_questions(name: str, questions: list[str], config: EvalConfig) -> dict
     from rag_gym.agents.provenance import SeenQuestionsWarning, seen_questions
     from rag_gym.agents.search_r1 import checkpoint_path
 
-    report = seen_questions(checkpoint_path(checkpoint), questions)
+    try:
+        report = seen_questions(checkpoint_path(checkpoint), questions)
+    except Exception as exc:  # a report, never a reason to stop an evaluation
+        warnings.warn(
+            f"{name}: could not check which evaluated questions it was trained on: "
+            f"{type(exc).__name__}: {exc}",
+            SeenQuestionsWarning,
+            stacklevel=3,
+        )
+        return {"seen": None, "n": len(set(questions)), "error": f"{type(exc).__name__}: {exc}"}
     if report["seen"]:
         where = "; ".join(
             f"{ts['env_id']} {ts['env_kwargs'] or ''} {ts['split']}".replace("  ", " ")
@@ -980,10 +989,12 @@ def evaluate_checkpoint(
     run_name: str,
     split: str = "test",
     seed: int = 0,
+    env_kwargs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``rag-gym evaluate --split SPLIT --n N --agents search_r1:CHECKPOINT``: the checkpoint
     folder of a training run played greedily through llama.cpp (the main command's backend, its
-    GGUF adapter over the embedded model) on ``n`` questions of ``split``. Writes the run folder
+    GGUF adapter over the embedded model) on ``n`` questions of ``split`` of the env made with
+    ``env_kwargs`` (the training world's, for a held-out figure). Writes the run folder
     ``out_dir/run_name`` and returns the agent's leaderboard row."""
     from rag_gym.baselines import make_agent
     from rag_gym.generation.backends import make_lm
@@ -991,6 +1002,7 @@ def evaluate_checkpoint(
     lm = make_lm("llama_cpp", seed=seed)
     config = EvalConfig(
         env_id=env_id,
+        env_kwargs=dict(env_kwargs or {}),
         split=split,
         n=n,
         seed=seed,

@@ -1,4 +1,4 @@
-"""Which questions a checkpoint was trained on, and which of an evaluation's it has seen.
+"""The splits a checkpoint was trained on, and how many of an evaluation's questions are in them.
 
 A held-out figure needs questions training never saw, and on SynthHop that is easy to lose
 without noticing: a world is a function of its ``dataset_kwargs``, so two worlds that differ only
@@ -9,13 +9,18 @@ train split of its 30%-unanswerable world: docs/training.md, the fourth refusal 
 
 :func:`training_sets` reads where a checkpoint's questions came from: a training run's
 ``config.json`` (``env_id``, ``env_kwargs``, ``split``), the run it started from (a GRPO run's
-``init.json``), and a packaged checkpoint's ``rag_gym.json``. :func:`seen_questions` counts the
-evaluated questions whose text is in one of those splits; ``rag-gym evaluate`` records the
-count in ``protocol.json`` and warns when it is not 0 (:func:`rag_gym.evaluate.evaluate`).
+``init.json``), and a packaged checkpoint's ``rag_gym.json`` (its ``training_sets``, written by
+:func:`rag_gym.train.ship.package_adapter`, or its ``env_id``/``env_kwargs``/``train_split``).
+:func:`seen_questions` counts the evaluated questions whose text is in one of those splits;
+``rag-gym evaluate`` records the count in ``protocol.json`` and warns when it is not 0
+(:func:`rag_gym.evaluate.evaluate`). The count is of the split, not of the questions training
+drew from it (an SFT run's ``n_demos``, a GRPO run's steps): a question of the split counts as
+seen. Questions used only to choose (a validation split's held-out EM) are not counted.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import warnings
@@ -24,7 +29,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SeenQuestionsWarning", "TrainingSet", "seen_questions", "training_sets"]
+__all__ = [
+    "SeenQuestionsWarning",
+    "TrainingSet",
+    "normal_question",
+    "seen_questions",
+    "split_questions",
+    "training_sets",
+]
+
+#: How many folders above a checkpoint are searched for the record of its run (an EVO-RAG DPO
+#: cycle's adapter sits two below the run's ``config.json``: ``run/<stage>/cycle<n>/``).
+ANCESTORS = 3
 
 
 class SeenQuestionsWarning(UserWarning):
@@ -67,32 +83,55 @@ def _env_kwargs(value: Any) -> dict[str, Any]:
     return dict(value) if isinstance(value, dict) else {}
 
 
-def training_sets(path: str | Path, _seen: set[Path] | None = None) -> list[TrainingSet]:
+def _packaged(meta: dict[str, Any], source: str) -> list[TrainingSet]:
+    listed = meta.get("training_sets")
+    if isinstance(listed, list):
+        return [
+            TrainingSet(
+                row["env_id"],
+                _env_kwargs(row.get("env_kwargs")),
+                str(row.get("split") or "train"),
+                str(row.get("source") or source),
+            )
+            for row in listed
+            if isinstance(row, dict) and isinstance(row.get("env_id"), str)
+        ]
+    if isinstance(meta.get("env_id"), str):
+        return [
+            TrainingSet(
+                meta["env_id"],
+                _env_kwargs(meta.get("env_kwargs")),
+                str(meta.get("train_split") or "train"),
+                source,
+            )
+        ]
+    return []
+
+
+def training_sets(
+    path: str | Path, _seen: set[Path] | None = None, _problems: list[str] | None = None
+) -> list[TrainingSet]:
     """The splits the checkpoint at ``path`` was trained on, its starting run's included.
 
     ``path`` is what ``search_r1:PATH`` takes: a run folder, an adapter folder inside one
-    (``final/``, ``checkpoint-N/``), a ``.gguf`` adapter, or a packaged checkpoint. Its folder is
-    read first, then the folder above (as :func:`~rag_gym.agents.search_r1.checkpoint_tags`).
-    Empty where no file says (an adapter from elsewhere): nothing can be checked then.
+    (``final/``, ``checkpoint-N/``, an EVO-RAG DPO ``<stage>/cycle<n>/``), a ``.gguf`` adapter,
+    or a packaged checkpoint. Its folder is read first, then up to :data:`ANCESTORS` folders
+    above it, until one holds a record (``rag_gym.json``, or a ``config.json`` with an
+    ``env_id``). Empty where none does (an adapter from elsewhere): nothing can be checked then.
+    A starting run (``init.json``) that is no longer where it was is a
+    :class:`SeenQuestionsWarning` (the count then covers the run's own split only).
     """
     seen = set() if _seen is None else _seen
     path = Path(path).expanduser()
     folder = (path.parent if path.is_file() else path).resolve()
     out: list[TrainingSet] = []
-    for where in (folder, folder.parent):
+    for where in [folder, *folder.parents][: ANCESTORS + 1]:
         if where in seen:
-            continue
+            break
         seen.add(where)
         packaged = _read(where / "rag_gym.json")
-        if packaged and isinstance(packaged.get("env_id"), str):
-            out.append(
-                TrainingSet(
-                    packaged["env_id"],
-                    _env_kwargs(packaged.get("env_kwargs")),
-                    str(packaged.get("train_split", "train")),
-                    str(where / "rag_gym.json"),
-                )
-            )
+        if packaged:
+            out += _packaged(packaged, str(where / "rag_gym.json"))
         config = _read(where / "config.json")
         if config and isinstance(config.get("env_id"), str):
             out.append(
@@ -105,8 +144,21 @@ def training_sets(path: str | Path, _seen: set[Path] | None = None) -> list[Trai
             )
         started = _read(where / "init.json")
         init = started.get("init") if started else None
-        if isinstance(init, str) and Path(init).exists():
-            out += training_sets(init, seen)
+        if isinstance(init, str):
+            try:
+                there = Path(init).exists()
+            except OSError:
+                there = False
+            if there:
+                out += training_sets(init, seen)
+            else:
+                warnings.warn(
+                    f"{where / 'init.json'} says the run started from {init}, which is not "
+                    "there (a run copied from another machine?): the questions that start was "
+                    "trained on are not checked",
+                    SeenQuestionsWarning,
+                    stacklevel=2,
+                )
         if out:
             break
     unique: dict[str, TrainingSet] = {}
@@ -121,17 +173,34 @@ def normal_question(text: str) -> str:
     return re.sub(r"\s+", " ", str(text)).strip().lower()
 
 
-def split_questions(ts: TrainingSet) -> set[str]:
-    """The normalised question texts of ``ts``'s split."""
+def split_questions(ts: TrainingSet) -> frozenset[str]:
+    """The normalised question texts of ``ts``'s split, loaded through the data layer (no
+    corpus, index or retriever is built) and kept for the next checkpoint of the same split."""
     import gymnasium as gym
 
     import rag_gym  # noqa: F401  (registers the envs)
+    from rag_gym.envs.base import DataConfig
 
-    env = gym.make(ts.env_id, **{**ts.env_kwargs, "split": ts.split})
-    try:
-        return {normal_question(ex.question) for ex in env.unwrapped.examples}
-    finally:
-        env.close()
+    spec = gym.spec(ts.env_id)
+    fields = {**(spec.kwargs or {}), **ts.env_kwargs, "split": ts.split}
+    data = DataConfig.from_kwargs(**{k: v for k, v in fields.items() if k in DataConfig.fields()})
+    if data.examples is not None:
+        return frozenset(normal_question(ex.question) for ex in data.examples)
+    key = json.dumps(
+        [data.dataset, data.split, str(data.data_path), dict(data.dataset_kwargs or {})],
+        sort_keys=True,
+        default=str,
+    )
+    return _load_questions(key)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_questions(key: str) -> frozenset[str]:
+    from rag_gym.data import load
+
+    dataset, split, path, kwargs = json.loads(key)
+    examples = load(dataset, split, path=None if path == "None" else path, **kwargs)
+    return frozenset(normal_question(ex.question) for ex in examples)
 
 
 def seen_questions(checkpoint: str | Path, questions: Iterable[str]) -> dict[str, Any]:

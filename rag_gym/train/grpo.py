@@ -68,6 +68,7 @@ __all__ = [
     "default_tags",
     "env_factory",
     "evaluate_policy",
+    "kind_pools",
     "load_with_adapter",
     "micro_batch",
     "question_keys",
@@ -132,7 +133,9 @@ class EnvGRPOConfig:
     that should be refused and punishes refusals of the ones that should not, so no single
     step's mix of kinds sets the policy's refusal bias (the SynthHop-Hard rows of
     docs/training.md: with the kinds drawn at random, the first steps' mix decided whether a run
-    refused everything or nothing). The split needs questions of both kinds."""
+    refused everything or nothing). The smaller kind is dealt again (reshuffled) as often as the
+    larger kind needs, and a flat group that dynamic sampling refills gets a question of its own
+    kind. The split needs questions of both kinds."""
     micro_batch_size: int | None = None
     """Episodes per forward/backward pass: the step's ``prompts_per_step * G`` episodes are
     accumulated into one update in passes of this many (the same update up to float rounding;
@@ -339,6 +342,9 @@ class EnvRollout:
         self.engine = engine
         self.keys = keys
         self.pool = list(keys)
+        self.kinds: dict[str, list[str]] | None = None
+        """With ``balance_answerable``: each key's pool of its own kind (a flat group is
+        refilled with a question of the same kind, so the step stays balanced)."""
         self.num_generations = num_generations
         self.temperature = temperature
         self.top_p = top_p
@@ -407,8 +413,9 @@ class EnvRollout:
                 if not flat:
                     break
                 new_keys: list[str] = []
-                for _ in flat:
-                    new_keys += [self.rng.choice(self.pool)] * g
+                for start in flat:
+                    pool = self.pool if self.kinds is None else self.kinds[keys[start]]
+                    new_keys += [self.rng.choice(pool)] * g
                 replay = self.play_keys(generate, new_keys)
                 for n, start in enumerate(flat):
                     episodes[start : start + g] = replay[n * g : (n + 1) * g]
@@ -480,8 +487,9 @@ def question_keys(engine: RolloutEngine) -> dict[str, tuple[int, tuple[str, ...]
 def balanced_order(
     keys: dict[str, tuple[int, tuple[str, ...]]], examples: Sequence[Any], seed: int
 ) -> list[str]:
-    """``keys`` ordered answerable, unanswerable, answerable, … (each kind shuffled by ``seed``,
-    the longer kind cut to the shorter's length): :attr:`EnvGRPOConfig.balance_answerable`."""
+    """``keys`` ordered answerable, unanswerable, answerable, … (each kind shuffled by ``seed``):
+    every question of the larger kind once, the smaller kind's questions again (reshuffled) each
+    time they run out: :attr:`EnvGRPOConfig.balance_answerable`."""
     rng = random.Random(seed)
     kinds: dict[bool, list[str]] = {True: [], False: []}
     for key, (index, _) in keys.items():
@@ -494,9 +502,23 @@ def balanced_order(
             f'--env-kwargs \'{{"dataset_kwargs": {{"unanswerable_rate": 0.5}}}}\'), '
             f"or leave balance_answerable off"
         )
-    for kind in kinds.values():
-        rng.shuffle(kind)
-    return [key for pair in zip(kinds[True], kinds[False], strict=False) for key in pair]
+    n = max(len(kind) for kind in kinds.values())
+    dealt: dict[bool, list[str]] = {}
+    for answerable, kind in kinds.items():
+        dealt[answerable] = []
+        while len(dealt[answerable]) < n:
+            dealt[answerable] += rng.sample(kind, len(kind))
+    return [key for pair in zip(dealt[True][:n], dealt[False][:n], strict=True) for key in pair]
+
+
+def kind_pools(
+    keys: dict[str, tuple[int, tuple[str, ...]]], examples: Sequence[Any]
+) -> dict[str, list[str]]:
+    """Each key → the keys of its kind (answerable or not): where a balanced step refills."""
+    kinds: dict[bool, list[str]] = {True: [], False: []}
+    for key, (index, _) in keys.items():
+        kinds[bool(examples[index].answerable)].append(key)
+    return {key: kinds[bool(examples[index].answerable)] for key, (index, _) in keys.items()}
 
 
 def build_trainer(
@@ -605,6 +627,7 @@ def build_trainer(
     peft_config = lora_config(cfg.lora_r, cfg.lora_alpha) if cfg.lora else None
     if cfg.balance_answerable:
         order = balanced_order(keys, engine.envs[0].unwrapped.examples, cfg.seed)
+        rollout.kinds = kind_pools(keys, engine.envs[0].unwrapped.examples)
     else:
         order = list(keys)
     dataset = Dataset.from_dict({"prompt": order})
@@ -750,6 +773,11 @@ def train_forest(
     """
     if not isinstance(iterations, int) or not 1 <= iterations <= 50:
         raise ValueError(f"expected iterations in [1, 50], got {iterations!r}")
+    if cfg.balance_answerable:
+        raise ValueError(
+            "balance_answerable does not apply to train_forest: its later rounds train on "
+            "gold-hitting contexts, not on the split's questions; leave it off"
+        )
     from rag_gym.train.models import load_policy
     from rag_gym.train.tracking import run_dir_for
 

@@ -151,6 +151,7 @@ def train_and_ship(sft_cfg: Any, pipeline: PipelineConfig, root: str | Path, com
                 "data": f"{sft_cfg.n_demos} expert transcripts of {sft_cfg.env_id}'s train split",
                 "results": [f"{k}: {v['after']}" for k, v in stages.items()],
                 "env_id": sft_cfg.env_id,
+                "env_kwargs": sft_cfg.env_kwargs,
                 "tags": sft_cfg.tags,
             },
         )

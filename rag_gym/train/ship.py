@@ -26,7 +26,9 @@ def package_adapter(
 ) -> Path:
     """Write the checkpoint folder ``out_dir`` from a LoRA adapter folder (or a run folder with
     ``final/``) and the model card fields ``card`` (``command``, ``seed``, ``data``,
-    ``results``, ``fixed_questions``…). Returns ``out_dir``."""
+    ``results``, ``fixed_questions``…), and ``training_sets``, the splits the adapter's runs
+    trained on (read from its run folders, :func:`rag_gym.agents.provenance.training_sets`,
+    unless ``card`` gives them). Returns ``out_dir``."""
     import numpy as np
     from safetensors.numpy import load_file, save_file
 
@@ -44,6 +46,10 @@ def package_adapter(
     )
     lora_to_gguf(out, out / "adapter.gguf")
     meta = {"base": base, "lora_r": config.get("r"), "lora_alpha": config.get("lora_alpha"), **card}
+    if "training_sets" not in meta:  # what rag-gym evaluate checks its questions against
+        from rag_gym.agents.provenance import training_sets
+
+        meta["training_sets"] = [ts.describe() for ts in training_sets(adapter)]
     (out / "rag_gym.json").write_text(json.dumps(meta, indent=2) + "\n")
     (out / "README.md").write_text(model_card(meta))
     return out
@@ -66,7 +72,9 @@ def record_fixed_questions(
     folder = Path(folder)
     meta = json.loads((folder / "rag_gym.json").read_text())
     agent = make_agent(f"search_r1:{folder}", lm=LlamaCppLM(n_threads=n_threads))
-    env = TextActions(gym.make(meta["env_id"], split=split), tags=meta["tags"])
+    env = TextActions(
+        gym.make(meta["env_id"], split=split, **(meta.get("env_kwargs") or {})), tags=meta["tags"]
+    )
     fixed = []
     for index in indices:
         obs, info = env.reset(options={"index": int(index)})

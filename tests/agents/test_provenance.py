@@ -127,3 +127,62 @@ def test_evaluate_records_and_warns_about_questions_the_agent_trained_on(tmp_pat
     # a resume compares the agents' settings, not this report (which it makes again)
     with pytest.warns(SeenQuestionsWarning, match="4 of the 4"):
         evaluate(cfg, factory, resume=True)
+
+
+def test_every_path_to_a_checkpoint_finds_its_run(tmp_path):
+    world = {"dataset_kwargs": {**SMALL_WORLD, "unanswerable_rate": 0.3}}
+    run = run_folder(tmp_path / "run", world)
+    (run / "final" / "adapter.gguf").write_bytes(b"GGUF")
+    (run / "checkpoint-50").mkdir()
+    # an EVO-RAG DPO cycle's adapter sits two folders below its run's config.json
+    (run / "refinement" / "cycle2").mkdir(parents=True)
+    expected = [(HARD, world, "train")]
+    for where in ("final", "final/adapter.gguf", "checkpoint-50", "refinement/cycle2", "."):
+        sets = training_sets(run / where)
+        assert [(ts.env_id, ts.env_kwargs, ts.split) for ts in sets] == expected, where
+    # env_kwargs kept as a command line's JSON string
+    text = tmp_path / "text"
+    (text / "final").mkdir(parents=True)
+    config = {"env_id": HARD, "env_kwargs": json.dumps(world)}
+    (text / "config.json").write_text(json.dumps(config))
+    [ts] = training_sets(text / "final")
+    assert ts.env_kwargs == world and ts.split == "train"
+
+
+def test_a_start_that_is_gone_is_said(tmp_path):
+    grpo = run_folder(
+        tmp_path / "grpo", {"dataset_kwargs": SMALL_WORLD}, init=tmp_path / "elsewhere" / "sft"
+    )
+    with pytest.warns(SeenQuestionsWarning, match="not there"):
+        sets = training_sets(grpo)
+    assert [ts.split for ts in sets] == ["train"]  # the run's own split is still checked
+
+
+def test_a_packaged_checkpoint_keeps_the_splits_of_the_runs_it_came_from(tmp_path):
+    pytest.importorskip("safetensors")
+    pytest.importorskip("gguf")
+    import shutil
+
+    from rag_gym.train.ship import package_adapter
+
+    world = {"dataset_kwargs": {**SMALL_WORLD, "unanswerable_rate": 0.3}}
+    sft = run_folder(tmp_path / "sft", world)
+    grpo = run_folder(tmp_path / "grpo", {"dataset_kwargs": SMALL_WORLD}, "validation", init=sft)
+    ship = checkpoint_path("synthhop")
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        shutil.copy(ship / name, grpo / "final" / name)
+    # the card names only the env, as the pipeline's does: the runs' own records say the rest
+    card = {"env_id": HARD, "tags": "evo_rag"}
+    out = package_adapter(grpo / "final", tmp_path / "packaged", card)
+    meta = json.loads((out / "rag_gym.json").read_text())
+    assert [(t["env_kwargs"], t["split"]) for t in meta["training_sets"]] == [
+        ({"dataset_kwargs": SMALL_WORLD}, "validation"),
+        (world, "train"),
+    ]
+    shutil.rmtree(tmp_path / "sft")  # a packaged checkpoint travels without its runs
+    shutil.rmtree(tmp_path / "grpo")
+    asked = questions(HARD, "test")
+    trained = {normal_question(q) for q in questions(HARD, "train", unanswerable_rate=0.3)}
+    report = seen_questions(out, asked)
+    assert report["seen"] == sum(normal_question(q) in trained for q in asked) > 0
+    assert seen_questions(out, questions(HARD, "validation"))["seen"] == 30

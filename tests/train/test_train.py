@@ -400,10 +400,24 @@ def test_warmup_raises_the_learning_rate_from_zero(tmp_path):
     assert rates[5] < rates[4] and rates[-1] > 0
 
 
-def test_balanced_steps_hold_one_answerable_and_one_unanswerable_question(tmp_path):
+def _fed_steps(trainer, episodes_per_step):
+    """The questions of each optimisation step, in the order TRL's sampler feeds the trainer:
+    each question G times, each step's batch repeated once per micro-batch pass."""
+    fed = [row["prompt"] for batch in trainer.get_train_dataloader() for row in batch]
+    n = episodes_per_step
+    chunks = [fed[i : i + n] for i in range(0, len(fed), n)]
+    steps = [c for i, c in enumerate(chunks) if i == 0 or c != chunks[i - 1]]
+    assert len(chunks) == len(steps) * trainer.args.steps_per_generation
+    return steps
+
+
+@pytest.mark.parametrize(("per_step", "micro"), [(2, None), (4, 2)])
+def test_balanced_steps_hold_as_many_answerable_as_unanswerable_questions(
+    tmp_path, per_step, micro
+):
     pytest.importorskip("trl")
     pytest.importorskip("peft")
-    from rag_gym.train.grpo import EnvGRPOConfig, build_trainer
+    from rag_gym.train.grpo import EnvGRPOConfig, balanced_order, build_trainer, question_keys
 
     with pytest.raises(ValueError, match="even prompts_per_step"):
         EnvGRPOConfig(balance_answerable=True, prompts_per_step=3)
@@ -413,7 +427,8 @@ def test_balanced_steps_hold_one_answerable_and_one_unanswerable_question(tmp_pa
         env_id="rag_gym/SynthHop-Hard-v0",
         env_kwargs={"dataset_kwargs": world},
         num_generations=2,
-        prompts_per_step=2,
+        prompts_per_step=per_step,
+        micro_batch_size=micro,
         balance_answerable=True,
         max_steps=3,
         max_turns=1,
@@ -422,28 +437,32 @@ def test_balanced_steps_hold_one_answerable_and_one_unanswerable_question(tmp_pa
         run_dir=str(tmp_path / "run"),
     )
     trainer, rollout = build_trainer(cfg)
+    assert trainer.args.shuffle_dataset is False
     examples = rollout.engine.envs[0].unwrapped.examples
     answerable = {ex.id: ex.answerable for ex in examples}
-    n_unanswerable = sum(not a for a in answerable.values())
-    assert 0 < n_unanswerable < len(examples) / 2
-    # the order TRL's sampler feeds the trainer: each question G times, one step after another,
-    # each step's batch repeated once per micro-batch pass (the trainer generates on the first)
-    fed = [row["prompt"] for batch in trainer.get_train_dataloader() for row in batch]
-    n = cfg.episodes_per_step
-    chunks = [fed[i : i + n] for i in range(0, len(fed), n)]
-    steps = [c for i, c in enumerate(chunks) if i == 0 or c != chunks[i - 1]]
-    assert len(chunks) == len(steps) * trainer.args.steps_per_generation
-    assert len(steps) == n_unanswerable  # the shorter kind sets the length of an epoch
+    n_answerable = sum(answerable.values())
+    assert 0 < len(examples) - n_answerable < n_answerable
+    steps = _fed_steps(trainer, cfg.episodes_per_step)
+    # every answerable question once; the unanswerable ones dealt again as often as needed
+    assert len(steps) * per_step == 2 * n_answerable
     for step in steps:
-        assert sorted(answerable[key] for key in dict.fromkeys(step)) == [False, True]
+        kinds = [answerable[key] for key in dict.fromkeys(step)]
+        assert sorted(kinds) == [False] * (per_step // 2) + [True] * (per_step // 2)
         assert all(step.count(key) == cfg.num_generations for key in set(step))
-    # every unanswerable question once, and the order is the seed's
-    assert {k for step in steps for k in step if not answerable[k]} == {
-        ex.id for ex in examples if not ex.answerable
-    }
-    again, _ = build_trainer(cfg)
-    assert [row["prompt"] for b in again.get_train_dataloader() for row in b] == fed
-    # a split without unanswerable questions says how to get them
+    fed = [key for step in steps for key in dict.fromkeys(step)]
+    assert fed == balanced_order(question_keys(rollout.engine), examples, cfg.seed)
+    assert {k for k in fed if not answerable[k]} == {ex.id for ex in examples if not ex.answerable}
+    assert sorted(k for k in fed if answerable[k]) == sorted(k for k in answerable if answerable[k])
+    # a flat group is refilled with a question of its own kind
+    assert {answerable[k] for k in rollout.kinds[fed[1]]} == {False}
+    assert {answerable[k] for k in rollout.kinds[fed[0]]} == {True}
+
+
+def test_balance_errors_name_the_fix(tmp_path):
+    pytest.importorskip("trl")
+    pytest.importorskip("peft")
+    from rag_gym.train.grpo import EnvGRPOConfig, build_trainer, train_forest
+
     plain = EnvGRPOConfig(
         model="tiny",
         env_kwargs=ENV,
@@ -457,6 +476,53 @@ def test_balanced_steps_hold_one_answerable_and_one_unanswerable_question(tmp_pa
     )
     with pytest.raises(ValueError, match=r"no unanswerable one.*unanswerable_rate"):
         build_trainer(plain)
+    with pytest.raises(ValueError, match="does not apply to train_forest"):
+        train_forest(plain)
+    from rag_gym.train.grpo import balanced_order
+
+    everything = {"q1": (0, ())}
+
+    class Unanswerable:
+        answerable = False
+
+    with pytest.raises(ValueError, match="no answerable one"):
+        balanced_order(everything, [Unanswerable()], 0)
+
+
+def test_balanced_refills_keep_the_kind_of_the_flat_group(tokenizer):
+    from rag_gym.train.grpo import EnvRollout, env_factory, kind_pools, question_keys
+    from rag_gym.train.rollout import RolloutEngine
+
+    world = {**SMALL_WORLD, "unanswerable_rate": 0.3}
+    make = env_factory("rag_gym/SynthHop-Hard-v0", reward_preset="none", dataset_kwargs=world)
+    engine = RolloutEngine(make, tokenizer)
+    keys = question_keys(engine)
+    examples = engine.envs[0].unwrapped.examples
+    answerable = {ex.id: ex.answerable for ex in examples}
+    rollout = EnvRollout(engine, keys, num_generations=2, dynamic_sampling=True, seed=0)
+    rollout.kinds = kind_pools(keys, examples)
+    played: list[list[str]] = []
+    play = rollout.play_keys
+
+    def recording(generate, batch):
+        played.append(list(batch))
+        return play(generate, batch)
+
+    rollout.play_keys = recording
+
+    class Trainer:
+        model = None
+        use_vllm = False
+
+    # every answer wrong and never a refusal: every group flat, refilled every round
+    wrong = {ex.question for ex in examples}
+    rollout.generator_for = lambda trainer, episodes: Scripted(tokenizer, {}, wrong=wrong)
+    a = next(k for k in answerable if answerable[k])
+    u = next(k for k in answerable if not answerable[k])
+    rollout([a, a, u, u], Trainer())
+    assert len(played) == 1 + rollout.max_resample_rounds
+    for batch in played[1:]:  # each refill: the answerable group's, then the unanswerable's
+        assert [answerable[k] for k in batch] == [True, True, False, False]
 
 
 def test_stabilized_kl_is_finite_where_k3_explodes():
