@@ -63,7 +63,13 @@ def main() -> None:
     if report["checkpoint"] and pipeline.test_n:
         t0 = time.perf_counter()
         row = evaluate_checkpoint(
-            report["checkpoint"], sft_cfg.env_id, pipeline.test_n, root, "test", seed=sft_cfg.seed
+            report["checkpoint"],
+            sft_cfg.env_id,
+            pipeline.test_n,
+            root,
+            "test",
+            seed=sft_cfg.seed,
+            env_kwargs=sft_cfg.env_kwargs,
         )
         report["test"] = row
         report["seconds"]["test"] = round(time.perf_counter() - t0, 1)

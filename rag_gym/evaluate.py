@@ -963,7 +963,8 @@ def _seen_questions(name: str, questions: list[str], config: EvalConfig) -> dict
             SeenQuestionsWarning,
             stacklevel=3,
         )
-        return {"seen": None, "n": len(set(questions)), "error": f"{type(exc).__name__}: {exc}"}
+        error = f"{type(exc).__name__}: {exc}"
+        return {"seen": None, "n": len(questions), "training_sets": [], "error": error}
     if report["seen"]:
         where = "; ".join(
             f"{ts['env_id']} {ts['env_kwargs'] or ''} {ts['split']}".replace("  ", " ")

@@ -85,7 +85,7 @@ def _env_kwargs(value: Any) -> dict[str, Any]:
 
 def _packaged(meta: dict[str, Any], source: str) -> list[TrainingSet]:
     listed = meta.get("training_sets")
-    if isinstance(listed, list):
+    if isinstance(listed, list) and listed:
         return [
             TrainingSet(
                 row["env_id"],
@@ -108,9 +108,7 @@ def _packaged(meta: dict[str, Any], source: str) -> list[TrainingSet]:
     return []
 
 
-def training_sets(
-    path: str | Path, _seen: set[Path] | None = None, _problems: list[str] | None = None
-) -> list[TrainingSet]:
+def training_sets(path: str | Path, _seen: set[Path] | None = None) -> list[TrainingSet]:
     """The splits the checkpoint at ``path`` was trained on, its starting run's included.
 
     ``path`` is what ``search_r1:PATH`` takes: a run folder, an adapter folder inside one
@@ -177,48 +175,64 @@ def split_questions(ts: TrainingSet) -> frozenset[str]:
     """The normalised question texts of ``ts``'s split, loaded through the data layer (no
     corpus, index or retriever is built) and kept for the next checkpoint of the same split."""
     import gymnasium as gym
+    from gymnasium.envs.registration import load_env_creator
 
     import rag_gym  # noqa: F401  (registers the envs)
-    from rag_gym.envs.base import DataConfig
+    from rag_gym.envs.base import DataConfig, QAEnv
 
     spec = gym.spec(ts.env_id)
-    fields = {**(spec.kwargs or {}), **ts.env_kwargs, "split": ts.split}
-    data = DataConfig.from_kwargs(**{k: v for k, v in fields.items() if k in DataConfig.fields()})
-    if data.examples is not None:
-        return frozenset(normal_question(ex.question) for ex in data.examples)
-    key = json.dumps(
-        [data.dataset, data.split, str(data.data_path), dict(data.dataset_kwargs or {})],
-        sort_keys=True,
-        default=str,
+    env_class = (
+        load_env_creator(spec.entry_point)
+        if isinstance(spec.entry_point, str)
+        else spec.entry_point
     )
-    return _load_questions(key)
+    if not (isinstance(env_class, type) and issubclass(env_class, QAEnv)):
+        raise ValueError(
+            f"{ts.env_id} is not a rag-gym QAEnv ({spec.entry_point}): its questions cannot be "
+            "read without building it"
+        )
+    fields = {**(spec.kwargs or {}), **ts.env_kwargs, "split": ts.split}
+    data = DataConfig.from_kwargs(
+        fields.pop("data", None), **{k: v for k, v in fields.items() if k in DataConfig.fields()}
+    )
+    if data.examples is not None:
+        examples = list(data.examples)
+    else:
+        key = json.dumps(
+            [data.dataset, data.split, str(data.data_path), dict(data.dataset_kwargs or {})],
+            sort_keys=True,
+            default=str,
+        )
+        examples = _load_examples(key)
+    return frozenset(normal_question(ex.question) for ex in examples if env_class.keep_example(ex))
 
 
 @functools.lru_cache(maxsize=8)
-def _load_questions(key: str) -> frozenset[str]:
+def _load_examples(key: str) -> tuple[Any, ...]:
     from rag_gym.data import load
 
     dataset, split, path, kwargs = json.loads(key)
-    examples = load(dataset, split, path=None if path == "None" else path, **kwargs)
-    return frozenset(normal_question(ex.question) for ex in examples)
+    return tuple(load(dataset, split, path=None if path == "None" else path, **kwargs))
 
 
 def seen_questions(checkpoint: str | Path, questions: Iterable[str]) -> dict[str, Any]:
     """How many of ``questions`` (an evaluation's question texts) the checkpoint trained on.
 
-    Returns ``{"seen": k, "n": n, "training_sets": [...]}``, each training set with its own
+    Returns ``{"seen": k, "n": n, "training_sets": [...]}`` (``n`` questions asked, ``k`` of
+    them in a training split, compared lower-cased), each training set with its own
     ``seen`` count; ``seen`` is ``None`` when no file says what the checkpoint was trained on,
     and a training set whose split cannot be built (a dataset file gone, a changed option) gets
     ``"error"`` and a :class:`SeenQuestionsWarning` instead of a count.
     """
-    wanted = {normal_question(q) for q in questions}
+    asked = [normal_question(q) for q in questions]
     sets = training_sets(checkpoint)
-    report: dict[str, Any] = {"seen": None, "n": len(wanted), "training_sets": []}
+    report: dict[str, Any] = {"seen": None, "n": len(asked), "training_sets": []}
     seen: set[str] = set()
     for ts in sets:
         row = ts.describe()
         try:
-            hit = wanted & split_questions(ts)
+            split = split_questions(ts)
+            hit = {q for q in asked if q in split}
         except Exception as exc:  # a report, never a reason to stop an evaluation
             row["error"] = f"{type(exc).__name__}: {exc}"
             warnings.warn(
@@ -229,9 +243,9 @@ def seen_questions(checkpoint: str | Path, questions: Iterable[str]) -> dict[str
                 stacklevel=2,
             )
         else:
-            row["seen"] = len(hit)
+            row["seen"] = sum(q in hit for q in asked)
             seen |= hit
         report["training_sets"].append(row)
     if any("seen" in row for row in report["training_sets"]):
-        report["seen"] = len(seen)
+        report["seen"] = sum(q in seen for q in asked)
     return report

@@ -266,7 +266,7 @@ class QAEnv(gym.Env):
     ) -> _SharedData:
         if examples is None:
             examples = load_dataset(self.dataset, self.split, path=data_path, **dataset_kwargs)
-        examples = [ex for ex in examples if self._keep_example(ex)]
+        examples = [ex for ex in examples if self.keep_example(ex)]
         from rag_gym.retrieval.search_engine import SearchEngineRetriever, is_engine_url
 
         if isinstance(retriever, str):
@@ -320,8 +320,10 @@ class QAEnv(gym.Env):
             raise RuntimeError("no episode yet; call reset() first")
         return self._example
 
-    def _keep_example(self, example: QAExample) -> bool:
-        """Subclasses may skip examples they cannot pose (e.g. the reader env needs a pool)."""
+    @staticmethod
+    def keep_example(example: QAExample) -> bool:
+        """Whether the env poses ``example`` (of its loaded split): subclasses may skip those they
+        cannot pose (the reader env needs a pool)."""
         return True
 
     # ---- shared pieces of reset/step -------------------------------------------------------------

@@ -158,7 +158,8 @@ class ReaderEnv(QAEnv):
         self.action_space = UnicodeText(max_length=max_action_chars)
         self._done = True
 
-    def _keep_example(self, example: QAExample) -> bool:
+    @staticmethod
+    def keep_example(example: QAExample) -> bool:
         return bool(example.passages) and example.answerable
 
     @staticmethod

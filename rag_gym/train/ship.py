@@ -49,7 +49,9 @@ def package_adapter(
     if "training_sets" not in meta:  # what rag-gym evaluate checks its questions against
         from rag_gym.agents.provenance import training_sets
 
-        meta["training_sets"] = [ts.describe() for ts in training_sets(adapter)]
+        found = [ts.describe() for ts in training_sets(adapter)]
+        if found:  # else the card's own env_id (and env_kwargs) stand for it
+            meta["training_sets"] = found
     (out / "rag_gym.json").write_text(json.dumps(meta, indent=2) + "\n")
     (out / "README.md").write_text(model_card(meta))
     return out

@@ -186,3 +186,23 @@ def test_a_packaged_checkpoint_keeps_the_splits_of_the_runs_it_came_from(tmp_pat
     report = seen_questions(out, asked)
     assert report["seen"] == sum(normal_question(q) in trained for q in asked) > 0
     assert seen_questions(out, questions(HARD, "validation"))["seen"] == 30
+
+
+def test_reader_splits_count_only_the_questions_the_reader_poses(tmp_path):
+    from rag_gym.agents.provenance import TrainingSet, split_questions
+
+    world = {"dataset_kwargs": {**SMALL_WORLD, "unanswerable_rate": 0.3}}
+    search = split_questions(TrainingSet(HARD, world, "train"))
+    reader = split_questions(TrainingSet("rag_gym/SynthHop-Hard-Reader-v0", world, "train"))
+    env = gym.make("rag_gym/SynthHop-Hard-Reader-v0", split="train", **world)
+    assert reader == {normal_question(ex.question) for ex in env.unwrapped.examples}
+    assert reader < search  # the reader skips the unanswerable questions
+
+
+def test_a_packaged_card_without_its_runs_falls_back_to_its_own_record(tmp_path):
+    card = tmp_path / "card"
+    card.mkdir()
+    meta = {"env_id": HARD, "env_kwargs": {"dataset_kwargs": SMALL_WORLD}, "training_sets": []}
+    (card / "rag_gym.json").write_text(json.dumps(meta))
+    [ts] = training_sets(card)
+    assert (ts.env_id, ts.env_kwargs, ts.split) == (HARD, meta["env_kwargs"], "train")
