@@ -22,6 +22,23 @@ pytestmark = pytest.mark.skipif(
 ENV = {"dataset_kwargs": SMALL_WORLD}
 
 
+def tiny(tmp_path, name: str = "run", **kw):
+    """An ``EnvGRPOConfig`` on the random tiny model with one-turn, 64-token episodes of the
+    small world, writing to ``tmp_path / name``; ``kw`` overrides any field."""
+    from rag_gym.train.grpo import EnvGRPOConfig
+
+    base = dict(
+        model="tiny",
+        env_kwargs=ENV,
+        num_generations=2,
+        max_turns=1,
+        max_turn_tokens=8,
+        max_completion_tokens=64,
+        run_dir=str(tmp_path / name),
+    )
+    return EnvGRPOConfig(**{**base, **kw})
+
+
 @pytest.fixture(scope="module")
 def tokenizer():
     from transformers import AutoTokenizer
@@ -374,20 +391,9 @@ def test_config_validation():
 def test_warmup_raises_the_learning_rate_from_zero(tmp_path):
     pytest.importorskip("trl")
     pytest.importorskip("peft")
-    from rag_gym.train.grpo import EnvGRPOConfig, build_trainer
+    from rag_gym.train.grpo import build_trainer
 
-    cfg = EnvGRPOConfig(
-        model="tiny",
-        env_kwargs=ENV,
-        num_generations=2,
-        max_steps=10,
-        warmup_steps=4,
-        learning_rate=1e-3,
-        max_turns=1,
-        max_turn_tokens=8,
-        max_completion_tokens=64,
-        run_dir=str(tmp_path / "run"),
-    )
+    cfg = tiny(tmp_path, max_steps=10, warmup_steps=4, learning_rate=1e-3)
     trainer, _ = build_trainer(cfg)
     trainer.create_optimizer_and_scheduler(num_training_steps=cfg.max_steps)
     rates = []
@@ -422,19 +428,14 @@ def test_balanced_steps_hold_as_many_answerable_as_unanswerable_questions(
     with pytest.raises(ValueError, match="even prompts_per_step"):
         EnvGRPOConfig(balance_answerable=True, prompts_per_step=3)
     world = {**SMALL_WORLD, "unanswerable_rate": 0.3}
-    cfg = EnvGRPOConfig(
-        model="tiny",
+    cfg = tiny(
+        tmp_path,
         env_id="rag_gym/SynthHop-Hard-v0",
         env_kwargs={"dataset_kwargs": world},
-        num_generations=2,
         prompts_per_step=per_step,
         micro_batch_size=micro,
         balance_answerable=True,
         max_steps=3,
-        max_turns=1,
-        max_turn_tokens=8,
-        max_completion_tokens=64,
-        run_dir=str(tmp_path / "run"),
     )
     trainer, rollout = build_trainer(cfg)
     assert trainer.args.shuffle_dataset is False
@@ -461,19 +462,9 @@ def test_balanced_steps_hold_as_many_answerable_as_unanswerable_questions(
 def test_balance_errors_name_the_fix(tmp_path):
     pytest.importorskip("trl")
     pytest.importorskip("peft")
-    from rag_gym.train.grpo import EnvGRPOConfig, build_trainer, train_forest
+    from rag_gym.train.grpo import build_trainer, train_forest
 
-    plain = EnvGRPOConfig(
-        model="tiny",
-        env_kwargs=ENV,
-        num_generations=2,
-        prompts_per_step=2,
-        balance_answerable=True,
-        max_turns=1,
-        max_turn_tokens=8,
-        max_completion_tokens=64,
-        run_dir=str(tmp_path / "plain"),
-    )
+    plain = tiny(tmp_path, "plain", prompts_per_step=2, balance_answerable=True)
     with pytest.raises(ValueError, match=r"no unanswerable one.*unanswerable_rate"):
         build_trainer(plain)
     with pytest.raises(ValueError, match="does not apply to train_forest"):
@@ -704,18 +695,12 @@ def test_forest_contexts_keep_gold_hitting_expansions(tokenizer):
 def test_checkpoint_and_resume(tmp_path):
     pytest.importorskip("trl")
     pytest.importorskip("peft")
-    from rag_gym.train.grpo import EnvGRPOConfig, build_trainer
+    from rag_gym.train.grpo import build_trainer
 
     def config(steps):
-        return EnvGRPOConfig(
-            model="tiny",
-            env_kwargs=ENV,
-            num_generations=2,
+        return tiny(
+            tmp_path,
             max_steps=steps,
-            max_turns=1,
-            max_turn_tokens=8,
-            max_completion_tokens=64,
-            run_dir=str(tmp_path / "run"),
             save_steps=1,
             lora=False,  # full fine-tuning
             beta=0.0,  # the tiny model has no path to load a reference copy from
@@ -790,15 +775,9 @@ def test_gradient_checkpointing_follows_the_config(tmp_path, on):
 
     # off by default (TRL's GRPO default is on, a third more compute for a 135M policy)
     assert EnvGRPOConfig.gradient_checkpointing is False
-    cfg = EnvGRPOConfig(
-        model="tiny",
-        env_kwargs=ENV,
-        num_generations=2,
+    cfg = tiny(
+        tmp_path,
         max_steps=1,
-        max_turns=1,
-        max_turn_tokens=8,
-        max_completion_tokens=64,
-        run_dir=str(tmp_path / "run"),
         gradient_checkpointing=on,
     )
     trainer, _ = build_trainer(cfg)
