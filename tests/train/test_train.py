@@ -592,16 +592,12 @@ def test_max_minutes_stops_after_the_step_that_ends_past_it(tmp_path):
 
     with pytest.raises(ValueError, match="max_minutes"):
         EnvGRPOConfig(model="tiny", max_minutes=0)
-    cfg = EnvGRPOConfig(
-        model="tiny",
-        env_kwargs=ENV,
-        num_generations=2,
+    cfg = tiny(
+        tmp_path,
         max_steps=5,
         max_turns=2,
         max_episode_steps=2,
-        max_turn_tokens=8,
         max_completion_tokens=120,
-        run_dir=str(tmp_path / "run"),
         save_steps=1000,
         max_minutes=1e-6,
     )
