@@ -957,13 +957,12 @@ def _seen_questions(name: str, questions: list[str], config: EvalConfig) -> dict
     try:
         report = seen_questions(checkpoint_path(checkpoint), questions)
     except Exception as exc:  # a report, never a reason to stop an evaluation
+        error = f"{type(exc).__name__}: {exc}"
         warnings.warn(
-            f"{name}: could not check which evaluated questions it was trained on: "
-            f"{type(exc).__name__}: {exc}",
+            f"{name}: could not check which evaluated questions it was trained on: {error}",
             SeenQuestionsWarning,
             stacklevel=3,
         )
-        error = f"{type(exc).__name__}: {exc}"
         return {"seen": None, "n": len(questions), "training_sets": [], "error": error}
     if report["seen"]:
         where = "; ".join(

@@ -83,29 +83,21 @@ def _env_kwargs(value: Any) -> dict[str, Any]:
     return dict(value) if isinstance(value, dict) else {}
 
 
+def _record(meta: Any, source: str, split_key: str = "split") -> list[TrainingSet]:
+    """The training set a record names (``env_id``, ``env_kwargs``, the split under
+    ``split_key``, default ``train``), or none where it names no ``env_id``."""
+    if not (isinstance(meta, dict) and isinstance(meta.get("env_id"), str)):
+        return []
+    split = str(meta.get(split_key) or "train")
+    return [TrainingSet(meta["env_id"], _env_kwargs(meta.get("env_kwargs")), split, source)]
+
+
 def _packaged(meta: dict[str, Any], source: str) -> list[TrainingSet]:
     listed = meta.get("training_sets")
     if isinstance(listed, list) and listed:
-        return [
-            TrainingSet(
-                row["env_id"],
-                _env_kwargs(row.get("env_kwargs")),
-                str(row.get("split") or "train"),
-                str(row.get("source") or source),
-            )
-            for row in listed
-            if isinstance(row, dict) and isinstance(row.get("env_id"), str)
-        ]
-    if isinstance(meta.get("env_id"), str):
-        return [
-            TrainingSet(
-                meta["env_id"],
-                _env_kwargs(meta.get("env_kwargs")),
-                str(meta.get("train_split") or "train"),
-                source,
-            )
-        ]
-    return []
+        rows = [row for row in listed if isinstance(row, dict)]
+        return [ts for row in rows for ts in _record(row, str(row.get("source") or source))]
+    return _record(meta, source, split_key="train_split")
 
 
 def training_sets(path: str | Path, _seen: set[Path] | None = None) -> list[TrainingSet]:
@@ -130,16 +122,7 @@ def training_sets(path: str | Path, _seen: set[Path] | None = None) -> list[Trai
         packaged = _read(where / "rag_gym.json")
         if packaged:
             out += _packaged(packaged, str(where / "rag_gym.json"))
-        config = _read(where / "config.json")
-        if config and isinstance(config.get("env_id"), str):
-            out.append(
-                TrainingSet(
-                    config["env_id"],
-                    _env_kwargs(config.get("env_kwargs")),
-                    str(config.get("split") or "train"),
-                    str(where / "config.json"),
-                )
-            )
+        out += _record(_read(where / "config.json"), str(where / "config.json"))
         started = _read(where / "init.json")
         init = started.get("init") if started else None
         if isinstance(init, str):

@@ -491,9 +491,7 @@ def balanced_order(
     every question of the larger kind once, the smaller kind's questions again (reshuffled) each
     time they run out: :attr:`EnvGRPOConfig.balance_answerable`."""
     rng = random.Random(seed)
-    kinds: dict[bool, list[str]] = {True: [], False: []}
-    for key, (index, _) in keys.items():
-        kinds[bool(examples[index].answerable)].append(key)
+    kinds = _keys_by_kind(keys, examples)
     if not kinds[True] or not kinds[False]:
         missing = "unanswerable" if not kinds[False] else "answerable"
         raise ValueError(
@@ -511,14 +509,22 @@ def balanced_order(
     return [key for pair in zip(dealt[True][:n], dealt[False][:n], strict=True) for key in pair]
 
 
+def _keys_by_kind(
+    keys: dict[str, tuple[int, tuple[str, ...]]], examples: Sequence[Any]
+) -> dict[bool, list[str]]:
+    """``keys`` split by their question's kind: ``{True: answerable, False: unanswerable}``."""
+    kinds: dict[bool, list[str]] = {True: [], False: []}
+    for key, (index, _) in keys.items():
+        kinds[bool(examples[index].answerable)].append(key)
+    return kinds
+
+
 def kind_pools(
     keys: dict[str, tuple[int, tuple[str, ...]]], examples: Sequence[Any]
 ) -> dict[str, list[str]]:
     """Each key → the keys of its kind (answerable or not): where a balanced step refills."""
-    kinds: dict[bool, list[str]] = {True: [], False: []}
-    for key, (index, _) in keys.items():
-        kinds[bool(examples[index].answerable)].append(key)
-    return {key: kinds[bool(examples[index].answerable)] for key, (index, _) in keys.items()}
+    kinds = _keys_by_kind(keys, examples)
+    return {key: kind for kind in kinds.values() for key in kind}
 
 
 def build_trainer(
