@@ -66,7 +66,8 @@ class TrainingSet:
         }
 
 
-def _read(file: Path) -> dict[str, Any] | None:
+def read_record(file: Path) -> dict[str, Any] | None:
+    """The JSON object in ``file``, or ``None`` where it is missing, unreadable or not an object."""
     try:
         meta = json.loads(file.read_text())
     except (OSError, ValueError):
@@ -119,11 +120,11 @@ def training_sets(path: str | Path, _seen: set[Path] | None = None) -> list[Trai
         if where in seen:
             break
         seen.add(where)
-        packaged = _read(where / "rag_gym.json")
+        packaged = read_record(where / "rag_gym.json")
         if packaged:
             out += _packaged(packaged, str(where / "rag_gym.json"))
-        out += _record(_read(where / "config.json"), str(where / "config.json"))
-        started = _read(where / "init.json")
+        out += _record(read_record(where / "config.json"), str(where / "config.json"))
+        started = read_record(where / "init.json")
         init = started.get("init") if started else None
         if isinstance(init, str):
             try:

@@ -202,22 +202,19 @@ def checkpoint_tags(path: str | Path) -> str | None:
 
     A packaged checkpoint records it in ``rag_gym.json``; a training run folder in its
     ``config.json`` (``tags``). ``path`` may be the run folder, an adapter folder inside it
-    (``final/``, ``checkpoint-N/``) or a ``.gguf`` adapter file; the folder is looked at first,
-    then its parent."""
-    import json
+    (``final/``, ``checkpoint-N/``, an EVO-RAG DPO ``<stage>/cycle<n>/``) or a ``.gguf`` adapter
+    file: the folders searched are :func:`~rag_gym.agents.provenance.training_sets`' own, the
+    checkpoint's and up to :data:`~rag_gym.agents.provenance.ANCESTORS` above it, stopping at
+    the first that holds a record."""
+    from rag_gym.agents.provenance import ANCESTORS, read_record
 
-    path = Path(path)
-    folder = path.parent if path.is_file() else path
-    for where in (folder, folder.parent):
-        for name in ("rag_gym.json", "config.json"):
-            file = where / name
-            if not file.is_file():
-                continue
-            try:
-                meta = json.loads(file.read_text())
-            except (OSError, ValueError):
-                continue
-            tags = meta.get("tags") if isinstance(meta, dict) else None
-            if isinstance(tags, str):
-                return tags
+    path = Path(path).expanduser()
+    folder = (path.parent if path.is_file() else path).resolve()
+    for where in [folder, *folder.parents][: ANCESTORS + 1]:
+        records = [read_record(where / name) for name in ("rag_gym.json", "config.json")]
+        for meta in records:
+            if meta and isinstance(meta.get("tags"), str):
+                return meta["tags"]
+        if any(meta and isinstance(meta.get("env_id"), str) for meta in records):
+            return None  # the run's record, silent on its tags
     return None

@@ -232,6 +232,9 @@ def test_the_agent_writes_the_tags_its_checkpoint_was_trained_with(tmp_path):
     assert checkpoint_tags(run) == "evo_rag"
     assert checkpoint_tags(run / "final") == "evo_rag"  # the adapter folder inside the run
     assert checkpoint_tags(run / "final" / "adapter.gguf") == "evo_rag"
+    # an EVO-RAG DPO cycle's adapter sits two folders below its run's record
+    (run / "discovery" / "cycle1").mkdir(parents=True)
+    assert checkpoint_tags(run / "discovery" / "cycle1") == "evo_rag"
     agent = make_agent(f"search_r1:{run}", lm=AdapterLM())
     assert agent.tags.name == "evo_rag" and agent.name == f"search_r1:{run}"
     assert "/>" in agent.config.stop  # the refusal's stop (turn_stops)
@@ -242,6 +245,11 @@ def test_the_agent_writes_the_tags_its_checkpoint_was_trained_with(tmp_path):
     bare.mkdir()
     (bare / "config.json").write_text(json.dumps({"model_type": "llama"}))
     assert checkpoint_tags(bare) is None
+    # a run's record that is silent on its tags ends the search: no farther folder's tags
+    (bare / "config.json").write_text(json.dumps({"env_id": "rag_gym/SynthHop-v0"}))
+    (bare / "final").mkdir()
+    (tmp_path / "config.json").write_text(json.dumps({"tags": "eval_rar"}))
+    assert checkpoint_tags(bare / "final") is None
     assert make_agent(f"search_r1:{bare}", lm=AdapterLM()).tags.name == "search_r1"
 
 

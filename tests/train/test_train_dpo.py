@@ -509,3 +509,7 @@ def test_two_stages_of_one_cycle_train_the_adapter(tmp_path):
     assert (run / "learning_curve.png").stat().st_size > 1000
     assert any((run / "tensorboard").iterdir())
     assert (run / "config.json").is_file() and (run / "history.json").is_file()
+    # its record names the tags it trained with, so a cycle's adapter is played with them
+    from rag_gym.agents.search_r1 import checkpoint_tags
+
+    assert checkpoint_tags(run / "refinement" / "cycle1") == "evo_rag"

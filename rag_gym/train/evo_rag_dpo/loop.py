@@ -72,7 +72,10 @@ def train(
     name = run_name(cfg.env_id, cfg.exp_name, cfg.seed)
     run_dir = Path(cfg.run_dir or Path(cfg.output_dir) / name)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(asdict(cfg), indent=2, default=str))
+    # the tag preset is the method's (text_env), recorded so that ``search_r1:<cycle folder>``
+    # plays the adapter with the prompt it was trained on
+    record = {**asdict(cfg), "tags": cfg.text_env().tags}
+    (run_dir / "config.json").write_text(json.dumps(record, indent=2, default=str))
 
     brancher = SiblingBrancher(
         rollout_engine(cfg, tokenizer, cfg.split),
