@@ -75,6 +75,14 @@ def read_record(file: Path) -> dict[str, Any] | None:
     return meta if isinstance(meta, dict) else None
 
 
+def record_folders(path: str | Path) -> list[Path]:
+    """Where a checkpoint's training record may be, nearest first: the folder of ``path`` (itself,
+    or a ``.gguf`` file's folder) and up to :data:`ANCESTORS` folders above it."""
+    path = Path(path).expanduser()
+    folder = (path.parent if path.is_file() else path).resolve()
+    return [folder, *folder.parents][: ANCESTORS + 1]
+
+
 def _env_kwargs(value: Any) -> dict[str, Any]:
     if isinstance(value, str):  # a command line's JSON, as the configs may keep it
         try:
@@ -113,10 +121,8 @@ def training_sets(path: str | Path, _seen: set[Path] | None = None) -> list[Trai
     :class:`SeenQuestionsWarning` (the count then covers the run's own split only).
     """
     seen = set() if _seen is None else _seen
-    path = Path(path).expanduser()
-    folder = (path.parent if path.is_file() else path).resolve()
     out: list[TrainingSet] = []
-    for where in [folder, *folder.parents][: ANCESTORS + 1]:
+    for where in record_folders(path):
         if where in seen:
             break
         seen.add(where)

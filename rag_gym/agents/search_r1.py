@@ -203,14 +203,12 @@ def checkpoint_tags(path: str | Path) -> str | None:
     A packaged checkpoint records it in ``rag_gym.json``; a training run folder in its
     ``config.json`` (``tags``). ``path`` may be the run folder, an adapter folder inside it
     (``final/``, ``checkpoint-N/``, an EVO-RAG DPO ``<stage>/cycle<n>/``) or a ``.gguf`` adapter
-    file: the folders searched are :func:`~rag_gym.agents.provenance.training_sets`' own, the
-    checkpoint's and up to :data:`~rag_gym.agents.provenance.ANCESTORS` above it, stopping at
-    the first that holds a record."""
-    from rag_gym.agents.provenance import ANCESTORS, read_record
+    file: the folders searched are :func:`~rag_gym.agents.provenance.training_sets`' own
+    (:func:`~rag_gym.agents.provenance.record_folders`), stopping at the first that holds a
+    record."""
+    from rag_gym.agents.provenance import read_record, record_folders
 
-    path = Path(path).expanduser()
-    folder = (path.parent if path.is_file() else path).resolve()
-    for where in [folder, *folder.parents][: ANCESTORS + 1]:
+    for where in record_folders(path):
         records = [read_record(where / name) for name in ("rag_gym.json", "config.json")]
         for meta in records:
             if meta and isinstance(meta.get("tags"), str):
