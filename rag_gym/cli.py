@@ -889,6 +889,14 @@ def train_grpo(
             "kinds alone sets the refusal bias."
         ),
     ] = False,
+    unanswerable_per_step: Annotated[
+        int | None,
+        typer.Option(
+            help="Exactly this many of every step's questions unanswerable, the rest answerable "
+            "(1 to --prompts-per-step - 1; a world with both kinds): with --refusal, a mix "
+            "that does not push the refusal bias either way (docs/training.md)."
+        ),
+    ] = None,
     micro_batch_size: Annotated[
         int | None,
         typer.Option(
@@ -979,6 +987,7 @@ def train_grpo(
                 num_generations=num_generations,
                 prompts_per_step=prompts_per_step,
                 balance_answerable=balance_answerable,
+                unanswerable_per_step=unanswerable_per_step,
                 micro_batch_size=micro_batch_size,
                 learning_rate=lr,
                 warmup_steps=warmup_steps,

@@ -68,6 +68,7 @@ __all__ = [
     "default_tags",
     "env_factory",
     "evaluate_policy",
+    "kind_order",
     "kind_pools",
     "load_with_adapter",
     "micro_batch",
@@ -136,6 +137,15 @@ class EnvGRPOConfig:
     refused everything or nothing). The smaller kind is dealt again (reshuffled) as often as the
     larger kind needs, and a flat group that dynamic sampling refills gets a question of its own
     kind. The split needs questions of both kinds."""
+    unanswerable_per_step: int | None = None
+    """Exactly this many of every step's ``prompts_per_step`` questions unanswerable, the rest
+    answerable (``balance_answerable`` is half of them): each kind shuffled with ``seed`` and
+    dealt again as often as needed, flat groups refilled with their own kind, as
+    ``balance_answerable``. A step's net push on the refusal bias is the sum over its groups
+    of the refusals' advantages, and a group's depends on how often the policy refuses that
+    kind: a start that refuses unanswerable questions far more often than answerable ones is
+    pushed towards refusing everything by a step that holds as many of each, and balanced by one
+    that holds fewer unanswerable ones (docs/training.md, the ninth SynthHop-Hard attempt)."""
     micro_batch_size: int | None = None
     """Episodes per forward/backward pass: the step's ``prompts_per_step * G`` episodes are
     accumulated into one update in passes of this many (the same update up to float rounding;
@@ -261,6 +271,19 @@ class EnvGRPOConfig:
                 f"balance_answerable needs an even prompts_per_step (half answerable, half "
                 f"unanswerable questions a step), got {self.prompts_per_step}"
             )
+        k = self.unanswerable_per_step
+        if k is not None:
+            if self.balance_answerable:
+                raise ValueError(
+                    "balance_answerable and unanswerable_per_step both set each step's mix of "
+                    "kinds: give one (balance_answerable is unanswerable_per_step = "
+                    "prompts_per_step / 2)"
+                )
+            if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k < self.prompts_per_step:
+                raise ValueError(
+                    f"expected unanswerable_per_step to be an int in [1, prompts_per_step = "
+                    f"{self.prompts_per_step}), got {k!r}: a step needs questions of both kinds"
+                )
         if self.num_generations < 2:
             raise ValueError(
                 f"expected num_generations >= 2 (a group needs two episodes to compare), "
@@ -343,7 +366,7 @@ class EnvRollout:
         self.keys = keys
         self.pool = list(keys)
         self.kinds: dict[str, list[str]] | None = None
-        """With ``balance_answerable``: each key's pool of its own kind (a flat group is
+        """With ``balance_answerable`` or ``unanswerable_per_step``: each key's pool of its own kind (a flat group is
         refilled with a question of the same kind, so the step stays balanced)."""
         self.num_generations = num_generations
         self.temperature = temperature
@@ -490,23 +513,43 @@ def balanced_order(
     """``keys`` ordered answerable, unanswerable, answerable, … (each kind shuffled by ``seed``):
     every question of the larger kind once, the smaller kind's questions again (reshuffled) each
     time they run out: :attr:`EnvGRPOConfig.balance_answerable`."""
+    return kind_order(keys, examples, seed, per_step=2, unanswerable=1)
+
+
+def kind_order(
+    keys: dict[str, tuple[int, tuple[str, ...]]],
+    examples: Sequence[Any],
+    seed: int,
+    per_step: int,
+    unanswerable: int,
+) -> list[str]:
+    """``keys`` in steps of ``per_step``: ``per_step - unanswerable`` answerable questions, then
+    ``unanswerable`` unanswerable ones (each kind shuffled by ``seed``); as many steps as either
+    kind needs to be dealt once, the other kind dealt again (reshuffled) each time it runs out:
+    :attr:`EnvGRPOConfig.unanswerable_per_step`."""
     rng = random.Random(seed)
     kinds = _keys_by_kind(keys, examples)
     if not kinds[True] or not kinds[False]:
         missing = "unanswerable" if not kinds[False] else "answerable"
         raise ValueError(
-            f"balance_answerable needs answerable and unanswerable questions, but the training "
+            f"a step of both kinds needs answerable and unanswerable questions, but the training "
             f"split has no {missing} one: train on a world with both (e.g. SynthHop-Hard-v0 with "
             f'--env-kwargs \'{{"dataset_kwargs": {{"unanswerable_rate": 0.5}}}}\'), '
-            f"or leave balance_answerable off"
+            f"or leave balance_answerable and unanswerable_per_step off"
         )
-    n = max(len(kind) for kind in kinds.values())
+    share = {True: per_step - unanswerable, False: unanswerable}
+    steps = max(-(-len(kinds[kind]) // share[kind]) for kind in kinds)
     dealt: dict[bool, list[str]] = {}
     for answerable, kind in kinds.items():
         dealt[answerable] = []
-        while len(dealt[answerable]) < n:
+        while len(dealt[answerable]) < steps * share[answerable]:
             dealt[answerable] += rng.sample(kind, len(kind))
-    return [key for pair in zip(dealt[True][:n], dealt[False][:n], strict=True) for key in pair]
+    order: list[str] = []
+    for step in range(steps):
+        for answerable in (True, False):
+            n = share[answerable]
+            order += dealt[answerable][step * n : (step + 1) * n]
+    return order
 
 
 def _keys_by_kind(
@@ -625,15 +668,21 @@ def build_trainer(
         use_vllm=cfg.use_vllm,
         vllm_mode="colocate",
         remove_unused_columns=False,
-        shuffle_dataset=not cfg.balance_answerable,
+        shuffle_dataset=not (cfg.balance_answerable or cfg.unanswerable_per_step),
         disable_dropout=True,
         log_completions=False,
         **checkpointing_option(trl.GRPOConfig, cfg.gradient_checkpointing),
     )
     peft_config = lora_config(cfg.lora_r, cfg.lora_alpha) if cfg.lora else None
+    examples = engine.envs[0].unwrapped.examples
     if cfg.balance_answerable:
-        order = balanced_order(keys, engine.envs[0].unwrapped.examples, cfg.seed)
-        rollout.kinds = kind_pools(keys, engine.envs[0].unwrapped.examples)
+        order = balanced_order(keys, examples, cfg.seed)
+        rollout.kinds = kind_pools(keys, examples)
+    elif cfg.unanswerable_per_step:
+        order = kind_order(
+            keys, examples, cfg.seed, cfg.prompts_per_step, cfg.unanswerable_per_step
+        )
+        rollout.kinds = kind_pools(keys, examples)
     else:
         order = list(keys)
     dataset = Dataset.from_dict({"prompt": order})
@@ -779,10 +828,11 @@ def train_forest(
     """
     if not isinstance(iterations, int) or not 1 <= iterations <= 50:
         raise ValueError(f"expected iterations in [1, 50], got {iterations!r}")
-    if cfg.balance_answerable:
+    if cfg.balance_answerable or cfg.unanswerable_per_step:
         raise ValueError(
-            "balance_answerable does not apply to train_forest: its later rounds train on "
-            "gold-hitting contexts, not on the split's questions; leave it off"
+            "balance_answerable and unanswerable_per_step do not apply to train_forest: its "
+            "later rounds train on gold-hitting contexts, not on the split's questions; leave "
+            "them off"
         )
     from rag_gym.train.models import load_policy
     from rag_gym.train.tracking import run_dir_for

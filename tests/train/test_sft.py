@@ -358,6 +358,11 @@ def test_grpo_command_passes_its_options_to_the_run(tmp_path, monkeypatch):
     assert cfg.balance_answerable and cfg.prompts_per_step == 2
     result = CliRunner().invoke(app, ["train", "grpo", *args, "--prompts-per-step", "3"])
     assert result.exit_code != 0 and "even prompts_per_step" in result.output
+    mix = ["--init", str(tmp_path), "--prompts-per-step", "8", "--unanswerable-per-step", "2"]
+    result = CliRunner().invoke(app, ["train", "grpo", *mix, "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert (seen["cfg"].prompts_per_step, seen["cfg"].unanswerable_per_step) == (8, 2)
+    assert not seen["cfg"].balance_answerable
     assert cfg.dynamic_sampling and cfg.dynamic_sampling_on == "answer"
     for choice, expected in (("auto", False), ("off", False), ("return", True)):
         result = CliRunner().invoke(

@@ -459,6 +459,45 @@ def test_balanced_steps_hold_as_many_answerable_as_unanswerable_questions(
     assert {answerable[k] for k in rollout.kinds[fed[0]]} == {True}
 
 
+def test_steps_hold_the_given_number_of_unanswerable_questions(tmp_path):
+    pytest.importorskip("trl")
+    pytest.importorskip("peft")
+    from rag_gym.train.grpo import EnvGRPOConfig, build_trainer, kind_order, question_keys
+
+    for bad in (0, 4, 1.5, True):
+        with pytest.raises(ValueError, match=r"unanswerable_per_step to be an int in \[1, "):
+            EnvGRPOConfig(unanswerable_per_step=bad, prompts_per_step=4)
+    with pytest.raises(ValueError, match="give one"):
+        EnvGRPOConfig(unanswerable_per_step=1, balance_answerable=True, prompts_per_step=4)
+    world = {**SMALL_WORLD, "unanswerable_rate": 0.3}
+    cfg = tiny(
+        tmp_path,
+        env_id="rag_gym/SynthHop-Hard-v0",
+        env_kwargs={"dataset_kwargs": world},
+        prompts_per_step=4,
+        unanswerable_per_step=1,
+        max_steps=3,
+    )
+    trainer, rollout = build_trainer(cfg)
+    assert trainer.args.shuffle_dataset is False
+    examples = rollout.engine.envs[0].unwrapped.examples
+    answerable = {ex.id: ex.answerable for ex in examples}
+    n_answerable = sum(answerable.values())
+    n_unanswerable = len(examples) - n_answerable
+    steps = _fed_steps(trainer, cfg.episodes_per_step)
+    # enough steps for every question of either kind once: 3 answerable + 1 unanswerable each
+    assert len(steps) == max(-(-n_answerable // 3), n_unanswerable)
+    for step in steps:
+        kinds = [answerable[key] for key in dict.fromkeys(step)]
+        assert kinds == [True, True, True, False]
+        assert all(step.count(key) == cfg.num_generations for key in set(step))
+    fed = [key for step in steps for key in dict.fromkeys(step)]
+    assert fed == kind_order(question_keys(rollout.engine), examples, cfg.seed, 4, 1)
+    assert {k for k in fed if answerable[k]} == {k for k in answerable if answerable[k]}
+    assert {k for k in fed if not answerable[k]} == {k for k in answerable if not answerable[k]}
+    assert {answerable[k] for k in rollout.kinds[fed[3]]} == {False}
+
+
 def test_balance_errors_name_the_fix(tmp_path):
     pytest.importorskip("trl")
     pytest.importorskip("peft")
@@ -467,7 +506,7 @@ def test_balance_errors_name_the_fix(tmp_path):
     plain = tiny(tmp_path, "plain", prompts_per_step=2, balance_answerable=True)
     with pytest.raises(ValueError, match=r"no unanswerable one.*unanswerable_rate"):
         build_trainer(plain)
-    with pytest.raises(ValueError, match="does not apply to train_forest"):
+    with pytest.raises(ValueError, match="do not apply to train_forest"):
         train_forest(plain)
     from rag_gym.train.grpo import balanced_order
 
