@@ -61,6 +61,44 @@ def _permute(weights: np.ndarray, n_head: int) -> np.ndarray:
     )
 
 
+_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16}
+
+
+def load_lora_tensors(path: str | Path) -> dict[str, np.ndarray]:
+    """The tensors of a safetensors file as float32 numpy arrays, bfloat16 ones included.
+
+    A LoRA trained on a GPU is saved in bfloat16, which numpy has no type for (``safetensors``'
+    numpy loader raises ``TypeError: data type 'bfloat16' not understood``); a bfloat16 number is
+    the upper half of a float32, so it is widened here without torch.
+    """
+    path = Path(path)
+    raw = path.read_bytes()
+    try:
+        size = int.from_bytes(raw[:8], "little")
+        header = json.loads(raw[8 : 8 + size])
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise AdapterError(
+            f"{path} is not a safetensors file ({exc}); save the adapter again"
+        ) from exc
+    data = memoryview(raw)[8 + size :]
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = _DTYPES.get(info.get("dtype"))
+        if dtype is None:
+            raise AdapterError(
+                f"{path}: tensor {name!r} is {info.get('dtype')}, expected one of "
+                f"{', '.join(_DTYPES)}; save the adapter in a floating-point type"
+            )
+        start, end = info["data_offsets"]
+        values = np.frombuffer(data[start:end], dtype=dtype)
+        if info["dtype"] == "BF16":
+            values = (values.astype(np.uint32) << 16).view(np.float32)
+        tensors[name] = values.astype(np.float32).reshape(info["shape"])
+    return tensors
+
+
 def read_adapter_config(adapter_dir: str | Path) -> dict:
     """``adapter_config.json`` of a PEFT adapter folder, checked for what llama.cpp can apply."""
     path = Path(adapter_dir) / "adapter_config.json"
@@ -114,7 +152,6 @@ def lora_to_gguf(
     Returns the written path.
     """
     import gguf
-    from safetensors.numpy import load_file
 
     adapter_dir = Path(adapter_dir)
     config = read_adapter_config(adapter_dir)
@@ -126,7 +163,7 @@ def lora_to_gguf(
         base_cfg = json.loads(base.read_text()) if base.is_file() else {}
         n_head = n_head or int(base_cfg.get("num_attention_heads", 9))
         n_head_kv = n_head_kv or int(base_cfg.get("num_key_value_heads", 3))
-    tensors = load_file(str(weights_path))
+    tensors = load_lora_tensors(weights_path)
     out = Path(out) if out is not None else adapter_dir / "adapter.gguf"
     writer = gguf.GGUFWriter(str(out), architecture)
     writer.add_string("general.type", "adapter")

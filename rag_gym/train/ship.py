@@ -18,7 +18,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rag_gym.generation.adapters import lora_to_gguf, read_adapter_config, resolve_adapter
+from rag_gym.generation.adapters import (
+    load_lora_tensors,
+    lora_to_gguf,
+    read_adapter_config,
+    resolve_adapter,
+)
 
 
 def package_adapter(
@@ -30,7 +35,7 @@ def package_adapter(
     trained on (read from its run folders, :func:`rag_gym.agents.provenance.training_sets`,
     unless ``card`` gives them). Returns ``out_dir``."""
     import numpy as np
-    from safetensors.numpy import load_file, save_file
+    from safetensors.numpy import save_file
 
     source = resolve_adapter(adapter)
     out = Path(out_dir)
@@ -39,7 +44,7 @@ def package_adapter(
     config["base_model_name_or_path"] = base
     config["inference_mode"] = True
     (out / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    tensors = load_file(str(source / "adapter_model.safetensors"))
+    tensors = load_lora_tensors(source / "adapter_model.safetensors")
     save_file(
         {k: v.astype(np.float16) for k, v in tensors.items()},
         str(out / "adapter_model.safetensors"),

@@ -68,6 +68,58 @@ def test_conversion_names_permutes_and_scales(tmp_path):
     )
 
 
+def _write_safetensors(path, tensors, dtype):
+    """A safetensors file written by hand: ``dtype`` BF16 keeps each float32's upper half."""
+    header, blobs, offset = {}, [], 0
+    for name, value in tensors.items():
+        value = np.ascontiguousarray(value, dtype=np.float32)
+        blob = (value.view(np.uint32) >> 16).astype(np.uint16).tobytes()
+        if dtype == "I64":
+            blob = value.astype(np.int64).tobytes()
+        header[name] = {
+            "dtype": dtype,
+            "shape": list(value.shape),
+            "data_offsets": [offset, offset + len(blob)],
+        }
+        blobs.append(blob)
+        offset += len(blob)
+    head = json.dumps(header).encode()
+    path.write_bytes(len(head).to_bytes(8, "little") + head + b"".join(blobs))
+
+
+def test_a_bfloat16_adapter_from_a_gpu_converts_as_its_float32_values(tmp_path):
+    import gguf
+
+    from rag_gym.generation.adapters import AdapterError, load_lora_tensors, lora_to_gguf
+
+    tensors = fake_adapter(tmp_path / "f32")
+    (tmp_path / "bf16").mkdir()
+    (tmp_path / "bf16" / "adapter_config.json").write_text(
+        (tmp_path / "f32" / "adapter_config.json").read_text()
+    )
+    _write_safetensors(tmp_path / "bf16" / "adapter_model.safetensors", tensors, "BF16")
+    loaded = load_lora_tensors(tmp_path / "bf16" / "adapter_model.safetensors")
+    assert loaded.keys() == tensors.keys()
+    for name, value in tensors.items():
+        assert loaded[name].dtype == np.float32 and loaded[name].shape == value.shape
+        # bfloat16 keeps 8 bits of mantissa: truncation is within 2**-7 of the value
+        np.testing.assert_allclose(loaded[name], value, rtol=2**-7, atol=0)
+        assert not np.array_equal(loaded[name], value)
+    read = {}
+    for kind in ("f32", "bf16"):
+        reader = gguf.GGUFReader(str(lora_to_gguf(tmp_path / kind)))
+        read[kind] = {t.name: np.array(t.data, dtype=np.float32) for t in reader.tensors}
+    assert read["bf16"].keys() == read["f32"].keys() and len(read["f32"]) == 28
+    for name in read["f32"]:
+        np.testing.assert_allclose(read["bf16"][name], read["f32"][name], rtol=1e-2, atol=1e-4)
+    _write_safetensors(tmp_path / "int.safetensors", {"x": np.ones(3)}, "I64")
+    with pytest.raises(AdapterError, match="'x' is I64, expected one of F64, F32, F16, BF16"):
+        load_lora_tensors(tmp_path / "int.safetensors")
+    (tmp_path / "junk.safetensors").write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00{nope")
+    with pytest.raises(AdapterError, match="not a safetensors file"):
+        load_lora_tensors(tmp_path / "junk.safetensors")
+
+
 @pytest.mark.parametrize(
     ("config", "match"),
     [
