@@ -73,6 +73,7 @@ __all__ = [
     "load_with_adapter",
     "micro_batch",
     "question_keys",
+    "refusal_rates",
     "rollout_engine",
     "train",
     "train_forest",
@@ -465,6 +466,7 @@ class EnvRollout:
             "episode/groups_resampled": float(resampled),
             "episode/groups_flat": float(len(flat_groups)),
             "episode/rollout_seconds": time.perf_counter() - started,
+            **refusal_rates(episodes),
         }
         return {
             "prompt_ids": [e.prompt_ids for e in episodes],
@@ -475,6 +477,21 @@ class EnvRollout:
             "reward_terms": [dict(e.reward_terms) for e in episodes],
             "num_searches": [e.num_searches for e in episodes],
         }
+
+
+def refusal_rates(episodes: Sequence[Episode]) -> dict[str, float]:
+    """The share of a batch's episodes that refused, for each kind of question the batch holds:
+    ``episode/refused_unanswerable`` (refusals the refusal reward pays) and
+    ``episode/refused_answerable`` (refusals it punishes). Logged only for a batch with an
+    unanswerable question or a refusal (a SynthHop-Hard world), where the two rates, not the
+    refusal term's mean, show whether a run learns when to refuse or only how often."""
+    refused = {True: [], False: []}
+    for e in episodes:
+        refused[bool(e.info.get("answerable", True))].append(e.info.get("action_type") == "REFUSE")
+    if not refused[False] and not any(refused[True]):
+        return {}
+    names = {False: "episode/refused_unanswerable", True: "episode/refused_answerable"}
+    return {names[kind]: _mean(flags) for kind, flags in refused.items() if flags}
 
 
 def _mean(values: Any) -> float:

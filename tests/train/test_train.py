@@ -498,6 +498,27 @@ def test_steps_hold_the_given_number_of_unanswerable_questions(tmp_path):
     assert {answerable[k] for k in rollout.kinds[fed[3]]} == {False}
 
 
+def test_rollout_logs_the_refusal_rate_of_each_kind_of_question():
+    from rag_gym.train.grpo import refusal_rates
+    from rag_gym.train.rollout import Episode
+
+    def played(answerable, action):
+        return Episode(prompt_ids=[1], info={"answerable": answerable, "action_type": action})
+
+    batch = [played(False, "REFUSE"), played(False, "ANSWER"), played(False, "REFUSE")]
+    batch += [played(True, "REFUSE"), played(True, "ANSWER"), played(True, "ANSWER")]
+    batch += [played(True, "ANSWER"), Episode(prompt_ids=[1])]  # cut before any action
+    rates = refusal_rates(batch)
+    assert rates == {
+        "episode/refused_unanswerable": pytest.approx(2 / 3),
+        "episode/refused_answerable": pytest.approx(1 / 5),
+    }
+    # an answerable-only batch logs its refusals only when there are some
+    assert refusal_rates(batch[4:]) == {}
+    assert refusal_rates(batch[3:]) == {"episode/refused_answerable": pytest.approx(1 / 5)}
+    assert refusal_rates(batch[:3]) == {"episode/refused_unanswerable": pytest.approx(2 / 3)}
+
+
 def test_balance_errors_name_the_fix(tmp_path):
     pytest.importorskip("trl")
     pytest.importorskip("peft")
