@@ -727,7 +727,15 @@ def build_trainer(
             learning_curve(
                 state.log_history,
                 run_dir / "learning_curve.png",
-                ["reward", "episode/em", "episode/num_searches", "loss", "kl"],
+                [
+                    "reward",
+                    "episode/em",
+                    "episode/num_searches",
+                    "episode/refused_unanswerable",  # a world with unanswerable questions
+                    "episode/refused_answerable",
+                    "loss",
+                    "kl",
+                ],
                 title=run_dir.name,
             )
 

@@ -496,6 +496,14 @@ def test_steps_hold_the_given_number_of_unanswerable_questions(tmp_path):
     assert {k for k in fed if answerable[k]} == {k for k in answerable if answerable[k]}
     assert {k for k in fed if not answerable[k]} == {k for k in answerable if not answerable[k]}
     assert {answerable[k] for k in rollout.kinds[fed[3]]} == {False}
+    # each step logs how often its episodes refused, per kind of question (a random model
+    # rarely writes a refusal, so only the range is known)
+    trainer.args.max_steps = 1
+    trainer.train()
+    logs = [row for row in trainer.state.log_history if "loss" in row]
+    assert 0 <= logs[0]["episode/refused_unanswerable"] <= 1
+    played = {bool(e.info.get("answerable", True)) for e in rollout.episodes}
+    assert played == {True, False}
 
 
 def test_rollout_logs_the_refusal_rate_of_each_kind_of_question():
