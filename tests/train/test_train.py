@@ -417,33 +417,42 @@ def _fed_steps(trainer, episodes_per_step):
     return steps
 
 
+def _mixed_run(tmp_path, **mix):
+    """A tiny GRPO run of 3 steps in a SynthHop-Hard world with 30% unanswerable questions,
+    each step's kinds set by ``mix``: its config, trainer, rollout and the questions fed to
+    each step (in order, so TRL's shuffling is off)."""
+    from rag_gym.train.grpo import build_trainer
+
+    world = {**SMALL_WORLD, "unanswerable_rate": 0.3}
+    cfg = tiny(
+        tmp_path,
+        env_id="rag_gym/SynthHop-Hard-v0",
+        env_kwargs={"dataset_kwargs": world},
+        max_steps=3,
+        **mix,
+    )
+    trainer, rollout = build_trainer(cfg)
+    assert trainer.args.shuffle_dataset is False
+    return cfg, trainer, rollout, _fed_steps(trainer, cfg.episodes_per_step)
+
+
 @pytest.mark.parametrize(("per_step", "micro"), [(2, None), (4, 2)])
 def test_balanced_steps_hold_as_many_answerable_as_unanswerable_questions(
     tmp_path, per_step, micro
 ):
     pytest.importorskip("trl")
     pytest.importorskip("peft")
-    from rag_gym.train.grpo import EnvGRPOConfig, balanced_order, build_trainer, question_keys
+    from rag_gym.train.grpo import EnvGRPOConfig, balanced_order, question_keys
 
     with pytest.raises(ValueError, match="even prompts_per_step"):
         EnvGRPOConfig(balance_answerable=True, prompts_per_step=3)
-    world = {**SMALL_WORLD, "unanswerable_rate": 0.3}
-    cfg = tiny(
-        tmp_path,
-        env_id="rag_gym/SynthHop-Hard-v0",
-        env_kwargs={"dataset_kwargs": world},
-        prompts_per_step=per_step,
-        micro_batch_size=micro,
-        balance_answerable=True,
-        max_steps=3,
+    cfg, _, rollout, steps = _mixed_run(
+        tmp_path, prompts_per_step=per_step, micro_batch_size=micro, balance_answerable=True
     )
-    trainer, rollout = build_trainer(cfg)
-    assert trainer.args.shuffle_dataset is False
     examples = rollout.engine.envs[0].unwrapped.examples
     answerable = {ex.id: ex.answerable for ex in examples}
     n_answerable = sum(answerable.values())
     assert 0 < len(examples) - n_answerable < n_answerable
-    steps = _fed_steps(trainer, cfg.episodes_per_step)
     # every answerable question once; the unanswerable ones dealt again as often as needed
     assert len(steps) * per_step == 2 * n_answerable
     for step in steps:
@@ -462,29 +471,18 @@ def test_balanced_steps_hold_as_many_answerable_as_unanswerable_questions(
 def test_steps_hold_the_given_number_of_unanswerable_questions(tmp_path):
     pytest.importorskip("trl")
     pytest.importorskip("peft")
-    from rag_gym.train.grpo import EnvGRPOConfig, build_trainer, kind_order, question_keys
+    from rag_gym.train.grpo import EnvGRPOConfig, kind_order, question_keys
 
     for bad in (0, 4, 1.5, True):
         with pytest.raises(ValueError, match=r"unanswerable_per_step to be an int in \[1, "):
             EnvGRPOConfig(unanswerable_per_step=bad, prompts_per_step=4)
     with pytest.raises(ValueError, match="give one"):
         EnvGRPOConfig(unanswerable_per_step=1, balance_answerable=True, prompts_per_step=4)
-    world = {**SMALL_WORLD, "unanswerable_rate": 0.3}
-    cfg = tiny(
-        tmp_path,
-        env_id="rag_gym/SynthHop-Hard-v0",
-        env_kwargs={"dataset_kwargs": world},
-        prompts_per_step=4,
-        unanswerable_per_step=1,
-        max_steps=3,
-    )
-    trainer, rollout = build_trainer(cfg)
-    assert trainer.args.shuffle_dataset is False
+    cfg, trainer, rollout, steps = _mixed_run(tmp_path, prompts_per_step=4, unanswerable_per_step=1)
     examples = rollout.engine.envs[0].unwrapped.examples
     answerable = {ex.id: ex.answerable for ex in examples}
     n_answerable = sum(answerable.values())
     n_unanswerable = len(examples) - n_answerable
-    steps = _fed_steps(trainer, cfg.episodes_per_step)
     # enough steps for every question of either kind once: 3 answerable + 1 unanswerable each
     assert len(steps) == max(-(-n_answerable // 3), n_unanswerable)
     for step in steps:
