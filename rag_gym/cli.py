@@ -789,6 +789,13 @@ def train_sft(
             "every search, then read or say none is about it."
         ),
     ] = False,
+    title_verdicts: Annotated[
+        bool,
+        typer.Option(
+            help="With --title-list: each listed title followed by (yes) when it is the "
+            "entity searched, else (no)."
+        ),
+    ] = False,
     model: Annotated[
         str, typer.Option(help="embedded, tiny, a hub id or a directory.")
     ] = "embedded",
@@ -826,6 +833,7 @@ def train_sft(
             joint_rate=joint_rate,
             title_check=title_check,
             title_list=title_list,
+            title_verdicts=title_verdicts,
             model=model,
             lora=lora,
             learning_rate=lr,

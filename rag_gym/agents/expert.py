@@ -24,7 +24,15 @@ SynthHop worlds: it follows each question's gold decomposition (``meta["decompos
   against the entity searched (``Looking for Tribrigrok Institute: Doc 1 is about A, Doc 2 is
   about B, Doc 3 is about C.``), then reads (``Doc 2 says ...``) or says that none is about it:
   reading and missing share one prefix and differ only in whether the name is in the list just
-  written.
+  written;
+* with ``title_verdicts`` as well, each listed title is followed by whether it is the entity
+  searched (``Doc 1 is about A (no), Doc 2 is about Tribrigrok Institute (yes), …``): the
+  comparison is written out, one verdict per title, right after the title is copied. Without
+  it the passage about the entity is nearly always BM25's first (1,317 of 1,322 reads of 600
+  SynthHop-Hard demonstrations are of Doc 1), so a policy learns to read "Doc 1" without
+  comparing, and says it read a document that is not about the entity (docs/training.md, the
+  ninth SynthHop-Hard attempt); with verdicts every title is a labelled comparison, the
+  distractors that share a name with the entity included.
 
 The expert reads only what the policy reads — the question, the decomposition's relations and
 the retrieved passages' ids, which it checks against the gold ids — so every statement in a
@@ -208,6 +216,9 @@ class SynthHopExpert:
             against the entity searched (see the module doc); not with ``title_check`` or
             ``joint_rate``. Off (the default) leaves the demonstrations of a seed exactly as
             they were.
+        title_verdicts: follow each title of ``title_list``'s list with ``(yes)`` when it is
+            the entity searched, else ``(no)`` (see the module doc); needs ``title_list``.
+            Off (the default) leaves the demonstrations of a seed exactly as they were.
     """
 
     def __init__(
@@ -218,18 +229,20 @@ class SynthHopExpert:
         joint_rate: float = 0.0,
         title_check: bool = False,
         title_list: bool = False,
+        title_verdicts: bool = False,
     ) -> None:
         if tags.search is None or tags.answer is None:
             raise ValueError(f"expected a tag set with search and answer tags, got {tags.name!r}")
         if not isinstance(max_attempts, int) or max_attempts < 1:
             raise ValueError(f"expected max_attempts >= 1, got {max_attempts!r}")
-        check_options(joint_rate, title_check, title_list)
+        check_options(joint_rate, title_check, title_list, title_verdicts)
         self.tags = tags
         self.rng = np.random.default_rng(seed)
         self.max_attempts = max_attempts
         self.joint_rate = float(joint_rate)
         self.title_check = title_check
         self.title_list = title_list
+        self.title_verdicts = title_verdicts
 
     # -- text pieces --
     def _pick(self, options: tuple[str, ...]) -> str:
@@ -251,7 +264,8 @@ class SynthHopExpert:
         fact = _FACTS[relation][0].format(X=entity, A=value)
         if self.title_list:
             return (
-                f"{_title_list(entity, info or {})} {self._pick(_READ).format(r=rank, fact=fact)}"
+                f"{_title_list(entity, info or {}, self.title_verdicts)} "
+                f"{self._pick(_READ).format(r=rank, fact=fact)}"
             )
         if self.title_check:  # the passage read is the one titled with the entity
             return self._pick(_TITLED_READ).format(r=rank, X=entity, fact=fact)
@@ -263,7 +277,7 @@ class SynthHopExpert:
         if self.title_list:
             options = _LISTED_REFUSE if refuse else _LISTED_MISS
             text = self._pick(options).format(X=entity, need=need)
-            return f"{_title_list(entity, info)} {text}"
+            return f"{_title_list(entity, info, self.title_verdicts)} {text}"
         if self.title_check:
             options = _TITLED_REFUSE if refuse else _TITLED_MISS
             return self._pick(options).format(X=entity, need=need, titles=_titles(info))
@@ -402,7 +416,9 @@ class SynthHopExpert:
         return demo
 
 
-def check_options(joint_rate: float, title_check: bool, title_list: bool) -> None:
+def check_options(
+    joint_rate: float, title_check: bool, title_list: bool, title_verdicts: bool = False
+) -> None:
     """Raise ``ValueError`` for phrasing options :class:`SynthHopExpert` does not take (also
     checked by ``SFTConfig``, before any demonstration is written)."""
     if isinstance(joint_rate, bool) or not 0.0 <= joint_rate <= 1.0:
@@ -411,6 +427,13 @@ def check_options(joint_rate: float, title_check: bool, title_list: bool) -> Non
         raise ValueError(f"expected title_check to be True or False, got {title_check!r}")
     if not isinstance(title_list, bool):
         raise ValueError(f"expected title_list to be True or False, got {title_list!r}")
+    if not isinstance(title_verdicts, bool):
+        raise ValueError(f"expected title_verdicts to be True or False, got {title_verdicts!r}")
+    if title_verdicts and not title_list:
+        raise ValueError(
+            "expected title_verdicts with title_list: the verdicts mark the titles of its list "
+            "(give --title-list too)"
+        )
     if title_list and (title_check or joint_rate):
         raise ValueError(
             "expected title_list alone: it replaces title_check's phrasing, and joint "
@@ -423,12 +446,14 @@ def _passage_titles(info: dict[str, Any]) -> list[str]:
     return [str(p["title"]) for p in info.get("passages", [])]
 
 
-def _title_list(entity: str, info: dict[str, Any]) -> str:
-    """``Looking for X: Doc 1 is about A, Doc 2 is about B, Doc 3 is about C.``"""
+def _title_list(entity: str, info: dict[str, Any], verdicts: bool = False) -> str:
+    """``Looking for X: Doc 1 is about A, Doc 2 is about B, Doc 3 is about C.``; with
+    ``verdicts``, ``Doc 1 is about A (no), Doc 2 is about X (yes), …``."""
     titles = _passage_titles(info)
     if not titles:
         return f"Looking for {entity}: no documents came back."
-    docs = ", ".join(f"Doc {i} is about {t}" for i, t in enumerate(titles, 1))
+    mark = {True: " (yes)", False: " (no)"} if verdicts else {True: "", False: ""}
+    docs = ", ".join(f"Doc {i} is about {t}{mark[t == entity]}" for i, t in enumerate(titles, 1))
     return f"Looking for {entity}: {docs}."
 
 

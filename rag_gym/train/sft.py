@@ -60,6 +60,10 @@ class SFTConfig:
     """Demonstrations whose every turn after a search first lists the titles returned against
     the entity searched, then reads or says none is about it
     (:class:`~rag_gym.agents.expert.SynthHopExpert`'s ``title_list``)."""
+    title_verdicts: bool = False
+    """With ``title_list``: each listed title followed by ``(yes)`` when it is the entity
+    searched, else ``(no)`` (:class:`~rag_gym.agents.expert.SynthHopExpert`'s
+    ``title_verdicts``): the comparison that tells a miss from a hit, written out."""
     model: str = "embedded"
     """``embedded`` (SmolLM2-135M-Instruct), ``tiny`` (smoke tests), a hub id or a directory."""
     lora: bool = True
@@ -125,7 +129,7 @@ class SFTConfig:
             )
         if not self.learning_rate > 0 or not math.isfinite(self.learning_rate):
             raise ValueError(f"expected learning_rate > 0, got {self.learning_rate!r}")
-        check_options(self.joint_rate, self.title_check, self.title_list)
+        check_options(self.joint_rate, self.title_check, self.title_list, self.title_verdicts)
         if self.eval_n is not None and (not isinstance(self.eval_n, int) or self.eval_n < 0):
             raise ValueError(f"expected eval_n >= 0 or None, got {self.eval_n!r}")
 
@@ -160,6 +164,7 @@ def demonstrations(cfg: SFTConfig) -> list[Demonstration]:
         joint_rate=cfg.joint_rate,
         title_check=cfg.title_check,
         title_list=cfg.title_list,
+        title_verdicts=cfg.title_verdicts,
     )
     total = len(env.unwrapped.examples)
     order = np.random.default_rng(cfg.seed).permutation(total)

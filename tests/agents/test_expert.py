@@ -243,3 +243,46 @@ def test_title_list_lists_the_titles_then_reads_the_one_named_or_says_none_is():
         SynthHopExpert(env.tags, title_list=True, title_check=True)
     with pytest.raises(ValueError, match="title_list alone"):
         SynthHopExpert(env.tags, title_list=True, joint_rate=0.5)
+
+
+def test_title_verdicts_mark_each_title_and_the_read_is_the_one_marked_yes():
+    """``title_verdicts``: each listed title is followed by (yes) exactly when it is the entity
+    searched; the turn reads the Doc marked (yes), and says "None is about X" exactly where no
+    title is. The demonstrations stay right, and the phrasing draws are those of title_list."""
+    import re
+
+    env = _env("rag_gym/SynthHop-Hard-v0", tags="evo_rag", unanswerable_rate=0.3)
+    expert = SynthHopExpert(env.tags, seed=1, title_list=True, title_verdicts=True)
+    plain = SynthHopExpert(env.tags, seed=1, title_list=True)
+    verdicts = {"yes": 0, "no": 0}
+    for i, ex in enumerate(env.unwrapped.examples):
+        demo = expert.play(env, i)
+        _right(demo, ex)
+        same = plain.play(env, i)
+        assert [re.sub(r" \((?:yes|no)\)", "", t.action) for t in demo.turns] == [
+            t.action for t in same.turns
+        ]
+        for before, turn in zip(demo.turns, demo.turns[1:], strict=False):
+            titles = _titles_of(before.observation)
+            listed = re.match(r"<think>Looking for (.+?): (.+?)\. ", turn.action)
+            assert listed, turn.action
+            entity = listed.group(1)
+            marked = re.findall(r"Doc \d+ is about (.+?) \((yes|no)\)", listed.group(2))
+            assert [t for t, _ in marked] == titles
+            assert [v for _, v in marked] == ["yes" if t == entity else "no" for t in titles]
+            for _, v in marked:
+                verdicts[v] += 1
+            read = re.search(
+                r"(?:Doc (\d+) says|According to Doc (\d+),|From Doc (\d+):|"
+                r"Doc (\d+) tells me)",
+                turn.action,
+            )
+            if "yes" in (v for _, v in marked):
+                assert read and marked[int(next(g for g in read.groups() if g)) - 1][1] == "yes"
+            else:
+                assert f"None is about {entity}" in turn.action and not read, turn.action
+    assert verdicts["yes"] > 50 and verdicts["no"] > 2 * verdicts["yes"]
+    with pytest.raises(ValueError, match="title_verdicts with title_list"):
+        SynthHopExpert(env.tags, title_verdicts=True)
+    with pytest.raises(ValueError, match="title_verdicts to be True or False"):
+        SynthHopExpert(env.tags, title_list=True, title_verdicts="yes")

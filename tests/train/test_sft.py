@@ -409,6 +409,12 @@ def test_sft_command_passes_its_options_to_the_run(tmp_path, monkeypatch):
         app, ["train", "sft", "--title-list", "--title-check", "--out", str(tmp_path)]
     )
     assert result.exit_code != 0 and "title_list alone" in result.output
+    marked = ["--title-list", "--title-verdicts", "--out", str(tmp_path)]
+    result = CliRunner().invoke(app, ["train", "sft", *marked])
+    assert result.exit_code == 0, result.output
+    assert seen["cfg"].title_list and seen["cfg"].title_verdicts
+    result = CliRunner().invoke(app, ["train", "sft", "--title-verdicts", "--out", str(tmp_path)])
+    assert result.exit_code != 0 and "give --title-list too" in result.output
     result = CliRunner().invoke(app, ["train", "sft", "--joint-rate", "2", "--out", str(tmp_path)])
     assert result.exit_code != 0 and "joint_rate in [0, 1]" in result.output
     result = CliRunner().invoke(app, ["train", "sft", "--max-length", "0", "--out", str(tmp_path)])
