@@ -221,6 +221,17 @@ class EnvGRPOConfig:
     """Exact folder to write into; default ``output_dir/<run name>``."""
 
     @property
+    def step_mix(self) -> tuple[int, int] | None:
+        """``(questions, unanswerable)`` of the run of steps :func:`kind_order` deals, from
+        ``balance_answerable`` (one of each kind, repeated) or ``unanswerable_per_step``;
+        ``None`` when the kinds are drawn at random."""
+        if self.balance_answerable:
+            return (2, 1)
+        if self.unanswerable_per_step:
+            return (self.prompts_per_step, self.unanswerable_per_step)
+        return None
+
+    @property
     def episodes_per_step(self) -> int:
         """The batch of one optimisation step: ``prompts_per_step * num_generations`` episodes."""
         return self.prompts_per_step * self.num_generations
@@ -367,8 +378,9 @@ class EnvRollout:
         self.keys = keys
         self.pool = list(keys)
         self.kinds: dict[str, list[str]] | None = None
-        """With ``balance_answerable`` or ``unanswerable_per_step``: each key's pool of its own kind (a flat group is
-        refilled with a question of the same kind, so the step stays balanced)."""
+        """With ``balance_answerable`` or ``unanswerable_per_step``: each key's pool of its own
+        kind (a flat group is refilled with a question of the same kind, so the step keeps its
+        mix)."""
         self.num_generations = num_generations
         self.temperature = temperature
         self.top_p = top_p
@@ -487,7 +499,7 @@ def refusal_rates(episodes: Sequence[Episode]) -> dict[str, float]:
     refusal term's mean, show whether a run learns when to refuse or only how often."""
     refused = {True: [], False: []}
     for e in episodes:
-        refused[bool(e.info.get("answerable", True))].append(e.info.get("action_type") == "REFUSE")
+        refused[bool(e.info.get("answerable", True))].append(e.refused)
     if not refused[False] and not any(refused[True]):
         return {}
     names = {False: "episode/refused_unanswerable", True: "episode/refused_answerable"}
@@ -685,20 +697,15 @@ def build_trainer(
         use_vllm=cfg.use_vllm,
         vllm_mode="colocate",
         remove_unused_columns=False,
-        shuffle_dataset=not (cfg.balance_answerable or cfg.unanswerable_per_step),
+        shuffle_dataset=cfg.step_mix is None,
         disable_dropout=True,
         log_completions=False,
         **checkpointing_option(trl.GRPOConfig, cfg.gradient_checkpointing),
     )
     peft_config = lora_config(cfg.lora_r, cfg.lora_alpha) if cfg.lora else None
-    examples = engine.envs[0].unwrapped.examples
-    if cfg.balance_answerable:
-        order = balanced_order(keys, examples, cfg.seed)
-        rollout.kinds = kind_pools(keys, examples)
-    elif cfg.unanswerable_per_step:
-        order = kind_order(
-            keys, examples, cfg.seed, cfg.prompts_per_step, cfg.unanswerable_per_step
-        )
+    if cfg.step_mix is not None:
+        examples = engine.envs[0].unwrapped.examples
+        order = kind_order(keys, examples, cfg.seed, *cfg.step_mix)
         rollout.kinds = kind_pools(keys, examples)
     else:
         order = list(keys)
@@ -853,7 +860,7 @@ def train_forest(
     """
     if not isinstance(iterations, int) or not 1 <= iterations <= 50:
         raise ValueError(f"expected iterations in [1, 50], got {iterations!r}")
-    if cfg.balance_answerable or cfg.unanswerable_per_step:
+    if cfg.step_mix is not None:
         raise ValueError(
             "balance_answerable and unanswerable_per_step do not apply to train_forest: its "
             "later rounds train on gold-hitting contexts, not on the split's questions; leave "

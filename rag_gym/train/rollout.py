@@ -103,6 +103,11 @@ class Episode:
         return float((self.info.get("scores") or {}).get("em", 0.0))
 
     @property
+    def refused(self) -> bool:
+        """The episode ended in a REFUSE."""
+        return self.info.get("action_type") == "REFUSE"
+
+    @property
     def solved(self) -> bool:
         """The episode's outcome is right: an exact-match answer to an answerable question, or a
         refusal of an unanswerable one (DAPO's accuracy, which its dynamic sampling filters on).
@@ -110,7 +115,7 @@ class Episode:
         as wrong here)."""
         if self.info.get("answerable", True):
             return self.em >= 1.0
-        return self.info.get("action_type") == "REFUSE"
+        return self.refused
 
 
 def action_stops(env: gym.Env) -> list[str]:
