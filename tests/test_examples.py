@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import os
 import subprocess
@@ -206,3 +207,77 @@ def test_train_synthhop_agent_example_runs(tmp_path):
         assert (run / stage / "results.json").is_file()
         assert (run / stage / "final" / "adapter_model.safetensors").is_file()
     assert (run / "sft" / "learning_curve.png").is_file()
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+
+
+def test_read_verdicts_checks_titles_against_the_retrieved_passages(tmp_path):
+    """The turn after a search is checked against what the search returned: a right and a
+    wrong verdict, a hit read, a miss said and a miss read anyway, refusals per kind."""
+    _write_jsonl(
+        tmp_path / "passages.jsonl",
+        [
+            {"id": "a", "title": "Kiabaeneis Guild", "text": ""},
+            {"id": "b", "title": "Tithegon Observatory", "text": ""},
+            {"id": "c", "title": "Seivri Rianezhiam", "text": ""},
+        ],
+    )
+    search = {"action": "SEARCH", "retrieved": [{"id": "a", "rank": 1}, {"id": "b", "rank": 2}]}
+    hit = (
+        "<think>Looking for Tithegon Observatory: Doc 1 is about Kiabaeneis Guild (yes), "
+        "Doc 2 is about Tithegon Observatory (yes). Doc 2 says it was founded in 1901."
+        "</think> <answer>1901"
+    )
+    said = (
+        "<think>Looking for Seivri Rianezhiam: Doc 1 is about Kiabaeneis Guild (no), Doc 2 is "
+        "about Tithegon Observatory (no). None is about Seivri Rianezhiam, again.</think> <refuse"
+    )
+    read = (
+        "<think>Looking for Seivri Rianezhiam: Doc 1 is about Kiabaeneis Guild, Doc 2 is about "
+        "The Brufakrom Bell. Doc 1 tells me Seivri Rianezhiam was born in 1759.</think>"
+    )
+    agent = "search_r1:runs/x"
+    _write_jsonl(
+        tmp_path / "steps.jsonl",
+        [
+            {"agent": agent, "question_id": "q1", "steps": [search, {"raw_output": hit}]},
+            {"agent": agent, "question_id": "q2", "steps": [search, {"raw_output": said}]},
+            {"agent": agent, "question_id": "q3", "steps": [search, {"raw_output": read}]},
+        ],
+    )
+    _write_jsonl(
+        tmp_path / "episodes.jsonl",
+        [
+            {"agent": agent, "answerable": True, "refused": False, "em": 1.0},
+            {"agent": agent, "answerable": False, "refused": True, "em": 0.0},
+            {"agent": agent, "answerable": False, "refused": False, "em": 0.0},
+        ],
+    )
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "read_verdicts.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    (line,) = out.splitlines()
+    tally = json.loads(line)
+    assert tally["agent"] == agent
+    assert (tally["lists"], tally["titles"], tally["titles_right"]) == (3, 6, 5)
+    assert (tally["verdicts"], tally["verdicts_right"]) == (4, 3)
+    assert (tally["hit_lists"], tally["hit_read"]) == (1, 1)
+    assert (tally["miss_lists"], tally["miss_said"], tally["miss_read"]) == (2, 1, 1)
+    assert (tally["unanswerable"], tally["unanswerable_refused"]) == (2, 1)
+    assert (tally["answerable"], tally["answerable_refused"], tally["answerable_em"]) == (1, 0, 1)
+
+
+def test_read_verdicts_names_a_missing_trace_file(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "read_verdicts.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "steps.jsonl is missing" in done.stderr
