@@ -34,7 +34,11 @@ from pathlib import Path
 
 LOOKING = re.compile(r"Looking for (?P<entity>[^:]+): (?P<list>.*?)(?:\.\s|\.$|\.<|$)", re.S)
 LISTED = re.compile(r"Doc (?P<rank>\d+) is about (?P<title>.+?)(?: \((?P<verdict>yes|no)\))?$")
-READS = re.compile(r"Doc (?P<rank>\d+) (?:says|tells|is the one|is titled)")
+#: the readings the expert writes (``rag_gym.agents.expert``): ``Doc 2 says …``, ``According to
+#: Doc 2, …``, ``From Doc 2: …``, ``Doc 2 tells me …`` and the title-check forms
+READS = re.compile(
+    r"(?:According to |From )Doc (?P<rank>\d+)[,:]|Doc (?P<rank2>\d+) (?:says|tells|is the one|is titled)"
+)
 MISS = ("None is about", "None of these is about", "not {X}")
 
 
@@ -63,10 +67,11 @@ def check_turn(text: str, retrieved: list[dict], titles: dict[str, str], tally: 
             tally["verdicts_right"] += (listed["verdict"] == "yes") == (actual == entity)
     rest = text[found.end() :]
     read = READS.search(rest)
+    read_rank = int(read["rank"] or read["rank2"]) if read else None
     said_miss = any(marker.replace("{X}", entity) in rest for marker in MISS)
     if entity in real.values():
         tally["hit_lists"] += 1
-        tally["hit_read"] += bool(read) and real.get(int(read["rank"])) == entity
+        tally["hit_read"] += read_rank is not None and real.get(read_rank) == entity
     else:
         tally["miss_lists"] += 1
         tally["miss_said"] += said_miss

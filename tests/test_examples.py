@@ -227,7 +227,7 @@ def test_read_verdicts_checks_titles_against_the_retrieved_passages(tmp_path):
     search = {"action": "SEARCH", "retrieved": [{"id": "a", "rank": 1}, {"id": "b", "rank": 2}]}
     hit = (
         "<think>Looking for Tithegon Observatory: Doc 1 is about Kiabaeneis Guild (yes), "
-        "Doc 2 is about Tithegon Observatory (yes). Doc 2 says it was founded in 1901."
+        "Doc 2 is about Tithegon Observatory (yes). According to Doc 2, it was founded in 1901."
         "</think> <answer>1901"
     )
     said = (
