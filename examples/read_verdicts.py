@@ -29,8 +29,11 @@ import argparse
 import itertools
 import json
 import re
+import sys
 from collections import Counter, defaultdict
 from pathlib import Path
+
+from rag_gym.traces import read_jsonl
 
 LOOKING = re.compile(r"Looking for (?P<entity>[^:]+): (?P<list>.*?)(?:\.\s|\.$|\.<|$)", re.S)
 LISTED = re.compile(r"Doc (?P<rank>\d+) is about (?P<title>.+?)(?: \((?P<verdict>yes|no)\))?$")
@@ -43,8 +46,12 @@ MISS = ("None is about", "None of these is about", "not {X}")
 
 
 def jsonl(path: Path) -> list[dict]:
-    with path.open(encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+    """The records of a trace file, read as the viewer reads them (a line cut by a kill is
+    skipped with a warning on stderr)."""
+    records, problems = read_jsonl(path)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    return [record for record, _ in records]
 
 
 def check_turn(text: str, retrieved: list[dict], titles: dict[str, str], tally: Counter) -> None:
@@ -96,7 +103,7 @@ def main() -> None:
     for episode in jsonl(args.run / "episodes.jsonl"):
         kind = "answerable" if episode.get("answerable", True) else "unanswerable"
         tally = tallies[episode["agent"]]
-        tally[f"{kind}"] += 1
+        tally[kind] += 1
         tally[f"{kind}_refused"] += bool(episode.get("refused"))
         tally[f"{kind}_em"] += episode.get("em", 0.0) >= 1.0
     for agent, tally in tallies.items():
