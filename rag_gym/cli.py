@@ -775,6 +775,13 @@ def train_sft(
             help="Share of comparison demonstrations that search both names in one query."
         ),
     ] = 0.0,
+    confirm_rate: Annotated[
+        float,
+        typer.Option(
+            help="Share of demonstrations that search the last fact once more before "
+            "answering (a redundant search a step cost can remove)."
+        ),
+    ] = 0.0,
     title_check: Annotated[
         bool,
         typer.Option(
@@ -831,6 +838,7 @@ def train_sft(
             tags=tags,
             n_demos=demos,
             joint_rate=joint_rate,
+            confirm_rate=confirm_rate,
             title_check=title_check,
             title_list=title_list,
             title_verdicts=title_verdicts,

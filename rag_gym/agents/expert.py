@@ -15,6 +15,9 @@ SynthHop worlds: it follows each question's gold decomposition (``meta["decompos
   cannot be found, when the tag set has a refusal;
 * with ``joint_rate`` > 0, that share of the comparisons starts with one search naming both
   entities and reads both facts from it;
+* with ``confirm_rate`` > 0, that share of the demonstrations searches once more after the
+  last hop is read, to check it (a rephrased query for the same fact), then answers: a
+  redundant search, the kind EVO-RAG's step cost exists to remove;
 * with ``title_check``, every reading names the document by its title, which is the entity
   searched (``Doc 2 is about Tribrigrok Institute: ...``), and every miss lists the titles that
   came back (``The documents are about A, B and C, not Tribrigrok Institute``): noticing a miss,
@@ -154,6 +157,17 @@ _LISTED_REFUSE = (
     "None is about {X}, again. No document tells {need}, so the question cannot be answered "
     "from this collection.",
 )
+#: the confirming search (``confirm_rate``): its plan, then the reading of its results
+_CONFIRM = (
+    "Let me check {need} once more.",
+    "Before answering, I search {need} again to be sure.",
+    "To be sure, I look up {need} again.",
+)
+_CONFIRMED = ("That confirms it.", "Both searches agree.", "It is confirmed.")
+_UNCONFIRMED = (
+    "These documents do not repeat it, but the earlier document said {fact}.",
+    "The new results do not mention it; what I read before stands: {fact}.",
+)
 _FINAL = ("So the answer is {A}.", "Therefore the answer is {A}.", "The answer is {A}.")
 _REFUSE = (
     "I searched twice and the collection has no passage saying {need}. I cannot answer.",
@@ -209,6 +223,10 @@ class SynthHopExpert:
             and searches the second; when it misses the first, it says so and searches them
             one at a time. 0 (the default) leaves the demonstrations of a seed exactly as
             they were (no extra random draw).
+        confirm_rate: the share of answered demonstrations that search the last hop's fact
+            once more, with another query, and read it again before answering: one search
+            more than the question needs. 0 (the default) leaves the demonstrations of a seed
+            exactly as they were (no extra random draw).
         title_check: name each document read by its title and list the titles of a miss
             (see the module doc). Off (the default) leaves the demonstrations of a seed
             exactly as they were.
@@ -230,13 +248,15 @@ class SynthHopExpert:
         title_check: bool = False,
         title_list: bool = False,
         title_verdicts: bool = False,
+        confirm_rate: float = 0.0,
     ) -> None:
         if tags.search is None or tags.answer is None:
             raise ValueError(f"expected a tag set with search and answer tags, got {tags.name!r}")
         if not isinstance(max_attempts, int) or max_attempts < 1:
             raise ValueError(f"expected max_attempts >= 1, got {max_attempts!r}")
-        check_options(joint_rate, title_check, title_list, title_verdicts)
+        check_options(joint_rate, title_check, title_list, title_verdicts, confirm_rate)
         self.tags = tags
+        self.confirm_rate = float(confirm_rate)
         self.rng = np.random.default_rng(seed)
         self.max_attempts = max_attempts
         self.joint_rate = float(joint_rate)
@@ -369,6 +389,26 @@ class SynthHopExpert:
                 final += self._answer(example.answers[0])
             return self._finish(env, demo, final)
 
+        if self.confirm_rate and self.rng.random() < self.confirm_rate:
+            last = len(hops) - 1
+            text = self._think(f"{prefix} {self._pick(_CONFIRM).format(need=need(last))}")
+            query = self._query(relations[last], entity_of(last), hops[last]["question"], 1)
+            text += self._search(query)
+            obs, reward, terminated, truncated, info = env.step(text)
+            demo.turns.append(Turn(text, obs, float(reward)))
+            if terminated or truncated:  # the env's step limit (not reached by the expert)
+                demo.info, demo.gold_found = info, False
+                return demo
+            retrieved = list(info.get("retrieved_ids", []))
+            gold = hops[last]["passage_id"]
+            if gold in retrieved:
+                read = self._read(
+                    relations[last], entity_of(last), values[last], retrieved.index(gold) + 1, info
+                )
+                prefix = f"{read} {self._pick(_CONFIRMED)}"
+            else:
+                fact = _FACTS[relations[last]][0].format(X=entity_of(last), A=values[last])
+                prefix = self._pick(_UNCONFIRMED).format(fact=fact)
         answer = example.answers[0]
         if comparison:
             a, b = meta["start_entity"], meta["other_entity"]
@@ -417,12 +457,18 @@ class SynthHopExpert:
 
 
 def check_options(
-    joint_rate: float, title_check: bool, title_list: bool, title_verdicts: bool = False
+    joint_rate: float,
+    title_check: bool,
+    title_list: bool,
+    title_verdicts: bool = False,
+    confirm_rate: float = 0.0,
 ) -> None:
     """Raise ``ValueError`` for phrasing options :class:`SynthHopExpert` does not take (also
     checked by ``SFTConfig``, before any demonstration is written)."""
     if isinstance(joint_rate, bool) or not 0.0 <= joint_rate <= 1.0:
         raise ValueError(f"expected joint_rate in [0, 1], got {joint_rate!r}")
+    if isinstance(confirm_rate, bool) or not 0.0 <= confirm_rate <= 1.0:
+        raise ValueError(f"expected confirm_rate in [0, 1], got {confirm_rate!r}")
     if not isinstance(title_check, bool):
         raise ValueError(f"expected title_check to be True or False, got {title_check!r}")
     if not isinstance(title_list, bool):

@@ -52,6 +52,10 @@ class SFTConfig:
     """The share of comparison questions whose demonstration searches both names at once
     (:class:`~rag_gym.agents.expert.SynthHopExpert`'s ``joint_rate``): a cheaper path a step
     cost can then teach the policy to prefer."""
+    confirm_rate: float = 0.0
+    """The share of demonstrations that search the last hop's fact once more before
+    answering (:class:`~rag_gym.agents.expert.SynthHopExpert`'s ``confirm_rate``): a start
+    that searches more than it needs, so that a step cost has a search to remove."""
     title_check: bool = False
     """Demonstrations that name each document read by its title and list the titles of a
     miss (:class:`~rag_gym.agents.expert.SynthHopExpert`'s ``title_check``): a miss, and the
@@ -129,7 +133,13 @@ class SFTConfig:
             )
         if not self.learning_rate > 0 or not math.isfinite(self.learning_rate):
             raise ValueError(f"expected learning_rate > 0, got {self.learning_rate!r}")
-        check_options(self.joint_rate, self.title_check, self.title_list, self.title_verdicts)
+        check_options(
+            self.joint_rate,
+            self.title_check,
+            self.title_list,
+            self.title_verdicts,
+            self.confirm_rate,
+        )
         if self.eval_n is not None and (not isinstance(self.eval_n, int) or self.eval_n < 0):
             raise ValueError(f"expected eval_n >= 0 or None, got {self.eval_n!r}")
 
@@ -165,6 +175,7 @@ def demonstrations(cfg: SFTConfig) -> list[Demonstration]:
         title_check=cfg.title_check,
         title_list=cfg.title_list,
         title_verdicts=cfg.title_verdicts,
+        confirm_rate=cfg.confirm_rate,
     )
     total = len(env.unwrapped.examples)
     order = np.random.default_rng(cfg.seed).permutation(total)

@@ -286,3 +286,29 @@ def test_title_verdicts_mark_each_title_and_the_read_is_the_one_marked_yes():
         SynthHopExpert(env.tags, title_verdicts=True)
     with pytest.raises(ValueError, match="title_verdicts to be True or False"):
         SynthHopExpert(env.tags, title_list=True, title_verdicts="yes")
+
+
+def test_confirm_rate_adds_one_search_of_the_last_fact_and_stays_right():
+    """``confirm_rate=1``: every answered demonstration searches once more than the
+    question needs, for the last hop's fact, and still answers right; 0 makes no extra
+    draw, so a seed's demonstrations are those it always gave."""
+    env = _env()
+    examples = env.unwrapped.examples
+    confirm = SynthHopExpert(env.tags, seed=0, confirm_rate=1.0)
+    plain = SynthHopExpert(env.tags, seed=0)
+    for i, ex in enumerate(examples[:30]):
+        demo, base = confirm.play(env, i), plain.play(env, i)
+        assert demo.info["scores"]["em"] == 1.0, (ex.question, demo.turns[-1].action)
+        assert demo.turns[-1].action.endswith(f"<answer>{ex.answers[0]}</answer>")
+        assert len(demo.turns) == len(base.turns) + 1
+        # the extra search asks for the last hop again, after it was read
+        last = ex.meta["decomposition"][-1]
+        assert last["answer"] in demo.turns[-2].action  # its plan states the fact read
+        assert demo.turns[-2].action.endswith("</search>")
+        # and its reading (or the earlier reading it stands on) names the value again
+        assert last["answer"] in demo.turns[-1].action
+    half = SynthHopExpert(env.tags, seed=0, confirm_rate=0.5)
+    lengths = [len(half.play(env, i).turns) - len(plain.play(env, i).turns) for i in range(30)]
+    assert set(lengths) == {0, 1}
+    with pytest.raises(ValueError, match="confirm_rate"):
+        SynthHopExpert(env.tags, confirm_rate=-0.1)
