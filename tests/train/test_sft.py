@@ -398,13 +398,14 @@ def test_sft_command_passes_its_options_to_the_run(tmp_path, monkeypatch):
     monkeypatch.setattr(sft, "train", fake_train)
     args = ["--env", "rag_gym/SynthHop-Hard-v0", "--tags", "evo_rag", "--demos", "30"]
     args += ["--max-length", "1536", "--micro-batch-size", "2", "--batch-size", "4"]
-    args += ["--joint-rate", "0.5", "--title-check"]
+    args += ["--joint-rate", "0.5", "--title-check", "--confirm-rate", "0.25"]
     result = CliRunner().invoke(app, ["train", "sft", *args, "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     cfg = seen["cfg"]
     assert (cfg.env_id, cfg.tags, cfg.n_demos) == ("rag_gym/SynthHop-Hard-v0", "evo_rag", 30)
     assert (cfg.max_length, cfg.micro_batch_size, cfg.batch_size) == (1536, 2, 4)
     assert cfg.joint_rate == 0.5 and cfg.title_check is True and cfg.title_list is False
+    assert cfg.confirm_rate == 0.25
     result = CliRunner().invoke(
         app, ["train", "sft", "--title-list", "--title-check", "--out", str(tmp_path)]
     )
@@ -417,5 +418,9 @@ def test_sft_command_passes_its_options_to_the_run(tmp_path, monkeypatch):
     assert result.exit_code != 0 and "give --title-list too" in result.output
     result = CliRunner().invoke(app, ["train", "sft", "--joint-rate", "2", "--out", str(tmp_path)])
     assert result.exit_code != 0 and "joint_rate in [0, 1]" in result.output
+    result = CliRunner().invoke(
+        app, ["train", "sft", "--confirm-rate", "-1", "--out", str(tmp_path)]
+    )
+    assert result.exit_code != 0 and "confirm_rate in [0, 1]" in result.output
     result = CliRunner().invoke(app, ["train", "sft", "--max-length", "0", "--out", str(tmp_path)])
     assert result.exit_code != 0 and "max_length" in result.output
