@@ -281,7 +281,7 @@ class SynthHopExpert:
     ) -> str:
         """The sentence that states what passage ``rank`` (1-based) says about ``entity``
         (after the title list of the search's ``info``, with ``title_list``)."""
-        fact = _FACTS[relation][0].format(X=entity, A=value)
+        fact = _fact(relation, entity, value)
         if self.title_list:
             return (
                 f"{_title_list(entity, info or {}, self.title_verdicts)} "
@@ -356,10 +356,8 @@ class SynthHopExpert:
         while hop < len(hops):
             sub_q = hops[hop]["question"]
             text += self._search(self._query(relations[hop], entity_of(hop), sub_q, attempt))
-            obs, reward, terminated, truncated, info = env.step(text)
-            demo.turns.append(Turn(text, obs, float(reward)))
-            if terminated or truncated:  # the env's step limit (not reached by the expert)
-                demo.info, demo.gold_found = info, False
+            info = self._search_step(env, demo, text)
+            if info is None:  # the env's step limit (not reached by the expert)
                 return demo
             gold = hops[hop]["passage_id"]
             retrieved = list(info.get("retrieved_ids", []))
@@ -394,10 +392,8 @@ class SynthHopExpert:
             text = self._think(f"{prefix} {self._pick(_CONFIRM).format(need=need(last))}")
             query = self._query(relations[last], entity_of(last), hops[last]["question"], 1)
             text += self._search(query)
-            obs, reward, terminated, truncated, info = env.step(text)
-            demo.turns.append(Turn(text, obs, float(reward)))
-            if terminated or truncated:  # the env's step limit (not reached by the expert)
-                demo.info, demo.gold_found = info, False
+            info = self._search_step(env, demo, text)
+            if info is None:  # the env's step limit (not reached by the expert)
                 return demo
             retrieved = list(info.get("retrieved_ids", []))
             gold = hops[last]["passage_id"]
@@ -407,7 +403,7 @@ class SynthHopExpert:
                 )
                 prefix = f"{read} {self._pick(_CONFIRMED)}"
             else:
-                fact = _FACTS[relations[last]][0].format(X=entity_of(last), A=values[last])
+                fact = _fact(relations[last], entity_of(last), values[last])
                 prefix = self._pick(_UNCONFIRMED).format(fact=fact)
         answer = example.answers[0]
         if comparison:
@@ -428,10 +424,8 @@ class SynthHopExpert:
         plan = self._pick(_JOINT_PLAN).format(need=need(0), other=need(1))
         query = self._pick((f"{a} {b}", f"{keyword} of {a} and {b}", f"{a} and {b} {keyword}"))
         text = self._think(plan) + self._search(query)
-        obs, reward, terminated, truncated, info = env.step(text)
-        demo.turns.append(Turn(text, obs, float(reward)))
-        if terminated or truncated:
-            demo.info, demo.gold_found = info, False
+        info = self._search_step(env, demo, text)
+        if info is None:
             return demo
         retrieved = list(info.get("retrieved_ids", []))
         golds = [hops[0]["passage_id"], hops[1]["passage_id"]]
@@ -447,6 +441,17 @@ class SynthHopExpert:
             return self._think(miss), [hops[0]["answer"]], read
         miss = self._pick(_JOINT_MISS).format(need=need(0))
         return self._think(miss), [], ""
+
+    @staticmethod
+    def _search_step(env: gym.Env, demo: Demonstration, text: str) -> dict[str, Any] | None:
+        """Step a search turn into ``demo``; its ``info``, or ``None`` when the env ended the
+        episode (its step limit: ``demo`` is then closed, without every gold passage)."""
+        obs, reward, terminated, truncated, info = env.step(text)
+        demo.turns.append(Turn(text, obs, float(reward)))
+        if terminated or truncated:
+            demo.info, demo.gold_found = info, False
+            return None
+        return info
 
     @staticmethod
     def _finish(env: gym.Env, demo: Demonstration, text: str) -> Demonstration:
@@ -485,6 +490,11 @@ def check_options(
             "expected title_list alone: it replaces title_check's phrasing, and joint "
             "searches (joint_rate) have no title list yet"
         )
+
+
+def _fact(relation: str, entity: str, value: str) -> str:
+    """The sentence a passage about ``entity`` states for ``relation``."""
+    return _FACTS[relation][0].format(X=entity, A=value)
 
 
 def _passage_titles(info: dict[str, Any]) -> list[str]:
