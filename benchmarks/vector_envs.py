@@ -11,7 +11,7 @@ are (a vector env resets finished sub-envs itself). The native vector env steps 
 in one process and sends their N queries to the retriever in one batched call. Targets: native
 >= 3x one env at N = 8; async >= 1.5x. Both envs do the same Python work per episode step, so
 the native ratio stays below the batched retrieval's own speedup per query (about 2.5x at N = 8
-with one BM25 thread on the 2-core machine; docs/performance.md has the breakdown).
+with one BM25 thread on the 2-core machine; docs/results/speed.md has the breakdown).
 """
 
 from __future__ import annotations
