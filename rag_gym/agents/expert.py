@@ -31,10 +31,8 @@ SynthHop worlds: it follows each question's gold decomposition (``meta["decompos
 * with ``title_verdicts`` as well, each listed title is followed by whether it is the entity
   searched (``Doc 1 is about A (no), Doc 2 is about Tribrigrok Institute (yes), …``): the
   comparison is written out, one verdict per title, right after the title is copied. Without
-  it the passage about the entity is nearly always BM25's first (1,317 of 1,322 reads of 600
-  SynthHop-Hard demonstrations are of Doc 1), so a policy learns to read "Doc 1" without
-  comparing, and says it read a document that is not about the entity (docs/training.md, the
-  ninth SynthHop-Hard attempt); with verdicts every title is a labelled comparison, the
+  it the passage about the entity is nearly always BM25's first, so a policy can learn to read
+  "Doc 1" without comparing; with verdicts every title is a labelled comparison, the
   distractors that share a name with the entity included.
 
 The expert reads only what the policy reads — the question, the decomposition's relations and
@@ -221,22 +219,22 @@ class SynthHopExpert:
             that usually brings both passages, read in one turn, where the default reads them
             in two. When it misses the second entity's passage, the expert reads the first
             and searches the second; when it misses the first, it says so and searches them
-            one at a time. 0 (the default) leaves the demonstrations of a seed exactly as
-            they were (no extra random draw).
+            one at a time. 0 (the default) makes no extra random draw, so a seed gives the
+            same demonstrations as without the option.
         confirm_rate: the share of answered demonstrations that search the last hop's fact
             once more, with another query, and read it again before answering: one search
-            more than the question needs. 0 (the default) leaves the demonstrations of a seed
-            exactly as they were (no extra random draw).
+            more than the question needs. 0 (the default) makes no extra random draw, so a seed
+            gives the same demonstrations as without the option.
         title_check: name each document read by its title and list the titles of a miss
-            (see the module doc). Off (the default) leaves the demonstrations of a seed
-            exactly as they were.
+            (see the module doc). Off (the default) gives a seed the same
+            demonstrations as without the option.
         title_list: start every turn after a search with the list of the titles returned
             against the entity searched (see the module doc); not with ``title_check`` or
-            ``joint_rate``. Off (the default) leaves the demonstrations of a seed exactly as
-            they were.
+            ``joint_rate``. Off (the default) gives a seed the same demonstrations as
+            without the option.
         title_verdicts: follow each title of ``title_list``'s list with ``(yes)`` when it is
             the entity searched, else ``(no)`` (see the module doc); needs ``title_list``.
-            Off (the default) leaves the demonstrations of a seed exactly as they were.
+            Off (the default) gives a seed the same demonstrations as without the option.
     """
 
     def __init__(

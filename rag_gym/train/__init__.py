@@ -21,7 +21,6 @@ here is imported by ``import rag_gym``.
 import os as _os
 
 # JAX, where it is installed beside torch (as on many GPU images), takes 75% of the GPU's memory
-# when something imports it: on the first GPU run here (an H200) the process held 139.7 GiB with
-# 34 GiB of it PyTorch's, and GRPO ran out of memory at its first step. Trainers here never use
-# JAX, so it allocates on demand unless the user set otherwise.
+# when something imports it, which leaves too little for a GRPO step's rollouts and loss.
+# Trainers here never use JAX, so it allocates on demand unless the user set otherwise.
 _os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")

@@ -118,7 +118,7 @@ class EnvGRPOConfig:
     cases as written, refusing an answerable question is −1 whatever has been retrieved) or
     ``"evidence"`` (:func:`rag_gym.wrappers.evo_rag.gold_coverage`: every gold passage retrieved so
     far, the paper's verifier made exact), under which a REFUSE before searching is +1 on every
-    question, and a SynthHop-Hard GRPO run learnt to refuse all of them."""
+    question, so a policy can earn the reward by refusing at once."""
     model: str = "embedded"
     """``embedded`` (SmolLM2-135M-Instruct), ``tiny`` (a random 2-layer model for smoke tests),
     a hub id or a directory."""
@@ -133,11 +133,9 @@ class EnvGRPOConfig:
     each shuffled with ``seed``, are interleaved and trained in that order (``prompts_per_step``
     must be even). With the refusal reward, a step then both pays refusals of the questions
     that should be refused and punishes refusals of the ones that should not, so no single
-    step's mix of kinds sets the policy's refusal bias (the SynthHop-Hard rows of
-    docs/training.md: with the kinds drawn at random, the first steps' mix decided whether a run
-    refused everything or nothing). The smaller kind is dealt again (reshuffled) as often as the
-    larger kind needs, and a flat group that dynamic sampling refills gets a question of its own
-    kind. The split needs questions of both kinds."""
+    step's mix of kinds, drawn at random, sets the policy's refusal bias. The smaller kind is
+    dealt again (reshuffled) as often as the larger kind needs, and a flat group that dynamic
+    sampling refills gets a question of its own kind. The split needs questions of both kinds."""
     unanswerable_per_step: int | None = None
     """Exactly this many of every step's ``prompts_per_step`` questions unanswerable, the rest
     answerable (``balance_answerable`` is half of them): each kind shuffled with ``seed`` and
@@ -146,12 +144,12 @@ class EnvGRPOConfig:
     of the refusals' advantages, and a group's depends on how often the policy refuses that
     kind: a start that refuses unanswerable questions far more often than answerable ones is
     pushed towards refusing everything by a step that holds as many of each, and balanced by one
-    that holds fewer unanswerable ones (docs/training.md, the ninth SynthHop-Hard attempt)."""
+    that holds fewer unanswerable ones."""
     micro_batch_size: int | None = None
     """Episodes per forward/backward pass: the step's ``prompts_per_step * G`` episodes are
     accumulated into one update in passes of this many (the same update up to float rounding;
-    it must divide the batch). The activations of a pass grow with its tokens: four SmolLM2-135M
-    episodes of 1,000 tokens in one pass took the training process to 17.6 GB on a CPU.
+    it must divide the batch). The activations of a pass, and the logits over the vocabulary of
+    each of its tokens, grow with its tokens, so smaller passes hold less memory.
     ``None``: 1 on a CPU, the whole batch on a GPU."""
     beta: float = 0.001
     """KL coefficient (0 disables the reference model)."""
@@ -178,9 +176,8 @@ class EnvGRPOConfig:
     """Steps over which the learning rate rises linearly from 0 (then it decays linearly to 0
     at ``max_steps``). Adam's first update moves every weight by about the learning rate
     whatever the gradient's size, and its momentum carries that direction through the next
-    flat steps: with one question a step, the first group alone sets it (a SynthHop-Hard run
-    whose first group punished three refusals of an answerable question never refused again).
-    0: the full rate from the first step."""
+    flat steps: with one question a step, the first group alone sets it, and a warmup spreads
+    that first move over several groups. 0: the full rate from the first step."""
     max_steps: int = 200
     max_turns: int = 8
     """Model turns per episode at most (the env's horizon usually ends it first)."""
@@ -202,7 +199,7 @@ class EnvGRPOConfig:
     """Checkpoint every this many steps (``resume_from_checkpoint`` picks one up)."""
     max_minutes: float | None = None
     """Wall-clock budget of the training loop: once a step ends past it, training stops there
-    and saves as it would at ``max_steps`` (for a lease of fixed length, e.g. a lent GPU).
+    and saves as it would at ``max_steps`` (for a machine held for a fixed time).
     ``max_steps`` still sets the learning-rate schedule and ``stages``."""
     rollout_log_steps: int = 10
     """Save a few sampled rollouts to ``steps.jsonl`` every this many steps, and at the end

@@ -80,7 +80,8 @@ class PPOMacroConfig:
     n_features: int = 256
     """hashing dimensions per text block"""
     step_cost: float = 0.0
-    """reward subtracted per step (0.02 made PPO settle on refusing at once, see docs/sb3.md)"""
+    """reward subtracted per step (too large a cost makes refusing at once the best policy, see
+    docs/sb3.md)"""
     max_searches: int = 2
     """fixed heuristics follow up to this many candidates after searching the question"""
     heuristic_questions: int = 0

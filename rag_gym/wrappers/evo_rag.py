@@ -102,9 +102,9 @@ def gold_coverage(question: str, evidence: list, info: dict[str, Any]) -> bool:
     """The default sufficiency verifier: the evidence is sufficient when the question is
     answerable and every gold passage has been retrieved this episode. It judges the evidence so
     far, as EVO-RAG's LLM verifier does (§3.2), so a REFUSE before the gold passages are found is
-    +1 on an answerable question too: as a training reward it pays for refusing without searching
-    (a GRPO run on SynthHop-Hard learnt to refuse every question within 5 steps; docs/training.md).
-    For training, :func:`answerability` is the verifier that does not."""
+    +1 on an answerable question too: as a training reward it pays for refusing without
+    searching, which a policy can learn to do on every question. For training,
+    :func:`answerability` is the verifier that does not."""
     retrieved = set(info.get("retrieved_history", []))
     return bool(info.get("answerable", True)) and set(info.get("gold_ids", [])).issubset(retrieved)
 
