@@ -12,8 +12,8 @@ CLI command; both call :func:`rag_gym.train.pipeline.train_and_ship`):
 4. **evaluate** it with ``rag-gym evaluate``'s protocol on the held-out test split through
    llama.cpp, the main command's backend (:func:`rag_gym.evaluate.evaluate_checkpoint`).
 
-The defaults are docs/training.md's best pipeline (600 transcripts, then GRPO for 100 steps of two
-questions and 4 episodes each at lr 5e-5; 2-core CPU, nothing else running)::
+The defaults are ``rag-gym train pipeline``'s (docs/training.md): 600 transcripts, then GRPO for
+100 steps of two questions and 4 episodes each at lr 5e-5, on a 2-core CPU::
 
     OMP_NUM_THREADS=2 python examples/train_synthhop_agent.py
 
