@@ -604,7 +604,10 @@ def serve(
     port: Annotated[int, typer.Option(help="Port.")] = 8000,
     token: Annotated[
         str | None,
-        typer.Option(help="Bearer token (default: $RAG_GYM_TOKEN; none if unset or empty)."),
+        typer.Option(
+            help="Bearer token (default: $RAG_GYM_TOKEN; none if unset or empty). Whitespace "
+            "around it (a pasted space, a newline) is stripped with a warning."
+        ),
     ] = None,
     max_queries: Annotated[int, typer.Option(help="Most queries per request.")] = 4096,
     max_topk: Annotated[int, typer.Option(help="Largest topk.")] = 100,
@@ -630,9 +633,12 @@ def serve(
 ) -> None:
     """Serve an index over HTTP (Search-R1's /retrieve API, micro-batched)."""
     import os
+    import warnings
 
     from rag_gym.retrieval import load_index
     from rag_gym.retrieval.base import corpus_size
+    from rag_gym.retrieval.http import clean_token
+    from rag_gym.retrieval.persist import read_params
     from rag_gym.retrieval.search_engine import SearchEngineRetriever, is_engine_url
     from rag_gym.retrieval.server import ServerLimits, VerbatimContents, create_app, run_server
 
@@ -652,6 +658,7 @@ def serve(
             body_timeout=body_timeout,
             max_connections=max_connections,
         )
+        index_id = None  # a random one per start: another index, as far as clients can tell
         if faiss_index is not None:
             from rag_gym.retrieval.dense import DenseRetriever
 
@@ -665,17 +672,28 @@ def serve(
         else:
             retriever, kind = load_index(str(index))
             source = index
+            index_id = read_params(index)["params_sha256"][:16]
         contents = VerbatimContents.from_jsonl(corpus, retriever.corpus) if corpus else None
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            token = (
+                clean_token(token, "--token")
+                if token is not None
+                else clean_token(os.environ.get("RAG_GYM_TOKEN"), "$RAG_GYM_TOKEN")
+            )
+        for warning in caught:
+            typer.secho(f"warning: {warning.message}", fg=typer.colors.YELLOW, err=True)
         app_ = create_app(
             retriever,
-            token=token if token is not None else os.environ.get("RAG_GYM_TOKEN"),
+            token=token,
             limits=limits,
             batch_window_ms=batch_window_ms,
             kind=kind,
             micro_batching=micro_batching,
             contents=contents,
+            index_id=index_id,
         )
-    except (ValueError, ImportError, OSError) as exc:
+    except (ValueError, TypeError, ImportError, OSError) as exc:
         _fail(str(exc))
     typer.echo(
         f"serving {kind} index {source} ({corpus_size(retriever)} passages) on http://{host}:{port}"

@@ -11,7 +11,11 @@ keyword arguments (``SearchEnv(dataset="hotpotqa", data_path=...)``, as ``gym.ma
 Environments built with the same data arguments (and the same ``retriever=`` URL or ``index=``)
 in one process share the loaded questions, corpus and index (a read-only cache of weak references, so copies made by
 ``gym.make_vec(..., vectorization_mode="sync")`` cost one index, and nothing outlives its
-last env).
+last env). What is shared is what the sources hold now: a data or corpus file is known by its
+size, modification time and sampled checksum, an index folder by its ``params.json`` (which
+holds every file's checksum), a server by the ``index_id`` its ``/health`` reports, so an env
+made after a file is rewritten, an index rebuilt at the same path or a server restarted on
+another index gets the new data (envs made before keep theirs).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import threading
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
 import gymnasium as gym
@@ -179,6 +184,33 @@ _CACHE: weakref.WeakValueDictionary[str, _SharedData] = weakref.WeakValueDiction
 _CACHE_LOCK = threading.Lock()
 
 
+def source_fingerprint(path: str | os.PathLike | None) -> Any:
+    """What tells the content of a data source at ``path`` apart, cheaply: a file's size,
+    modification time, inode and sampled checksum; an index folder's ``params.json`` (its
+    files' checksums); another folder's entries with their sizes and times; ``None`` for no
+    path, or one that cannot be read (its loader reports that)."""
+    if path is None or (isinstance(path, str) and "://" in path):
+        return None  # a hub name or a search-engine URL: not a file
+    from rag_gym.retrieval.persist import PARAMS, sample_digest
+
+    p = Path(path)
+    try:
+        if p.is_dir():
+            if (p / PARAMS).is_file():
+                return ["index", (p / PARAMS).read_text(encoding="utf-8", errors="replace")]
+            return sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in os.scandir(p))
+        st = p.stat()
+        return [st.st_size, st.st_mtime_ns, st.st_ino, sample_digest(p)]
+    except OSError:
+        return None
+
+
+def _stale(shared: _SharedData, retriever: Any) -> bool:
+    """Whether the server behind a shared ``retriever=`` URL now serves another index."""
+    changed = getattr(shared.retriever, "index_changed", None)
+    return isinstance(retriever, str) and callable(changed) and changed()
+
+
 class QAEnv(gym.Env):
     """Base class: data, corpus, retriever, question choice, answer scoring, rendering."""
 
@@ -227,13 +259,15 @@ class QAEnv(gym.Env):
                     corpus_mode,
                     index,
                     retriever,  # a server URL or None: never share one retriever for another
+                    # what the files hold now: a rewritten file or a rebuilt index is new data
+                    [source_fingerprint(p) for p in (data_path, corpus, index)],
                 ],
                 sort_keys=True,
                 default=str,
             )
             with _CACHE_LOCK:
                 shared = _CACHE.get(key)
-                if shared is None:
+                if shared is None or _stale(shared, retriever):
                     shared = self._build(
                         data_path, dataset_kwargs, corpus, corpus_mode, None, retriever, index
                     )

@@ -14,14 +14,16 @@ under its own timer).
 This is the one place that relies on uvicorn internals: the protocol methods
 ``connection_made``, ``data_received``, ``on_response_complete``, ``connection_lost`` and the
 attributes ``loop``, ``transport``, ``connections`` and ``cycle`` (a new ``RequestResponseCycle``
-is set once a request head has been parsed; its ``more_body`` is true until the body is in and
-``response_complete`` true once the response is sent). :func:`guarded_protocol` checks that they exist and otherwise
+is set once a request head has been parsed; its ``more_body`` is true until the body is in,
+``response_complete`` true once the response is sent, and ``disconnected`` true once the client
+has gone, which :func:`disconnect_probe` reads through the cycle's ``receive``). :func:`guarded_protocol` checks that they exist and otherwise
 returns the base class unchanged with a warning.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 logger = logging.getLogger("rag_gym.retrieval.server")
 
@@ -151,3 +153,16 @@ def guarded_protocol(
 
     Guarded.__name__ = Guarded.__qualname__ = f"Guarded{base.__name__}"
     return Guarded
+
+
+def disconnect_probe(receive) -> Callable[[], bool] | None:
+    """A check, cheap enough to call before every batch, of whether a request's client has
+    gone: uvicorn's ``receive`` is a method of its ``RequestResponseCycle``, whose
+    ``disconnected`` turns true as soon as the connection is lost (``connection_lost``), while
+    the ASGI way (awaiting ``http.disconnect`` from ``receive``) needs a task per request.
+    ``None`` under another server (or a uvicorn without that attribute): the request is then
+    served to the end."""
+    cycle = getattr(receive, "__self__", None)
+    if not isinstance(getattr(cycle, "disconnected", None), bool):
+        return None
+    return lambda: cycle.disconnected

@@ -16,18 +16,26 @@ BM25), FlashRAG-style servers and others are too. The client asks nothing of a s
   that still cannot be filled raises ``ValueError`` (pool mode needs a server that honours
   ``within``, such as ``rag-gym serve``);
 * replies are always requested with scores (a server that breaks on ``return_scores: false``
-  is never asked for that), and bare documents are accepted too (their score is NaN).
+  is never asked for that), and bare documents are accepted too (their score is NaN);
+* a reply that cannot be right is refused with a ``ValueError`` naming the server: a passage
+  twice in one query's list, a score that is not a finite number, or fewer passages than asked
+  while the corpus (or the pool) holds enough;
+* a passage received again with other text (the server restarted on another index) replaces
+  the text held; ``GET /health``'s ``index_id`` (``rag-gym serve``) tells such a restart apart
+  (:meth:`HttpRetriever.index_changed`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import sys
 import time
 import urllib.error
 import urllib.request
+import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -53,6 +61,41 @@ except ImportError:  # pragma: no cover - the server extra installs orjson
 
 class _NotFound(Exception):
     """A 404 or 405 (the path does not exist on this server)."""
+
+
+def clean_token(token: str | None, source: str = "the token") -> str | None:
+    """A bearer token as given (``--token``, ``$RAG_GYM_TOKEN``), ready to compare: ``None``
+    for none (``None`` or ``""``); whitespace around it (a pasted space, the newline of a file
+    read into the variable) is stripped with a warning, since it can never arrive in an
+    ``Authorization`` header; a token of whitespace alone, or holding whitespace, control or
+    non-ASCII characters inside, is a ``ValueError``.
+
+    >>> clean_token("s3cret"), clean_token(""), clean_token(None)
+    ('s3cret', None, None)
+    """
+    if token is None or token == "":
+        return None
+    if not isinstance(token, str):
+        raise TypeError(f"expected {source} to be a str, got {type(token).__name__}")
+    stripped = token.strip()
+    if not stripped:
+        raise ValueError(
+            f"expected {source} to be a token, got only whitespace ({token!r}); give a token, "
+            "or an empty one for none"
+        )
+    if stripped != token:
+        warnings.warn(
+            f"{source} has whitespace around it ({token!r}); using {stripped!r} (a header cannot "
+            "carry it)",
+            UserWarning,
+            stacklevel=3,
+        )
+    if not (stripped.isascii() and stripped.isprintable()) or any(c.isspace() for c in stripped):
+        raise ValueError(
+            f"expected {source} to hold visible ASCII characters only (no spaces), got "
+            f"{stripped!r}: an Authorization header cannot carry the others"
+        )
+    return stripped
 
 
 def derived_id(contents: str) -> str:
@@ -83,7 +126,13 @@ def parse_document(item: Any) -> tuple[str, str, float]:
     if isinstance(item, dict) and isinstance(item.get("document"), dict):
         doc = item["document"]
         if item.get("score") is not None:
-            score = float(item["score"])
+            raw = item["score"]
+            try:
+                score = float(raw) if not isinstance(raw, bool) else math.nan
+            except (TypeError, ValueError):
+                score = math.nan
+            if not math.isfinite(score):
+                raise ValueError(f"expected each score to be a finite number, got {raw!r}")
     if not isinstance(doc, dict):
         raise ValueError(
             f"expected each retrieved document to be a JSON object, got {str(doc)[:120]!r}"
@@ -133,7 +182,11 @@ class HttpRetriever:
             raise ValueError(f"expected max_overfetch >= 1, got {max_overfetch}")
         url = url.rstrip("/")
         self.url = url[: -len("/retrieve")] if url.endswith("/retrieve") else url
-        self.token = (token if token is not None else os.environ.get("RAG_GYM_TOKEN")) or None
+        self.token = (
+            clean_token(token, "token=")
+            if token is not None
+            else clean_token(os.environ.get("RAG_GYM_TOKEN"), "$RAG_GYM_TOKEN")
+        )
         self.timeout = timeout
         self.retries = retries
         self.max_overfetch = max_overfetch
@@ -150,6 +203,25 @@ class HttpRetriever:
             size = int(health["corpus_size"])
         #: the server's corpus size, ``None`` when neither the server nor the caller said
         self.corpus_size = size
+        #: the server's ``index_id`` (``rag-gym serve``), ``None`` when it gives none
+        self.index_id = self._index_id(health)
+
+    @staticmethod
+    def _index_id(health: Any) -> str | None:
+        found = health.get("index_id") if isinstance(health, dict) else None
+        return str(found) if found is not None else None
+
+    def index_changed(self) -> bool:
+        """Whether the server now serves another index than when this client was made (its
+        ``/health`` ``index_id`` differs, or it cannot be reached); ``False`` for a server
+        that gives no ``index_id`` (nothing to compare)."""
+        if self.index_id is None:
+            return False
+        try:
+            health = self._request("GET", "/health")
+        except (OSError, ValueError, _NotFound):
+            return True
+        return self._index_id(health) != self.index_id
 
     def _request(self, method: str, path: str, body: dict | None = None) -> Any:
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
@@ -214,7 +286,27 @@ class HttpRetriever:
                 f"{self.url}/retrieve: expected {{'result': [one list per query]}} for "
                 f"{len(queries)} queries, got {str(reply)[:200]}"
             )
-        return [[parse_document(item) for item in docs] for docs in result]
+        rows = []
+        for i, docs in enumerate(result):
+            if not isinstance(docs, list):
+                raise ValueError(
+                    f"{self.url}/retrieve: expected a list of documents for query {i}, got "
+                    f"{str(docs)[:120]}"
+                )
+            try:
+                row = [parse_document(item) for item in docs]
+            except ValueError as exc:
+                raise ValueError(f"{self.url}/retrieve, query {i}: {exc}") from None
+            seen: set[str] = set()
+            for pid, _, _ in row:
+                if pid in seen:
+                    raise ValueError(
+                        f"{self.url}/retrieve returned passage {pid!r} twice for query {i}: a "
+                        "ranking holds each passage once; the server or its index is faulty"
+                    )
+                seen.add(pid)
+            rows.append(row)
+        return rows
 
     def retrieve(
         self,
@@ -245,6 +337,7 @@ class HttpRetriever:
         ids, scores = [], []
         corpus = self.corpus
         for i, docs in enumerate(rows):
+            self._check_enough(docs, topk, excl[i], pools[i])
             kept = self._filtered(docs, excl[i], pools[i])
             fetched = topk
             while len(kept) < k and len(kept) < len(docs) and fetched < self.max_overfetch:
@@ -263,11 +356,31 @@ class HttpRetriever:
                 )
             kept = kept[:k]
             for pid, contents, _ in kept:
+                title, text = split_contents(contents)
                 if pid not in corpus:
-                    corpus.add(Passage(pid, *split_contents(contents)))
+                    corpus.add(Passage(pid, title, text))
+                else:  # the server's text wins (it may have restarted on another index)
+                    row = corpus.position(pid)
+                    if corpus.titles[row] != title or corpus.texts[row] != text:
+                        corpus.titles[row], corpus.texts[row] = title, text
             ids.append([d[0] for d in kept])
             scores.append([d[2] for d in kept])
         return RetrievalResult(ids, scores)
+
+    def _check_enough(self, docs, topk: int, banned: set[str], pool: list[str] | None) -> None:
+        """``ValueError`` when the server returned fewer than ``topk`` passages although its
+        corpus (less what it was asked to exclude) or the pool it was asked to search within
+        holds that many."""
+        need = topk
+        if self.corpus_size is not None:
+            need = min(need, self.corpus_size - (len(banned) if self.honours_filters else 0))
+        if pool is not None and self.honours_filters:
+            need = min(need, len(set(pool) - banned))
+        if len(docs) < need:
+            raise ValueError(
+                f"{self.url}/retrieve returned {len(docs)} passages for a query, where {topk} "
+                f"were asked and at least {need} were due; the server or its index is faulty"
+            )
 
     @staticmethod
     def _filtered(docs, banned: set[str], pool: list[str] | None) -> list:

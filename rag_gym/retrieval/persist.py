@@ -254,6 +254,13 @@ def _sample_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def sample_digest(path: str | Path) -> str:
+    """SHA-256 of a file's size and of evenly spread blocks of it (the whole of a file up to
+    256 KiB), as the index manifest checks them on load: cheap enough to tell, at each use,
+    that a file was rewritten."""
+    return _sample_sha256(Path(path))
+
+
 def _params_digest(params: dict[str, Any]) -> str:
     body = {key: val for key, val in params.items() if key != "params_sha256"}
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()

@@ -20,18 +20,23 @@ field's other clients send:
 
 rag-gym clients may add ``exclude`` and ``within`` (per query id lists), which the in-process
 retrievers take. ``GET /health`` (and its alias ``/healthz``) answers ``{"status": "ok",
-"corpus_size": N, "kind": ..., "server": "rag-gym", "version": ...}``.
+"corpus_size": N, "kind": ..., "server": "rag-gym", "version": ..., "index_id": ...}``
+(``index_id`` changes when the server is started on another index).
 
 Concurrent requests are retrieved together (micro-batching): every request queued while earlier
-batches are being retrieved joins the next batch (up to ``max_batch`` queries), and up to
-``max_in_flight`` batches run at once in worker threads, so batches grow with the load and a busy
-server never waits on a timer; an idle one waits up to ``batch_window_ms`` for company.
+batches are being retrieved joins the next batch (up to ``max_batch`` queries and
+``max_batch_cost`` queries x ``topk``; a request larger than that is retrieved in slices), and up
+to ``max_in_flight`` batches run at once in worker threads, so batches grow with the load and a
+busy server never waits on a timer; an idle one waits up to ``batch_window_ms`` for company.
+Work for a client that has gone (closed its connection after sending a request) is dropped before
+each batch and each slice, and its reply is never built.
 
 Limits (:class:`ServerLimits`): queries per request (4,096), characters per query, ``topk``, the
 body size, a deadline for a request head and one for its body (a client that stalls is answered
 408 and dropped), the keep-alive time and the open connections. A request the server cannot
 serve gets a 4xx with a message; a fault of the server itself (a damaged index that raises, or a
-score that is not a number) gets a 500 with a message, never a ``null`` score. The server binds
+score that is not a number) gets a 500 that names the fault's type (its details, which may
+hold server-side paths, go to the server's log), never a ``null`` score. The server binds
 127.0.0.1 by default; with a token (``--token`` or ``RAG_GYM_TOKEN``; empty means none) every
 request needs ``Authorization: Bearer <token>`` (the scheme in any case).
 
@@ -44,7 +49,9 @@ import gc
 import hmac
 import logging
 import math
+import secrets
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,8 +59,9 @@ from typing import Any
 import numpy as np
 
 from rag_gym.data.types import Corpus
+from rag_gym.retrieval._uvicorn_compat import disconnect_probe
 from rag_gym.retrieval.base import Retriever, corpus_size
-from rag_gym.retrieval.http import HttpRetriever, dumps, loads
+from rag_gym.retrieval.http import HttpRetriever, clean_token, dumps, loads
 from rag_gym.retrieval.persist import load_index  # re-exported: it lives in retrieval.persist
 
 __all__ = [
@@ -64,6 +72,7 @@ __all__ = [
     "dumps",
     "load_index",
     "loads",
+    "make_server",
     "run_server",
 ]
 
@@ -187,14 +196,23 @@ def create_app(
     micro_batching: bool = True,
     max_in_flight: int = 2,
     contents: VerbatimContents | None = None,
+    max_batch_cost: int = 16_384,
+    index_id: str | None = None,
 ):
     """The FastAPI app serving ``retriever`` (see the module doc).
 
     Args:
-        token: the bearer token every request needs; ``None`` or ``""``: none.
+        token: the bearer token every request needs; ``None`` or ``""``: none; whitespace
+            around it is stripped with a warning (:func:`~rag_gym.retrieval.http.clean_token`).
         batch_window_ms: how long an idle server waits for more requests to join a batch; a
             busy one (a batch in flight) dispatches at once what has queued meanwhile.
         max_batch: most queries per batch.
+        max_batch_cost: most queries x ``topk`` per batch and per retrieval call (the passages
+            it ranks and sends); a request over it is retrieved in slices.
+        index_id: what ``GET /health`` reports as ``index_id``, so that clients notice a server
+            restarted on another index at the same URL: the index's own checksum when it has
+            one (``rag-gym serve --index`` gives its ``params.json``'s), else a random one per
+            app (then any restart reads as another index).
         micro_batching: ``False`` retrieves each request on its own (for comparison).
         max_in_flight: batches retrieved at the same time, each in its own worker thread.
         contents: each row's verbatim ``contents`` (:class:`VerbatimContents`); default
@@ -207,15 +225,17 @@ def create_app(
         raise ImportError(
             "the retrieval server needs fastapi and uvicorn: pip install 'rag-gym[server]'"
         ) from exc
-    if max_in_flight < 1 or max_batch < 1 or batch_window_ms < 0:
+    if max_in_flight < 1 or max_batch < 1 or max_batch_cost < 1 or batch_window_ms < 0:
         raise ValueError(
-            f"expected max_in_flight >= 1, max_batch >= 1 and batch_window_ms >= 0, got "
-            f"{max_in_flight}, {max_batch} and {batch_window_ms}"
+            f"expected max_in_flight >= 1, max_batch >= 1, max_batch_cost >= 1 and "
+            f"batch_window_ms >= 0, got {max_in_flight}, {max_batch}, {max_batch_cost} and "
+            f"{batch_window_ms}"
         )
     if contents is not None and contents.corpus is not retriever.corpus:
         raise ValueError("expected contents= read for this retriever's corpus")
 
     limits = limits or ServerLimits()
+    token = clean_token(token, "the server's token")
 
     class RetrieveRequest(BaseModel):
         # lax, as Search-R1's QueryRequest: "3" is a topk, "true" a return_scores
@@ -243,7 +263,7 @@ def create_app(
 
     app = FastAPI(title="rag-gym retrieval server", lifespan=lifespan)
     batcher = (
-        _MicroBatcher(retriever, batch_window_ms / 1000.0, max_batch, max_in_flight)
+        _MicroBatcher(retriever, batch_window_ms / 1000.0, max_batch, max_in_flight, max_batch_cost)
         if micro_batching
         else None
     )
@@ -258,6 +278,7 @@ def create_app(
         "kind": kind,
         "server": "rag-gym",
         "version": __version__,
+        "index_id": index_id or secrets.token_hex(8),
     }
 
     @app.get("/health")
@@ -275,10 +296,19 @@ def run_server(
     app, host: str = "127.0.0.1", port: int = 8000, limits: ServerLimits | None = None,
     http: str = "auto",
 ) -> None:  # fmt: skip
-    """Serve ``app`` with uvicorn under ``limits``: keep-alive time, open connections
-    (``limit_concurrency``), the h11 head size, and a deadline and size cap on every request
-    head (:mod:`rag_gym.retrieval._uvicorn_compat`), so stalled clients cannot hold the
-    server's connections."""
+    """Serve ``app`` with uvicorn under ``limits`` until the process is stopped (see
+    :func:`make_server`)."""
+    make_server(app, host, port, limits, http).run()
+
+
+def make_server(
+    app, host: str = "127.0.0.1", port: int = 8000, limits: ServerLimits | None = None,
+    http: str = "auto",
+):  # fmt: skip
+    """The ``uvicorn.Server`` that :func:`run_server` runs: ``app`` under ``limits`` (keep-alive
+    time, open connections as ``limit_concurrency``, the h11 head size, and a deadline and size
+    cap on every request head, :mod:`rag_gym.retrieval._uvicorn_compat`), so stalled clients
+    cannot hold the server's connections. Its ``run()`` serves until ``should_exit`` is set."""
     try:
         import uvicorn
     except ImportError as exc:
@@ -304,7 +334,7 @@ def run_server(
         limit_concurrency=max_open + 16,
         h11_max_incomplete_event_size=limits.max_head_bytes,
     )
-    uvicorn.Server(config).run()
+    return uvicorn.Server(config)
 
 
 def _descriptors_for_connections() -> int:
@@ -390,7 +420,11 @@ class _RetrieveEndpoint:
             return
         finally:
             timer.cancel()
-        status, reply = await self.answer(bytes(body))
+        gone = disconnect_probe(receive)
+        try:
+            status, reply = await self.answer(bytes(body), gone)
+        except _ClientGone:
+            return  # nobody to answer: its work was dropped
         await _send_json(send, status, reply)
 
     def _log_unknown(self, names: list[str]) -> None:
@@ -399,7 +433,9 @@ class _RetrieveEndpoint:
             self.unknown_logged.add(key)
             logger.warning("POST /retrieve: ignoring unknown fields %s", ", ".join(key))
 
-    async def answer(self, body: bytes) -> tuple[int, dict]:
+    async def answer(self, body: bytes, gone=None) -> tuple[int, dict]:
+        """The status and reply to ``body``; :class:`_ClientGone` when ``gone()`` turns true
+        before the reply is built (``gone``: the client's disconnect check, or ``None``)."""
         from pydantic import ValidationError
 
         try:
@@ -463,9 +499,11 @@ class _RetrieveEndpoint:
                         "error": "every within pool must hold at least topk distinct ids of "
                         "the corpus"
                     }
+        if gone is not None and gone():
+            raise _ClientGone
         try:
             if self.batcher is not None:
-                ids, scores = await self.batcher.submit(queries, topk, req.exclude, within)
+                ids, scores = await self.batcher.submit(queries, topk, req.exclude, within, gone)
             else:
                 res = await asyncio.get_running_loop().run_in_executor(
                     self.executor,
@@ -474,14 +512,18 @@ class _RetrieveEndpoint:
                     ),
                 )
                 ids, scores = res.ids, res.scores
+        except _ClientGone:
+            raise
         except Exception as exc:  # the request was checked above: this is the server's fault
             if self.remote and isinstance(exc, KeyError):  # but a remote index checks pools
                 return 422, {"error": f"every within pool must hold ids of the corpus: {exc}"}
             logger.error("retrieval failed", exc_info=exc)
             return 500, {
-                "error": f"retrieval failed ({type(exc).__name__}: {str(exc)[:200]}); the index "
-                "may be damaged: see the server's log"
+                "error": f"retrieval failed ({type(exc).__name__}); the index may be damaged: "
+                "see the server's log"
             }
+        if gone is not None and gone():
+            raise _ClientGone
         return self.reply(ids, scores, req.return_scores, single)
 
     def reply(self, ids, scores, return_scores: bool, single: bool) -> tuple[int, dict]:
@@ -591,8 +633,10 @@ class _Guard:
             logger.error("%s %s failed", scope.get("method"), scope.get("path"), exc_info=exc)
             if started:
                 raise
-            await _send_json(
-                send, 500, {"error": f"internal server error ({type(exc).__name__}: {exc})"}
+            await _send_json(  # the details (paths, say) are for the log, not for clients
+                send,
+                500,
+                {"error": f"internal server error ({type(exc).__name__}): see the server's log"},
             )
 
 
@@ -609,45 +653,129 @@ async def _send_json(
     await send({"type": "http.response.body", "body": body})
 
 
+class _ClientGone(Exception):
+    """The client of a request closed its connection before the reply: its work is dropped."""
+
+
 class _MicroBatcher:
     """Retrieves concurrent requests together.
 
-    A loop takes every request queued so far as one batch (up to ``max_batch`` queries) and hands
-    it to a worker thread; up to ``max_in_flight`` batches are retrieved at once, and requests
-    that arrive meanwhile form the next batch, so batches grow with the load and no request
-    waits for a timer while the server is busy. Only an idle server (nothing in flight) waits up
-    to ``window`` seconds for more requests to join a batch.
+    A loop takes every request queued so far as one batch (up to ``max_batch`` queries and
+    ``max_cost`` queries x k, k being the batch's largest) and hands it to a worker thread; up
+    to ``max_in_flight`` batches are retrieved at once, and requests that arrive meanwhile form
+    the next batch, so batches grow with the load and no request waits for a timer while the
+    server is busy. Only an idle server (nothing in flight) waits up to ``window`` seconds for
+    more requests to join a batch. A request over ``max_cost`` is queued in slices, so one
+    batch, and what a request queued behind it waits for, stays bounded.
+
+    A request may come with ``gone``, a check of whether its client has left: its slices are
+    dropped when a batch is formed and again in the worker thread just before retrieval
+    (``dropped`` counts them), and it gets :class:`_ClientGone`.
     """
 
-    def __init__(self, retriever: Retriever, window: float, max_batch: int, max_in_flight: int):
+    def __init__(
+        self,
+        retriever: Retriever,
+        window: float,
+        max_batch: int,
+        max_in_flight: int,
+        max_cost: int = 16_384,
+    ):
         from concurrent.futures import ThreadPoolExecutor
 
         self.retriever = retriever
         self.window = window
         self.max_batch = max_batch
         self.max_in_flight = max_in_flight
+        self.max_cost = max_cost
         self.executor = ThreadPoolExecutor(max_in_flight, thread_name_prefix="rag-gym-batch")
         self.queue: asyncio.Queue | None = None
         self.task: asyncio.Task | None = None
+        self.held = None  # an item taken from the queue that did not fit its batch: next one's
         self.in_flight = 0
         self.batches = 0
         self.requests = 0
+        self.dropped = 0
+        self._dropped_lock = threading.Lock()  # the loop and the worker threads count drops
 
-    async def submit(self, queries, k, exclude, within):
+    async def submit(self, queries, k, exclude, within, gone=None):
+        """``(ids, scores)`` of ``queries`` at ``k``, retrieved with other requests' queries."""
+        loop = asyncio.get_running_loop()
         if self.queue is None:
             self.queue = asyncio.Queue()
-            self.task = asyncio.get_running_loop().create_task(self._run())
-        future = asyncio.get_running_loop().create_future()
-        await self.queue.put((queries, k, exclude, within, future))
-        return await future
+            self.task = loop.create_task(self._run())
+        step = max(1, self.max_cost // k)
+        if len(queries) <= step:
+            future = loop.create_future()
+            self.queue.put_nowait((queries, k, exclude, within, future, gone))
+            return await future
+        futures = []
+        for s in range(0, len(queries), step):
+            cut = slice(s, s + step)
+            future = loop.create_future()
+            self.queue.put_nowait(
+                (
+                    queries[cut],
+                    k,
+                    exclude[cut] if exclude is not None else None,
+                    within[cut] if within is not None else None,
+                    future,
+                    gone,
+                )
+            )
+            futures.append(future)
+        try:
+            parts = await asyncio.gather(*futures)
+        finally:
+            for future in futures:  # one slice failed, or the request was cancelled
+                future.cancel()
+        return [i for p in parts for i in p[0]], [s for p in parts for s in p[1]]
 
-    def _drain(self, items: list, size: int) -> int:
+    def _live(self, item) -> bool:
+        """Whether ``item`` is still wanted; one whose client has gone is answered
+        :class:`_ClientGone` (and counted in ``dropped``)."""
+        future, gone = item[4], item[5]
+        if future.done():  # cancelled: the request was abandoned
+            self._count_dropped(1)
+            return False
+        if gone is not None and gone():
+            future.set_exception(_ClientGone())
+            self._count_dropped(1)
+            return False
+        return True
+
+    def _count_dropped(self, n: int) -> None:
+        with self._dropped_lock:
+            self.dropped += n
+
+    def _next(self):
+        """The next live item without waiting (the held one first), or ``None``."""
         assert self.queue is not None
-        while size < self.max_batch and not self.queue.empty():
-            item = self.queue.get_nowait()
-            items.append(item)
-            size += len(item[0])
-        return size
+        while True:
+            if self.held is not None:
+                item, self.held = self.held, None
+            elif not self.queue.empty():
+                item = self.queue.get_nowait()
+            else:
+                return None
+            if self._live(item):
+                return item
+
+    def _add(self, items: list, item) -> bool:
+        """Append ``item`` to the batch ``items`` if it fits (else hold it for the next)."""
+        size = sum(len(it[0]) for it in items)
+        k = max(item[1], *(it[1] for it in items))
+        if size >= self.max_batch or (size + len(item[0])) * k > self.max_cost:
+            self.held = item
+            return False
+        items.append(item)
+        return True
+
+    def _drain(self, items: list) -> None:
+        while self.held is None:
+            item = self._next()
+            if item is None or not self._add(items, item):
+                return
 
     async def _run(self) -> None:
         assert self.queue is not None
@@ -655,11 +783,16 @@ class _MicroBatcher:
         slots = asyncio.Semaphore(self.max_in_flight)
         while True:
             await slots.acquire()
-            items = [await self.queue.get()]
-            size = self._drain(items, len(items[0][0]))
+            first = self._next()
+            while first is None:
+                first = await self.queue.get()
+                if not self._live(first):
+                    first = None
+            items = [first]
+            self._drain(items)
             if self.in_flight == 0 and self.window > 0:
                 deadline = loop.time() + self.window
-                while size < self.max_batch:
+                while self.held is None:
                     timeout = deadline - loop.time()
                     if timeout <= 0:
                         break
@@ -667,8 +800,8 @@ class _MicroBatcher:
                         item = await asyncio.wait_for(self.queue.get(), timeout)
                     except TimeoutError:
                         break
-                    items.append(item)
-                    size = self._drain(items, size + len(item[0]))
+                    if self._live(item) and self._add(items, item):
+                        self._drain(items)
             self.in_flight += 1
             self.batches += 1
             self.requests += len(items)
@@ -693,7 +826,15 @@ class _MicroBatcher:
                 future.set_result(outcome)
 
     def _retrieve(self, items) -> list:
-        """Each request's ``(ids, scores)``, or the exception its own retrieval raised."""
+        """Each request's ``(ids, scores)``, or the exception its own retrieval raised
+        (:class:`_ClientGone` for a request whose client left while it was queued)."""
+        gone = [it[5] is not None and it[5]() for it in items]
+        if any(gone):  # left while the batch was handed over: retrieve the others
+            self._count_dropped(sum(gone))
+            live = iter(self._retrieve([it for it, g in zip(items, gone, strict=True) if not g]))
+            return [_ClientGone() if g else next(live) for g in gone]
+        if not items:
+            return []
         try:
             return self._retrieve_together(items)
         except Exception:
