@@ -111,7 +111,6 @@ def evaluate(
 
     Episodes are saved as they end; a stopped run (Ctrl-C, SIGTERM, a crash) goes on with
     --resume RUN."""
-    import json
     import shlex
     import warnings
 
@@ -134,14 +133,7 @@ def evaluate(
     def given(name: str) -> bool:  # typer vendors click: compare the enum member by name
         return getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"
 
-    extra: dict = {}
-    if env_kwargs is not None:
-        try:
-            extra = json.loads(env_kwargs)
-        except json.JSONDecodeError as exc:
-            _fail(f"expected --env-kwargs to be a JSON object, got {env_kwargs!r} ({exc})")
-        if not isinstance(extra, dict):
-            _fail(f"expected --env-kwargs to be a JSON object, got {env_kwargs!r}")
+    extra = _json_option(env_kwargs, "--env-kwargs")
     if retriever is not None:
         typer.secho(
             "warning: --retriever is deprecated: use --index DIR (a saved index directory, the "
@@ -287,6 +279,16 @@ def evaluate(
         typer.echo(f"report: {build_report(result.run_dir)}")
     except ImportError as exc:
         typer.echo(f"report: {exc}; then run: rag-gym view {result.run_dir}", err=True)
+    failed = [r["agent"] for r in result.rows if r["episodes"] and r["errors"] == r["episodes"]]
+    if failed:  # a run in which an agent did nothing but fail is not a result
+        first = next(e["error"] for e in result.episodes if e["agent"] == failed[0] and e["error"])
+        typer.secho(
+            f"error: every episode of {', '.join(failed)} failed (the first: {first[:300]}); "
+            f"see {result.run_dir / 'episodes.jsonl'}",
+            fg=typer.colors.RED,
+            err=True,
+        )
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -348,6 +350,11 @@ def compare(
 
     from rag_gym.compare import CompareError, compare, comparison_markdown
 
+    if json_out is not None and not json_out.parent.is_dir():
+        _fail(
+            f"expected --json in an existing folder, got {json_out} ({json_out.parent} is not a "
+            "folder): create it, or pick another path"
+        )
     try:
         result = compare(
             runs,
@@ -364,7 +371,10 @@ def compare(
         _fail(str(exc))
     typer.echo(comparison_markdown(result), nl=False)
     if json_out is not None:
-        json_out.write_text(json.dumps(result, indent=2) + "\n")
+        try:
+            json_out.write_text(json.dumps(result, indent=2) + "\n")
+        except OSError as exc:
+            _fail(f"cannot write --json {json_out}: {exc}")
         typer.echo(f"wrote {json_out}")
 
 
@@ -432,12 +442,20 @@ def synth(
             _fail(
                 f"expected --questions as three integers 'train,validation,test', got {questions!r}"
             )
+    for above in (out, *out.parents):  # before the world is made: it takes a while
+        if above.exists():
+            if not above.is_dir():
+                _fail(f"expected --out to be a folder, got {out}, where {above} is a file")
+            break
     t0 = time.perf_counter()
     try:
         world = world_for(preset, **overrides)
     except (TypeError, ValueError) as exc:
         _fail(str(exc))
-    path = world.save(out)
+    try:
+        path = world.save(out)
+    except OSError as exc:
+        _fail(f"cannot write the world to {out}: {exc}")
     sizes = ", ".join(f"{s} {len(q)}" for s, q in world.questions.items())
     typer.echo(
         f"wrote {len(world.corpus)} passages and questions ({sizes}) to {path} "
@@ -776,16 +794,23 @@ def openenv_serve(
 
 
 def _json_option(value: str | None, name: str) -> dict:
+    """The JSON object an option gives; anything else (invalid JSON, another JSON value, JSON
+    too deep to parse or with an integer over 4,300 digits) fails naming the option."""
     import json
+
+    from rag_gym.train.options import parse_json_text
 
     if value is None:
         return {}
+    shown = repr(value) if len(value) <= 200 else repr(value[:200]) + f" (... {len(value)} chars)"
     try:
-        parsed = json.loads(value)
+        parsed = parse_json_text(name, value)
     except json.JSONDecodeError as exc:
-        _fail(f"expected {name} to be a JSON object, got {value!r} ({exc})")
+        _fail(f"expected {name} to be a JSON object, got {shown} ({exc})")
+    except ValueError as exc:
+        _fail(str(exc))
     if not isinstance(parsed, dict):
-        _fail(f"expected {name} to be a JSON object, got {value!r}")
+        _fail(f"expected {name} to be a JSON object, got {shown}")
     return parsed
 
 
@@ -801,12 +826,39 @@ def _run_dir(out: Path, run_name: str | None, env: str, stage: str, seed: int) -
 
 @train_app.command("sft")
 def train_sft(
-    env: Annotated[str, typer.Option(help="A SynthHop search env id.")] = "rag_gym/SynthHop-v0",
+    env: Annotated[
+        str,
+        typer.Option(
+            help="A search env id: SynthHop, or HotpotQA / 2WikiMultiHopQA / MuSiQue with "
+            "--data-path; several, comma-separated, are mixed."
+        ),
+    ] = "rag_gym/SynthHop-v0",
     env_kwargs: Annotated[
         str | None, typer.Option(help="More gym.make kwargs as a JSON object.")
     ] = None,
+    data_path: Annotated[
+        str | None,
+        typer.Option(
+            help="Dataset file or folder of a real-data env (one per --env id, comma-separated)."
+        ),
+    ] = None,
+    split_by_id: Annotated[
+        bool,
+        typer.Option(
+            help="Split real-data files by question id (50/10/40 train/validation/test) and "
+            "train on the train share."
+        ),
+    ] = False,
+    synthhop_ratio: Annotated[
+        float,
+        typer.Option(
+            help="Share of SynthHop transcripts mixed into real-data ones (0.25: one per three)."
+        ),
+    ] = 0.0,
     tags: Annotated[str, typer.Option(help="TextActions tag preset.")] = "search_r1",
-    demos: Annotated[int, typer.Option(help="Expert demonstrations (train split).")] = 600,
+    demos: Annotated[
+        int, typer.Option(help="Expert demonstrations per env (train split; 0: all of it).")
+    ] = 600,
     joint_rate: Annotated[
         float,
         typer.Option(
@@ -865,16 +917,20 @@ def train_sft(
     run_name: Annotated[str | None, typer.Option(help="Run folder name.")] = None,
     track: Annotated[bool, typer.Option(help="Log to W&B (offline).")] = False,
 ) -> None:
-    """Supervised cold start on the scripted expert's transcripts (SynthHop)."""
+    """Supervised cold start on expert transcripts: SynthHop's decompositions, or the
+    annotations of HotpotQA, 2WikiMultiHopQA and MuSiQue."""
     from rag_gym.train.sft import SFTConfig, train
 
-    run_dir = _run_dir(out, run_name, env, "sft", seed)
+    run_dir = _run_dir(out, run_name, env.split(",")[0], "sft", seed)
     try:
         cfg = SFTConfig(
             env_id=env,
             env_kwargs=_json_option(env_kwargs, "--env-kwargs"),
+            data_path=data_path,
+            split_by_id=split_by_id,
+            synthhop_ratio=synthhop_ratio,
             tags=tags,
-            n_demos=demos,
+            n_demos=demos or None,
             joint_rate=joint_rate,
             confirm_rate=confirm_rate,
             title_check=title_check,
@@ -897,6 +953,8 @@ def train_sft(
     except (TypeError, ValueError) as exc:
         _fail(str(exc))
     results = train(cfg)
+    for row in (results.get("data") or {}).get("expert", []):
+        typer.echo(f"expert transcripts: {row}")
     typer.echo(f"held-out EM before: {_em(results['before'])}, after: {_em(results['after'])}")
     typer.echo(f"checkpoint: {results['checkpoint']}")
     typer.echo(f"results: {run_dir}")

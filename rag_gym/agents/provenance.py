@@ -1,15 +1,16 @@
 """The splits a checkpoint was trained on, and how many of an evaluation's questions are in them.
 
-A held-out figure needs questions training never saw, and on SynthHop that is easy to lose
-without noticing: a world is a function of its ``dataset_kwargs``, so two worlds that differ only
-in ``unanswerable_rate`` share their entities and deal many of the same questions to different
-splits. A model trained on one world's train split and evaluated on the other's test split has
-seen part of its test set (58 of the default SynthHop-Hard world's 200 test questions are in the
-train split of its 30%-unanswerable world: docs/training.md, the fourth refusal attempt).
+A held-out figure needs questions training never saw, and that is easy to lose without
+noticing: a SynthHop world is a function of its ``dataset_kwargs``, so two worlds that differ
+only in ``unanswerable_rate`` share their entities and deal many of the same questions to
+different splits, and a real-data file read without ``split_by_id`` is one split whatever its
+label. A model trained on one world's train split and evaluated on the other's test split has
+seen part of its test set.
 
 :func:`training_sets` reads where a checkpoint's questions came from: a training run's
 ``config.json`` (``env_id``, ``env_kwargs``, ``split``), the run it started from (a GRPO run's
-``init.json``), and a packaged checkpoint's ``rag_gym.json`` (its ``training_sets``, written by
+``init.json``; a run that mixed several splits lists them as ``training_sets``), and a packaged
+checkpoint's ``rag_gym.json`` (its ``training_sets``, written by
 :func:`rag_gym.train.ship.package_adapter`, or its ``env_id``/``env_kwargs``/``train_split``).
 :func:`seen_questions` counts the evaluated questions whose text is in one of those splits;
 ``rag-gym evaluate`` records the count in ``protocol.json`` and warns when it is not 0
@@ -101,12 +102,14 @@ def _record(meta: Any, source: str, split_key: str = "split") -> list[TrainingSe
     return [TrainingSet(meta["env_id"], _env_kwargs(meta.get("env_kwargs")), split, source)]
 
 
-def _packaged(meta: dict[str, Any], source: str) -> list[TrainingSet]:
-    listed = meta.get("training_sets")
+def _listed(meta: Any, source: str, split_key: str = "train_split") -> list[TrainingSet]:
+    """The record's ``training_sets`` list (a run that mixed several splits), else the one
+    training set it names."""
+    listed = meta.get("training_sets") if isinstance(meta, dict) else None
     if isinstance(listed, list) and listed:
         rows = [row for row in listed if isinstance(row, dict)]
         return [ts for row in rows for ts in _record(row, str(row.get("source") or source))]
-    return _record(meta, source, split_key="train_split")
+    return _record(meta, source, split_key=split_key)
 
 
 def training_sets(path: str | Path, _seen: set[Path] | None = None) -> list[TrainingSet]:
@@ -128,8 +131,8 @@ def training_sets(path: str | Path, _seen: set[Path] | None = None) -> list[Trai
         seen.add(where)
         packaged = read_record(where / "rag_gym.json")
         if packaged:
-            out += _packaged(packaged, str(where / "rag_gym.json"))
-        out += _record(read_record(where / "config.json"), str(where / "config.json"))
+            out += _listed(packaged, str(where / "rag_gym.json"))
+        out += _listed(read_record(where / "config.json"), str(where / "config.json"), "split")
         started = read_record(where / "init.json")
         init = started.get("init") if started else None
         if isinstance(init, str):

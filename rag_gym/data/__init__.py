@@ -97,13 +97,58 @@ def load(
             with ``preset="hard"`` unless ``kwargs`` name another).
         split: the split; for file-based loads a label (the file *is* the split), for SynthHop
             and the hub the split to take.
-        path: a local file in the dataset's official format; ``None`` means SynthHop's
-            generator, or the hub where the dataset has an official copy there.
+        path: a local file in the dataset's official format, or a folder of such files (read
+            in name order, ids unique across them); ``None`` means SynthHop's generator, or the
+            hub where the dataset has an official copy there.
         **kwargs: loader options (SynthHop: ``preset`` and config fields; HotpotQA:
-            ``setting``; FlashRAG: ``subset``).
+            ``setting``; FlashRAG: ``subset``). ``split_by_id=True`` (any file) keeps only the
+            questions whose id :func:`rag_gym.data.splits.id_split` puts in ``split``
+            (``train``, ``validation`` or ``test``).
     """
     module = importlib.import_module(DATASETS[canonical_name(name)])
-    return module.load(path, split=split, **{**dataset_defaults(name), **kwargs})
+    split_by_id = kwargs.pop("split_by_id", False)
+    if not isinstance(split_by_id, bool):
+        raise TypeError(f"expected split_by_id to be True or False, got {split_by_id!r}")
+    if split_by_id:
+        from rag_gym.data.splits import check_split, select
+
+        check_split(split)
+        if path is None:
+            raise ValueError(
+                "split_by_id splits the questions of a file: give the file (path=, or data_path= "
+                "for an env)"
+            )
+    options = {**dataset_defaults(name), **kwargs}
+    if path is not None and Path(path).is_dir():
+        examples = _load_folder(module, Path(path), split, options)
+    else:
+        examples = module.load(path, split=split, **options)
+    return select(examples, split) if split_by_id else examples
+
+
+#: The file types a loader reads (a folder given as ``path`` is read file by file).
+DATA_SUFFIXES = (".json", ".jsonl", ".ndjson", ".parquet")
+
+
+def _load_folder(module: Any, folder: Path, split: str, options: dict[str, Any]) -> list:
+    """Every data file of ``folder`` (sorted by name), read by ``module``; a question id in two
+    files is a :class:`DataFormatError` naming both."""
+    files = sorted(f for f in folder.iterdir() if f.is_file() and f.suffix.lower() in DATA_SUFFIXES)
+    if not files:
+        raise DataFormatError(
+            folder, "(folder)", "(files)", f"at least one {'/'.join(DATA_SUFFIXES)} file", "none"
+        )
+    examples: list[QAExample] = []
+    first: dict[str, Path] = {}
+    for file in files:
+        for ex in module.load(file, split=split, **options):
+            if ex.id in first:
+                raise DataFormatError(
+                    file, "(file)", "id", f"ids not already read from {first[ex.id].name}", ex.id
+                )
+            first[ex.id] = file
+            examples.append(ex)
+    return examples
 
 
 def pooled_corpus(

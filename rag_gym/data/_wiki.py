@@ -19,27 +19,41 @@ from rag_gym.data.types import Passage
 
 def parse_common(
     record: dict[str, Any], path: Path, where: str
-) -> tuple[str, str, tuple[str, ...], tuple[Passage, ...], tuple[str, ...]]:
+) -> tuple[
+    str, str, tuple[str, ...], tuple[Passage, ...], tuple[str, ...], tuple[tuple[str, str], ...]
+]:
     """The fields HotpotQA and 2WikiMultiHopQA records share.
 
-    Returns ``(id, question, answers, passages, gold ids)``; an unlabelled record (no
-    ``answer``) has no answers.
+    Returns ``(id, question, answers, passages, gold ids, supporting sentences)``; an unlabelled
+    record (no ``answer``) has no answers. The supporting sentences are ``(passage id,
+    sentence)`` pairs in ``supporting_facts`` order (a fact whose sentence index is past its
+    paragraph's end, as a few HotpotQA records have, is left out).
     """
     qid = require(record, "_id" if "_id" in record else "id", str, path, where)
     question = require(record, "question", str, path, where)
     answer = record.get("answer")
     if answer is not None and not isinstance(answer, str):
         raise DataFormatError(path, where, "answer", "a string", answer)
-    passages = context_passages(record, path, where)
-    gold = gold_ids(supporting_titles(record, path, where), passages, path, where)
-    return qid, question, (answer,) if answer is not None else (), passages, gold
+    kept = paragraphs(context_pairs(record, path, where))
+    passages = tuple(Passage(pid, title, join_sentences(sents)) for pid, title, sents in kept)
+    facts = supporting_facts(record, path, where)
+    gold = gold_ids(tuple(dict.fromkeys(t for t, _ in facts)), passages, path, where)
+    first: dict[str, tuple[str, list[str]]] = {}
+    for pid, title, sentences in kept:
+        first.setdefault(title, (pid, sentences))
+    support = tuple(
+        (first[t][0], first[t][1][i].strip())
+        for t, i in facts
+        if t in first and 0 <= i < len(first[t][1])
+    )
+    return qid, question, (answer,) if answer is not None else (), passages, gold, support
 
 
-def context_passages(record: dict[str, Any], path: Path, where: str) -> tuple[Passage, ...]:
-    """The question's own paragraphs as passages."""
+def context_pairs(record: dict[str, Any], path: Path, where: str) -> list[tuple[str, list[str]]]:
+    """The record's ``context`` as ``(title, sentences)`` pairs (either layout), checked."""
     context = record.get("context")
     if context is None:
-        return ()
+        return []
     if isinstance(context, dict):  # Hugging Face layout
         titles, sentences = context.get("title"), context.get("sentences")
         if (
@@ -54,15 +68,13 @@ def context_passages(record: dict[str, Any], path: Path, where: str) -> tuple[Pa
                 "{'title': [...], 'sentences': [[...]]} of equal length",
                 context,
             )
-        pairs = list(zip(titles, sentences, strict=True))
+        raw = list(zip(titles, sentences, strict=True))
     elif isinstance(context, list):
-        pairs = context
+        raw = context
     else:
         raise DataFormatError(path, where, "context", "a list of [title, sentences] pairs", context)
-
-    passages: list[Passage] = []
-    by_id: dict[str, str] = {}
-    for j, pair in enumerate(pairs):
+    pairs = []
+    for j, pair in enumerate(raw):
         if (
             not isinstance(pair, (list, tuple))
             or len(pair) != 2
@@ -71,7 +83,17 @@ def context_passages(record: dict[str, Any], path: Path, where: str) -> tuple[Pa
             or not all(isinstance(s, str) for s in pair[1])
         ):
             raise DataFormatError(path, where, f"context[{j}]", "[title, [sentence, ...]]", pair)
-        title, text = pair[0], join_sentences(pair[1])
+        pairs.append((pair[0], list(pair[1])))
+    return pairs
+
+
+def paragraphs(pairs: list[tuple[str, list[str]]]) -> list[tuple[str, str, list[str]]]:
+    """``(passage id, title, sentences)`` of each paragraph kept: a repeated title with the same
+    text is dropped, one with another text gets the id ``"title (2)"``."""
+    kept: list[tuple[str, str, list[str]]] = []
+    by_id: dict[str, str] = {}
+    for title, sentences in pairs:
+        text = join_sentences(sentences)
         pid, n = title, 1
         while pid in by_id and by_id[pid] != text:
             n += 1
@@ -79,38 +101,53 @@ def context_passages(record: dict[str, Any], path: Path, where: str) -> tuple[Pa
         if pid in by_id:
             continue
         by_id[pid] = text
-        passages.append(Passage(pid, title, text))
-    return tuple(passages)
+        kept.append((pid, title, sentences))
+    return kept
 
 
-def supporting_titles(record: dict[str, Any], path: Path, where: str) -> tuple[str, ...]:
-    """Distinct supporting-fact titles in order of first appearance."""
+def supporting_facts(record: dict[str, Any], path: Path, where: str) -> list[tuple[str, int]]:
+    """The ``supporting_facts`` as ``(title, sentence index)`` pairs, in file order (either
+    layout); a title that is not a string, or an index that is not an integer, names the fact."""
     facts = record.get("supporting_facts")
     if facts is None:
-        return ()
+        return []
     if isinstance(facts, dict):
-        titles = facts.get("title")
-        if not isinstance(titles, list):
+        titles, sent_ids = facts.get("title"), facts.get("sent_id")
+        if sent_ids is None and isinstance(titles, list):
+            sent_ids = [-1] * len(titles)  # titles alone: no sentence is named
+        if (
+            not isinstance(titles, list)
+            or not isinstance(sent_ids, list)
+            or len(titles) != len(sent_ids)
+        ):
             raise DataFormatError(
-                path, where, "supporting_facts", "{'title': [...], 'sent_id': [...]}", facts
+                path,
+                where,
+                "supporting_facts",
+                "{'title': [...], 'sent_id': [...]} of equal length",
+                facts,
             )
+        raw: list[Any] = [list(pair) for pair in zip(titles, sent_ids, strict=True)]
     elif isinstance(facts, list):
-        titles = []
-        for j, fact in enumerate(facts):
-            if (
-                not isinstance(fact, (list, tuple))
-                or len(fact) != 2
-                or not isinstance(fact[0], str)
-            ):
-                raise DataFormatError(
-                    path, where, f"supporting_facts[{j}]", "[title, sentence index]", fact
-                )
-            titles.append(fact[0])
+        raw = facts
     else:
         raise DataFormatError(
             path, where, "supporting_facts", "a list of [title, sentence index]", facts
         )
-    return tuple(dict.fromkeys(titles))
+    out = []
+    for j, fact in enumerate(raw):
+        if (
+            not isinstance(fact, (list, tuple))
+            or len(fact) != 2
+            or not isinstance(fact[0], str)
+            or isinstance(fact[1], bool)
+            or not isinstance(fact[1], int)
+        ):
+            raise DataFormatError(
+                path, where, f"supporting_facts[{j}]", "[title, sentence index]", fact
+            )
+        out.append((fact[0], fact[1]))
+    return out
 
 
 def gold_ids(

@@ -11,7 +11,8 @@ Accepted inputs:
 
 Gold passages are the paragraphs named by ``supporting_facts`` (their titles are the passage ids);
 HotpotQA does not give hop order, so they keep their order of first appearance. Unlabelled test
-files (no ``answer``) load with empty ``answers``.
+files (no ``answer``) load with empty ``answers``. ``meta["support"]`` holds the supporting
+sentences as ``(passage id, sentence)`` pairs, ``meta["level"]`` the difficulty level.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def load(
 
 
 def parse_record(record: dict[str, Any], path: Path, where: str) -> QAExample:
-    qid, question, answers, passages, gold = parse_common(record, path, where)
+    qid, question, answers, passages, gold, support = parse_common(record, path, where)
     require_pool(passages, record, "context", path, where)
     return QAExample(
         id=qid,
@@ -58,5 +59,5 @@ def parse_record(record: dict[str, Any], path: Path, where: str) -> QAExample:
         hops=2,
         answerable=True,
         type=str(record.get("type", "")),
-        meta={"level": record.get("level", "")},
+        meta={"level": record.get("level", ""), "support": support},
     )

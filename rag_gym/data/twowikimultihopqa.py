@@ -4,7 +4,8 @@ Records: ``_id, type, question, context [[title, [sentences]]], supporting_facts
 sent_id]], evidences [[subject, relation, object]], answer, entity_ids``. Gold passages are the
 supporting-fact paragraphs in the order the file lists them (which follows the evidence chain);
 ``hops`` is their number (2 for compositional, comparison and inference questions, 4 for
-bridge-comparison). ``evidences`` and ``entity_ids`` are kept in ``meta``.
+bridge-comparison). ``evidences``, ``entity_ids`` and the supporting sentences (``support``: ``(passage id,
+sentence)`` pairs) are kept in ``meta``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def load(path: str | Path | None = None, split: str = "validation") -> list[QAEx
 
 
 def parse_record(record: dict[str, Any], path: Path, where: str) -> QAExample:
-    qid, question, answers, passages, gold = parse_common(record, path, where)
+    qid, question, answers, passages, gold, support = parse_common(record, path, where)
     evidences = record.get("evidences", [])
     if not isinstance(evidences, list):
         raise DataFormatError(
@@ -48,5 +49,9 @@ def parse_record(record: dict[str, Any], path: Path, where: str) -> QAExample:
         hops=len(gold) or None,
         answerable=True,
         type=str(record.get("type", "")),
-        meta={"evidences": evidences, "entity_ids": record.get("entity_ids", "")},
+        meta={
+            "evidences": evidences,
+            "entity_ids": record.get("entity_ids", ""),
+            "support": support,
+        },
     )

@@ -1,9 +1,11 @@
 """Supervised cold start: fine-tune a policy on expert transcripts before RL.
 
 EVO-RAG's Algorithm 1 begins "from supervised warm start" (EVO-RAG, arXiv:2505.17391, §3.7), as
-R1-style search agents do. :func:`train` plays the :class:`~rag_gym.agents.expert.SynthHopExpert`
-in the same text-action env the RL trainers use, turns each episode into the exact token
-sequence a rollout would produce, and trains with TRL's ``SFTTrainer``:
+R1-style search agents do. :func:`train` plays an expert in the same text-action env the RL
+trainers use (:class:`~rag_gym.agents.expert.SynthHopExpert` on SynthHop,
+:class:`~rag_gym.agents.real_expert.AnnotationExpert` on HotpotQA, 2WikiMultiHopQA and MuSiQue,
+optionally mixed with SynthHop transcripts), turns each episode into the exact token sequence a
+rollout would produce, and trains with TRL's ``SFTTrainer``:
 
 * the prompt is the chat template of the env's first messages with the generation prompt (what
   :class:`~rag_gym.train.rollout.RolloutEngine` renders);
@@ -29,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from rag_gym.agents.expert import Demonstration, SynthHopExpert, check_options
+from rag_gym.agents.real_expert import AnnotationExpert, ExpertReport, play_split
 from rag_gym.envs.search import ActionType
 from rag_gym.wrappers.text_actions import OBS_TEMPLATE
 
@@ -38,16 +41,33 @@ class SFTConfig:
     """Options of a supervised cold-start run."""
 
     env_id: str = "rag_gym/SynthHop-v0"
-    """A SynthHop search env id (the expert needs its decompositions)."""
+    """The search env the transcripts are played in: SynthHop (its generated decompositions) or
+    HotpotQA, 2WikiMultiHopQA or MuSiQue (their annotations, with ``data_path``). Several ids,
+    comma-separated, are played one after the other and their transcripts mixed; the first is
+    the held-out evaluation's env."""
     env_kwargs: dict[str, Any] | str | None = field(default_factory=dict)
     """Extra ``gym.make`` kwargs (``dataset_kwargs`` for a larger world or more questions); a
     JSON object on a command line."""
+    data_path: str | None = None
+    """The dataset file (or folder of files) of a real-data env; with several env ids, one path
+    per id, comma-separated (an empty entry for SynthHop)."""
+    split_by_id: bool = False
+    """Split each real-data file by question id (:func:`rag_gym.data.splits.id_split`):
+    ``split`` and ``eval_split`` then select that share of the file, never the same question
+    twice."""
     split: str = "train"
     """The split the demonstrations come from."""
+    synthhop_ratio: float = 0.0
+    """The share of SynthHop transcripts in the training set, added to the real-data ones (from
+    ``synthhop_env``'s train split): 0.25 adds one SynthHop transcript per three real ones. 0
+    adds none. Only with real-data env ids."""
+    synthhop_env: str = "rag_gym/SynthHop-v0"
+    """The SynthHop env the ``synthhop_ratio`` transcripts come from."""
     tags: str = "search_r1"
     """The :class:`~rag_gym.wrappers.TextActions` tag preset of the transcripts."""
     n_demos: int | None = 600
-    """Demonstrations (questions drawn by ``seed`` from the split); ``None``: the whole split."""
+    """Demonstrations per env id (questions drawn by ``seed`` from the split); ``None``: the
+    whole split."""
     joint_rate: float = 0.0
     """The share of comparison questions whose demonstration searches both names at once
     (:class:`~rag_gym.agents.expert.SynthHopExpert`'s ``joint_rate``): a cheaper path a step
@@ -142,15 +162,65 @@ class SFTConfig:
         )
         if self.eval_n is not None and (not isinstance(self.eval_n, int) or self.eval_n < 0):
             raise ValueError(f"expected eval_n >= 0 or None, got {self.eval_n!r}")
+        if not isinstance(self.split_by_id, bool):
+            raise ValueError(f"expected split_by_id to be True or False, got {self.split_by_id!r}")
+        ratio = self.synthhop_ratio
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio < 1:
+            raise ValueError(f"expected synthhop_ratio in [0, 1), got {ratio!r}")
+        sources = self.sources()  # checks the ids and paths line up
+        if ratio and all(_is_synthhop(env_id) for env_id, _ in sources):
+            raise ValueError(
+                "expected synthhop_ratio with a real-data env id (HotpotQA, 2WikiMultiHopQA, "
+                "MuSiQue): SynthHop transcripts are mixed into real ones; raise n_demos instead"
+            )
+
+    def sources(self) -> list[tuple[str, dict[str, Any]]]:
+        """``(env id, gym.make kwargs)`` of each env the transcripts are played in (the env ids
+        of ``env_id`` with their ``data_path`` and ``split_by_id``)."""
+        ids = [part.strip() for part in self.env_id.split(",")]
+        paths: list[str | None] = (
+            [p.strip() or None for p in self.data_path.split(",")]
+            if self.data_path
+            else [None] * len(ids)
+        )
+        if not all(ids) or len(paths) != len(ids):
+            raise ValueError(
+                f"expected one data_path per env id ({len(ids)}, comma-separated, empty for "
+                f"SynthHop), got env_id={self.env_id!r} and data_path={self.data_path!r}"
+            )
+        out = []
+        for env_id, path in zip(ids, paths, strict=True):
+            kwargs = dict(self.env_kwargs)
+            if path is not None:
+                kwargs["data_path"] = path
+            if self.split_by_id and not _is_synthhop(env_id):
+                kwargs["dataset_kwargs"] = {
+                    **(kwargs.get("dataset_kwargs") or {}),
+                    "split_by_id": True,
+                }
+            out.append((env_id, kwargs))
+        return out
+
+    def training_sets(self) -> list[dict[str, Any]]:
+        """The splits the transcripts come from, as ``config.json`` records them
+        (:func:`rag_gym.agents.provenance.training_sets` reads them)."""
+        sets = [
+            {"env_id": env_id, "env_kwargs": kwargs, "split": self.split}
+            for env_id, kwargs in self.sources()
+        ]
+        if self.synthhop_ratio:
+            sets.append({"env_id": self.synthhop_env, "env_kwargs": {}, "split": "train"})
+        return sets
 
     def text_env(self):
         """The env the transcripts are played in and the policy is evaluated on (no reward
-        preset: held-out EM is the env's own score)."""
+        preset: held-out EM is the env's own score); with several env ids, the first."""
         from rag_gym.train.episodes import TextEnvSpec
 
+        env_id, env_kwargs = self.sources()[0]
         return TextEnvSpec(
-            env_id=self.env_id,
-            env_kwargs=self.env_kwargs,
+            env_id=env_id,
+            env_kwargs=env_kwargs,
             tags=self.tags,
             max_turns=self.max_turns,
             max_turn_tokens=self.max_turn_tokens,
@@ -164,9 +234,60 @@ def make_text_env(cfg: SFTConfig, split: str):
     return cfg.text_env().make_env(split)()
 
 
+def _is_synthhop(env_id: str) -> bool:
+    import gymnasium as gym
+
+    import rag_gym  # noqa: F401  (registers the envs)
+    from rag_gym.data import canonical_name
+
+    try:
+        spec = gym.spec(env_id)
+    except gym.error.Error as exc:
+        raise ValueError(f"expected a registered env id, got {env_id!r}: {exc}") from None
+    return canonical_name(str((spec.kwargs or {}).get("dataset", "synthhop"))) == "synthhop"
+
+
 def demonstrations(cfg: SFTConfig) -> list[Demonstration]:
-    """Expert episodes on ``n_demos`` questions of ``cfg.split`` (drawn by ``cfg.seed``); only
-    those that end with the right answer or a justified refusal are kept."""
+    """Expert episodes of every env of ``cfg`` (:func:`demonstrations_report`)."""
+    return demonstrations_report(cfg)[0]
+
+
+def demonstrations_report(cfg: SFTConfig) -> tuple[list[Demonstration], ExpertReport]:
+    """Expert episodes on ``n_demos`` questions of ``cfg.split`` of each env of ``cfg`` (drawn by
+    ``cfg.seed``), then the ``synthhop_ratio`` share of SynthHop ones; only those that end with
+    the right answer or a justified refusal are kept, and real-data questions whose transcript
+    fails its checks are counted in the report (:func:`~rag_gym.agents.real_expert.play_split`)."""
+    from dataclasses import replace
+
+    demos: list[Demonstration] = []
+    report = ExpertReport()
+    for env_id, kwargs in cfg.sources():
+        one = replace(cfg, env_id=env_id, env_kwargs=kwargs, data_path=None, synthhop_ratio=0.0)
+        if _is_synthhop(env_id):
+            demos += _synthhop_demonstrations(one, cfg.n_demos)
+            continue
+        env = make_text_env(one, cfg.split)
+        total = len(env.unwrapped.examples)
+        order = np.random.default_rng(cfg.seed).permutation(total)
+        if cfg.n_demos is not None:
+            order = order[: cfg.n_demos]
+        expert = AnnotationExpert(env.tags, seed=cfg.seed)
+        kept, part = play_split(env, expert, [int(i) for i in order])
+        env.close()
+        demos += kept
+        report.update(part)
+    if cfg.synthhop_ratio:
+        n = round(len(demos) * cfg.synthhop_ratio / (1 - cfg.synthhop_ratio))
+        synth = replace(
+            cfg, env_id=cfg.synthhop_env, env_kwargs={}, data_path=None, synthhop_ratio=0.0
+        )
+        demos += _synthhop_demonstrations(synth, n) if n else []
+    return demos, report
+
+
+def _synthhop_demonstrations(cfg: SFTConfig, n_demos: int | None) -> list[Demonstration]:
+    """SynthHop expert episodes on ``n_demos`` questions of ``cfg.split`` (drawn by
+    ``cfg.seed``); only those that end with the right answer or a justified refusal are kept."""
     env = make_text_env(cfg, cfg.split)
     expert = SynthHopExpert(
         env.tags,
@@ -179,8 +300,8 @@ def demonstrations(cfg: SFTConfig) -> list[Demonstration]:
     )
     total = len(env.unwrapped.examples)
     order = np.random.default_rng(cfg.seed).permutation(total)
-    if cfg.n_demos is not None:
-        order = order[: cfg.n_demos]
+    if n_demos is not None:
+        order = order[:n_demos]
     demos = []
     for index in order:
         demo = expert.play(env, int(index))
@@ -261,19 +382,28 @@ def build_trainer(
     if model is None:
         model, tokenizer = load_policy(cfg.model)
     run_dir = run_dir_for(cfg, run_dir)
-    demos = demonstrations(cfg)
-    rows = [tokenize_demonstration(d, tokenizer) for d in demos]
+    demos, report = demonstrations_report(cfg)
+    if not demos:
+        raise ValueError(
+            f"expected expert transcripts from {cfg.env_id} ({cfg.split} split), got none: "
+            f"every question was dropped ({report.as_rows()})"
+        )
+    # a turn longer than a policy may write (max_turn_tokens) could never be reproduced
+    fits = [d for d in demos if _longest_turn(d, tokenizer) <= cfg.max_turn_tokens]
+    rows = [tokenize_demonstration(d, tokenizer) for d in fits]
     kept = [r for r in rows if len(r["input_ids"]) <= cfg.max_length]
     if not kept:
         raise ValueError(
-            f"expected demonstrations of at most max_length={cfg.max_length} tokens, got none "
-            f"(the shortest has {min(len(r['input_ids']) for r in rows)}): raise max_length"
+            f"expected demonstrations of at most max_length={cfg.max_length} tokens with turns "
+            f"of at most max_turn_tokens={cfg.max_turn_tokens}, got none: raise them"
         )
     stats = {
         "demonstrations": len(kept),
         "dropped_too_long": len(rows) - len(kept),
+        "dropped_turn_too_long": len(demos) - len(fits),
         "tokens": sum(len(r["input_ids"]) for r in kept),
         "trained_tokens": sum(sum(r["completion_mask"]) for r in kept),
+        "expert": report.as_rows(),
     }
     dataset = Dataset.from_list(kept)
     args = trl.SFTConfig(
@@ -308,8 +438,14 @@ def build_trainer(
         peft_config=peft_config,
     )
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    record = {**asdict(cfg), "training_sets": cfg.training_sets()}
+    (run_dir / "config.json").write_text(json.dumps(record, indent=2))
     return trainer, run_dir, stats
+
+
+def _longest_turn(demo: Demonstration, tokenizer: Any) -> int:
+    """Tokens of the longest reply of ``demo``."""
+    return max(len(tokenizer.encode(t.action, add_special_tokens=False)) for t in demo.turns)
 
 
 def train(cfg: SFTConfig) -> dict[str, Any]:

@@ -206,3 +206,43 @@ def test_a_packaged_card_without_its_runs_falls_back_to_its_own_record(tmp_path)
     (card / "rag_gym.json").write_text(json.dumps(meta))
     [ts] = training_sets(card)
     assert (ts.env_id, ts.env_kwargs, ts.split) == (HARD, meta["env_kwargs"], "train")
+
+
+def test_a_run_that_mixed_splits_counts_each_and_a_split_by_id_holds_nothing_back(tmp_path):
+    """An SFT run over several envs lists them in config.json's training_sets; a real-data file
+    split by id has seen its train share, and none of its test share."""
+    from rag_gym.data.splits import id_split
+    from tests.agents.test_real_expert import HOTPOT
+
+    records = [
+        {**HOTPOT[0], "_id": f"h{i}", "question": f"Where was the author of novel {i} born?"}
+        for i in range(30)
+    ]
+    data = tmp_path / "h.json"
+    data.write_text(json.dumps(records))
+    real = {"data_path": str(data), "dataset_kwargs": {"split_by_id": True}}
+    run = tmp_path / "run"
+    run_folder(
+        run,
+        {},
+        env_id="rag_gym/HotpotQA-v0,rag_gym/SynthHop-v0",
+        training_sets=[
+            {"env_id": "rag_gym/HotpotQA-v0", "env_kwargs": real, "split": "train"},
+            {"env_id": "rag_gym/SynthHop-v0", "env_kwargs": {"dataset_kwargs": SMALL_WORLD}},
+        ],
+    )
+    assert [ts.env_id for ts in training_sets(run / "final")] == [
+        "rag_gym/HotpotQA-v0",
+        "rag_gym/SynthHop-v0",
+    ]
+    by_split = {
+        s: [r["question"] for r in records if id_split(r["_id"]) == s] for s in ("train", "test")
+    }
+    assert by_split["train"] and by_split["test"]
+    report = seen_questions(run / "final", by_split["test"])
+    assert report["seen"] == 0 and report["n"] == len(by_split["test"])
+    report = seen_questions(
+        run / "final", by_split["train"] + questions("rag_gym/SynthHop-v0", "train")[:3]
+    )
+    assert report["seen"] == len(by_split["train"]) + 3
+    assert [row["seen"] for row in report["training_sets"]] == [len(by_split["train"]), 3]

@@ -78,6 +78,44 @@ def test_transcript_is_a_rollout_and_only_model_tokens_are_trained(tokenizer):
     assert [0] * len(episode.prompt_ids) + episode.env_mask == row["completion_mask"]
 
 
+def test_a_real_transcript_trains_only_the_model_tokens(tokenizer, tmp_path):
+    """HotpotQA, MuSiQue: the mask is 1 on the expert's replies and 0 on the prompt, the
+    retrieved passages and the end token, asserted on token ids."""
+    from rag_gym.train.sft import SFTConfig, demonstrations_report, tokenize_demonstration
+    from tests.agents.test_real_expert import HOTPOT, MUSIQUE
+
+    (tmp_path / "h.json").write_text(json.dumps(HOTPOT))
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in MUSIQUE))
+    cfg = SFTConfig(
+        env_id="rag_gym/HotpotQA-v0,rag_gym/MuSiQue-v0",
+        data_path=f"{tmp_path / 'h.json'},{tmp_path / 'm.jsonl'}",
+        n_demos=None,
+        eval_n=0,
+    )
+    demos, report = demonstrations_report(cfg)
+    assert len(demos) == 3 and sum(report.kept.values()) == 3
+    for demo in demos:
+        row = tokenize_demonstration(demo, tokenizer)
+        ids, mask = row["input_ids"], row["completion_mask"]
+        trained = [t for t, m in zip(ids, mask, strict=True) if m]
+        assert trained == [
+            t
+            for turn in demo.turns
+            for t in tokenizer.encode(turn.action, add_special_tokens=False)
+        ]
+        prompt = tokenizer.apply_chat_template(
+            demo.messages, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        observations = [
+            t
+            for turn in demo.turns[:-1]
+            for t in tokenizer.encode(f"\n{turn.observation}\n", add_special_tokens=False)
+        ]
+        env_written = [t for t, m in zip(ids, mask, strict=True) if not m]
+        assert env_written == list(prompt) + observations + [tokenizer.eos_token_id]
+        assert "<information>Doc 1(Title: " in tokenizer.decode(observations)
+
+
 def test_trl_labels_mask_the_env_tokens(tokenizer, tmp_path):
     from rag_gym.train.models import tiny_policy
     from rag_gym.train.sft import SFTConfig, build_trainer
@@ -424,3 +462,26 @@ def test_sft_command_passes_its_options_to_the_run(tmp_path, monkeypatch):
     assert result.exit_code != 0 and "confirm_rate in [0, 1]" in result.output
     result = CliRunner().invoke(app, ["train", "sft", "--max-length", "0", "--out", str(tmp_path)])
     assert result.exit_code != 0 and "max_length" in result.output
+    # real-data envs: one data path per id, the split by id, the SynthHop share, all questions
+    real = ["--env", "rag_gym/HotpotQA-v0,rag_gym/MuSiQue-v0", "--data-path", "h.json,m.jsonl"]
+    real += ["--split-by-id", "--synthhop-ratio", "0.25", "--demos", "0"]
+    result = CliRunner().invoke(app, ["train", "sft", *real, "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    cfg = seen["cfg"]
+    assert cfg.n_demos is None and cfg.synthhop_ratio == 0.25 and cfg.split_by_id
+    assert cfg.sources() == [
+        ("rag_gym/HotpotQA-v0", {"data_path": "h.json", "dataset_kwargs": {"split_by_id": True}}),
+        ("rag_gym/MuSiQue-v0", {"data_path": "m.jsonl", "dataset_kwargs": {"split_by_id": True}}),
+    ]
+    assert [ts["env_id"] for ts in cfg.training_sets()][-1] == "rag_gym/SynthHop-v0"
+    bad = ["--env", "rag_gym/HotpotQA-v0,rag_gym/MuSiQue-v0", "--data-path", "h.json"]
+    result = CliRunner().invoke(app, ["train", "sft", *bad, "--out", str(tmp_path)])
+    assert result.exit_code != 0 and "one data_path per env id" in result.output
+    result = CliRunner().invoke(
+        app, ["train", "sft", "--synthhop-ratio", "0.5", "--out", str(tmp_path)]
+    )
+    assert result.exit_code != 0 and "synthhop_ratio with a real-data env id" in result.output
+    result = CliRunner().invoke(
+        app, ["train", "sft", *real[:4], "--synthhop-ratio", "1", "--out", str(tmp_path)]
+    )
+    assert result.exit_code != 0 and "synthhop_ratio in [0, 1)" in result.output
