@@ -19,11 +19,14 @@ step of every episode and each passage touched, once; schema in :mod:`rag_gym.tr
 
 Nothing finished is lost: ``protocol.json`` is written before the first episode, and each episode
 is appended to ``episodes.jsonl`` (and flushed) as soon as it ends, its trace just before. A
-failing episode (an agent or backend error, an env error in ``reset`` or ``step``) is recorded
-with its ``error`` and the run goes on; an ``OSError`` from the env (an unreachable retrieval server, a missing file) stops the
-run, as Ctrl-C or SIGTERM do (:class:`RunInterrupted`). A stopped run has a partial leaderboard
-and goes on with ``evaluate(..., resume=True)`` (``rag-gym evaluate --resume RUN``): only the
-missing episodes are played, each with the seed it would have had, so the final leaderboard is
+failing episode (an agent or backend error, an env error in ``reset`` or ``step``, text that is
+not valid Unicode) is recorded with its ``error`` and the run goes on; an ``OSError`` from the env
+(an unreachable retrieval server, a missing file) and a ``ConnectionError`` from the agent's
+backend (an LLM server that cannot be reached) stop the run, as Ctrl-C or SIGTERM do
+(:class:`RunInterrupted`). A stopped run has a partial leaderboard and goes on with
+``evaluate(..., resume=True)`` (``rag-gym evaluate --resume RUN``): only the missing episodes
+are played, and those that failed for a reason outside the agent (:func:`replayable`: a
+backend that timed out, say), each with the seed it would have had, so the final leaderboard is
 the one an uninterrupted run writes. A run folder is never replaced silently: an existing one
 needs ``resume`` or ``overwrite``, and ``overwrite`` deletes only a folder holding a
 ``protocol.json``.
@@ -31,10 +34,12 @@ needs ``resume`` or ``overwrite``, and ``overwrite`` deletes only a folder holdi
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import csv
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -42,7 +47,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -125,6 +130,17 @@ class EvalConfig:
             raise ValueError(
                 f"expected a registered env id (rag-gym envs lists them), got {self.env_id!r}{hint}"
             )
+        if not isinstance(self.env_kwargs, dict):
+            raise TypeError(
+                f"expected env_kwargs to be a dict (a JSON object), got "
+                f"{type(self.env_kwargs).__name__}"
+            )
+        if "split" in self.env_kwargs and self.env_kwargs["split"] != self.split:
+            raise ValueError(
+                f"expected the split once, got split {self.split!r} and env_kwargs split "
+                f"{self.env_kwargs['split']!r}: the questions come from split (--split); drop "
+                "'split' from env_kwargs (--env-kwargs)"
+            )
         check_out_dir(self.out_dir)
         if self.run_name is not None:
             run_dir_of(self.out_dir, self.run_name)
@@ -132,12 +148,14 @@ class EvalConfig:
     @classmethod
     def from_run(cls, run_dir: str | Path, **overrides: Any) -> EvalConfig:
         """The config saved in a run folder's ``protocol.json`` (to reproduce the run)."""
-        path = Path(run_dir) / "protocol.json"
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"{path} not found: expected a run folder written by rag-gym evaluate"
+        saved = dict(read_protocol(run_dir)["config"])
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(saved) - names)
+        if unknown:
+            raise ValueError(
+                f"{Path(run_dir) / 'protocol.json'}: its config has fields this rag-gym does not "
+                f"know ({', '.join(unknown)}); run it with the rag-gym version that wrote it"
             )
-        saved = json.loads(path.read_text())["config"]
         saved["agents"] = tuple(saved["agents"])
         return cls(**{**saved, **overrides})
 
@@ -149,6 +167,23 @@ class EvalResult:
     rows: list[dict[str, Any]]
     episodes: list[dict[str, Any]]
     protocol: dict[str, Any]
+
+
+#: errors of the machine, not of the agent or the question: an episode recorded with one is
+#: played again by a resumed run
+_OUTSIDE_ERRORS = frozenset(
+    name
+    for name, value in vars(builtins).items()
+    if isinstance(value, type) and issubclass(value, (OSError, MemoryError))
+)
+
+
+def replayable(record: dict[str, Any]) -> bool:
+    """Whether an episode record failed for a reason outside the agent and the question (an
+    ``OSError`` such as a backend's ``TimeoutError`` or ``ConnectionError``, or a
+    ``MemoryError``), so that a resumed run plays it again."""
+    error = record.get("error")
+    return isinstance(error, str) and error.split(":", 1)[0].strip() in _OUTSIDE_ERRORS
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -279,6 +314,52 @@ def check_run_dir(config: EvalConfig, resume: bool = False, overwrite: bool = Fa
     return run_dir
 
 
+def read_protocol(run_dir: str | Path) -> dict[str, Any]:
+    """The ``protocol.json`` of a run folder, checked to be one :func:`evaluate` writes (a
+    ``config`` object with the run's settings, ``agents`` by name, the question ids); a damaged
+    or foreign file is a ``ValueError`` naming it and what is wrong."""
+    path = Path(run_dir) / "protocol.json"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} not found: expected a run folder written by rag-gym evaluate"
+        )
+    try:
+        protocol = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ValueError(
+            f"{path} is not valid JSON ({str(exc)[:200]}): the file is damaged"
+        ) from None
+    problems = []
+    if not isinstance(protocol, dict):
+        problems.append(f"a {type(protocol).__name__} instead of an object")
+        protocol = {}
+    config = protocol.get("config")
+    if not isinstance(config, dict):
+        problems.append("no 'config' object")
+    else:
+        for key, kind in (("env_id", str), ("split", str), ("n", int), ("seed", int)):
+            if not isinstance(config.get(key), kind):
+                problems.append(f"config.{key} {config.get(key)!r}")
+        agents = config.get("agents")
+        if not isinstance(agents, list) or not all(isinstance(a, str) for a in agents):
+            problems.append(f"config.agents {str(agents)[:80]} (expected a list of names)")
+        if not isinstance(config.get("env_kwargs", {}), dict):
+            problems.append("config.env_kwargs that is not an object")
+    if not isinstance(protocol.get("agents", {}), dict):
+        problems.append(
+            f"agents as a {type(protocol['agents']).__name__} (expected an object by name)"
+        )
+    if not isinstance(protocol.get("question_ids", []), list):
+        problems.append("question_ids that is not a list")
+    if problems:
+        raise ValueError(
+            f"{path}: expected a protocol written by rag-gym evaluate, got one with "
+            + "; ".join(problems)
+            + ": the file is damaged or was edited; restore it, or start a new run"
+        )
+    return protocol
+
+
 def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", encoding="utf-8", newline="") as f:
@@ -357,10 +438,11 @@ def check_resumable(saved: dict[str, Any], protocol: dict[str, Any], run_dir: Pa
         problems.append(f"lm {now!r} (the run has {was!r})")
     if bool(saved.get("judge")) != bool(protocol.get("judge")):
         problems.append("a judge" if protocol.get("judge") else "no judge (the run has one)")
-    missing = [a for a in saved["agents"] if a not in protocol["agents"]]
+    saved_agents = saved.get("agents") or {}
+    missing = [a for a in saved_agents if a not in protocol["agents"]]
     if missing:
         problems.append(f"no {', '.join(missing)} (the run has them; agents can only be added)")
-    for name, desc in saved["agents"].items():
+    for name, desc in saved_agents.items():
         now = protocol["agents"].get(name)
         if now is not None:  # what a checkpoint trained on is a report, not a setting
             now, desc = ({k: v for k, v in d.items() if k != "seen_questions"} for d in (now, desc))
@@ -512,7 +594,9 @@ def run_agent(
     Returns the episode records (in question order) and the wall time. An agent or backend
     exception ends the episodes of that call as failed episodes (``error`` set), and so does an
     env exception in ``reset`` or ``step`` (a bad record, an action outside the space); the run
-    goes on. An ``OSError`` from the env (retrieval server unreachable) is raised.
+    goes on. An ``OSError`` from the env (retrieval server unreachable) and a
+    ``ConnectionError`` from the agent (its LLM server cannot be reached) are raised: every
+    episode would fail alike, and the run is to be resumed once the cause is fixed.
     """
     kind = agent.env_kind
     if orders is None:
@@ -644,20 +728,28 @@ def run_agent(
 
             def client(slot: int) -> Callable[[], None]:
                 def play() -> None:
-                    while queue:
-                        start(slot)
-                        while slot in active:
-                            st = active[slot]
-                            try:
-                                (action,) = agent.act_batch([st["obs"]], [st["info"]], [slot])
-                            except Exception as exc:  # a failing agent or backend ends this episode
-                                finish(slot, f"{type(exc).__name__}: {exc}")
-                                break
-                            step(slot, action)
+                    try:
+                        while queue and not fatal:
+                            start(slot)
+                            while slot in active and not fatal:
+                                st = active[slot]
+                                try:
+                                    (action,) = agent.act_batch([st["obs"]], [st["info"]], [slot])
+                                except ConnectionError:
+                                    raise
+                                except Exception as exc:  # a failing agent or backend: this episode
+                                    finish(slot, f"{type(exc).__name__}: {exc}")
+                                    break
+                                step(slot, action)
+                    except BaseException as exc:  # stops every client; raised once they are done
+                        fatal.append(exc)
 
                 return play
 
+            fatal: list[BaseException] = []
             lm.run_clients([client(slot) for slot in range(n_slots)])
+            if fatal:
+                raise fatal[0]
         else:
             while queue or active:
                 for slot in range(n_slots):
@@ -670,6 +762,8 @@ def run_agent(
                     actions = agent.act_batch(
                         [active[s]["obs"] for s in slots], [active[s]["info"] for s in slots], slots
                     )
+                except ConnectionError:
+                    raise  # the backend cannot be reached: every episode would fail alike
                 except Exception as exc:  # a failing agent or LLM backend must not end the run
                     for slot in slots:
                         finish(slot, f"{type(exc).__name__}: {exc}")
@@ -680,6 +774,45 @@ def run_agent(
         for env in envs:
             env.close()
     return [records[i] for i in sorted(records)], time.perf_counter() - t0
+
+
+#: a lone surrogate (``"\ud800"`` in JSON): Python text, but not Unicode that UTF-8 can hold
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _scrub(value: Any, where: str, found: list[str]) -> Any:
+    """``value`` with every lone surrogate replaced by U+FFFD; the first place one was found
+    is appended to ``found``."""
+    if isinstance(value, str):
+        if _SURROGATE.search(value):
+            if not found:
+                found.append(where or "(value)")
+            return _SURROGATE.sub("\ufffd", value)
+        return value
+    if isinstance(value, dict):
+        return {
+            _scrub(k, where, found): _scrub(v, f"{where}.{k}" if where else str(k), found)
+            for k, v in value.items()
+        }
+    if isinstance(value, (list, tuple)):
+        return [_scrub(v, f"{where}[{i}]", found) for i, v in enumerate(value)]
+    return value
+
+
+def _unicode_failure(rec: dict[str, Any]) -> dict[str, Any]:
+    """An episode record whose text holds a lone surrogate (a question or passage that no
+    loader checked) as a failed episode that can be written: the surrogates become U+FFFD and
+    ``error`` names the field of the first one."""
+    found: list[str] = []
+    rec = _scrub(rec, "", found)
+    where = found[0] if found else "(unknown)"
+    error = (
+        f"UnicodeEncodeError: the episode's {where} holds text that is not valid Unicode (a "
+        "lone surrogate such as \\ud800, written as U+FFFD here): fix that record of the "
+        "data file"
+    )
+    rec["error"] = f"{rec['error']}; {error}" if rec.get("error") else error
+    return rec
 
 
 def _corpus_of(env: gym.Env) -> Any:
@@ -824,7 +957,7 @@ def evaluate(
     timing: dict[str, float] = {}  # agent -> wall seconds over every session of the run
     if resume:
         assert run_dir is not None
-        saved = json.loads((run_dir / "protocol.json").read_text())
+        saved = read_protocol(run_dir)
         check_resumable(saved, protocol, run_dir)
         protocol["command"] = saved.get("command")
         protocol["resumed_by"] = [*saved.get("resumed_by", []), command]
@@ -838,6 +971,16 @@ def evaluate(
                     f"{key}: the file is damaged; start over with --overwrite"
                 )
             done[key] = rec
+        again = [key for key, rec in done.items() if replayable(rec)]
+        if again:  # failed for a reason outside the agent: played again, so out of the file
+            for key in again:
+                del done[key]
+            _atomic_write(
+                run_dir / "episodes.jsonl",
+                "".join(
+                    json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in done.values()
+                ),
+            )
         timing = _read_timing(run_dir)
         _atomic_write(run_dir / "protocol.json", _protocol_text(protocol))
     else:
@@ -885,13 +1028,20 @@ def evaluate(
                     rec["agent"] = name
                     rec["env_id"] = env_id
                     trace = rec.pop("trace", None)
-                    if trace is not None:  # before the episode: a resume replays a lost one
-                        tracer.write(name, rec["question_id"], trace["steps"], trace["passages"])
                     if judge is not None and rec["prediction"] and rec["answerable"]:
                         rec["judge"] = float(
                             judge(rec["question"], rec["prediction"], rec["answers"])
                         )
                     line = json.dumps(rec, ensure_ascii=False, default=str)
+                    if _SURROGATE.search(line):  # no file can hold it: the episode fails, named
+                        rec = _unicode_failure(rec)
+                        line = json.dumps(rec, ensure_ascii=False, default=str)
+                    if trace is not None and _SURROGATE.search(
+                        json.dumps(trace, ensure_ascii=False, default=str)
+                    ):  # a raw reply the env sanitised: its trace keeps the rest of it
+                        trace = _scrub(trace, "", [])
+                    if trace is not None:  # before the episode: a resume replays a lost one
+                        tracer.write(name, rec["question_id"], trace["steps"], trace["passages"])
                     f.write(line + "\n")
                     f.flush()
                     new_episodes += 1
@@ -929,16 +1079,22 @@ def evaluate(
             raise RunInterrupted(run_dir, len(done), new_episodes, reason) from exc
         exc.add_note(
             f"rag-gym: {len(done)} finished episodes are saved in {run_dir} (partial leaderboard "
-            "there); resume with evaluate(..., resume=True) (rag-gym evaluate --resume RUN)"
+            "there); once the cause is fixed, resume with evaluate(..., resume=True) "
+            f"(rag-gym evaluate --resume {run_dir})"
         )
         raise
     f.close()
     tracer.close()
     episodes = [done[(name, q)] for name in agents for q in qids_of[name]]
     result = EvalResult(config, run_dir, rows, episodes, protocol)
-    write_run(result)
-    if track:
-        log_to_wandb(result)
+    try:
+        write_run(result)  # each file replaced atomically: old or new, never half written
+        if track:
+            log_to_wandb(result)
+    except KeyboardInterrupt as exc:  # every episode is saved: the leaderboard is the full one
+        _write_partial(run_dir, config.agents, timing)
+        reason = exc.args[0] if exc.args and isinstance(exc.args[0], str) else "SIGINT"
+        raise RunInterrupted(run_dir, len(done), new_episodes, reason) from exc
     return result
 
 

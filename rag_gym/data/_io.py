@@ -1,8 +1,14 @@
-"""File reading shared by the loaders: JSON, JSONL and parquet records with located errors."""
+"""File reading shared by the loaders: JSON, JSONL and parquet records with located errors.
+
+Every record these helpers yield holds valid Unicode text: a JSON escape of a lone surrogate
+(``"\\ud800"``), which ``json`` turns into a Python string that no UTF-8 file or HTTP body can
+hold, is refused with a :class:`DataFormatError` naming the file, the record and the field.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,12 +29,15 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             record = parse_json(line, path, where)
             if not isinstance(record, dict):
                 raise DataFormatError(path, where, "(record)", "a JSON object", record)
+            if _SURROGATE_ESCAPE.search(line):
+                check_unicode(record, path, where)
             yield lineno, record
 
 
 def parse_json(text: str, path: Path | str, where: str) -> Any:
-    """``json.loads(text)``; invalid JSON or nesting too deep for the parser raises
-    :class:`DataFormatError` naming ``path`` and ``where``."""
+    """``json.loads(text)``; invalid JSON, an integer longer than Python converts (4,300
+    digits) or nesting too deep for the parser raises :class:`DataFormatError` naming ``path``
+    and ``where``."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
@@ -37,6 +46,45 @@ def parse_json(text: str, path: Path | str, where: str) -> Any:
         raise DataFormatError(
             path, where, "(json)", "JSON nested less deeply", "nesting too deep to parse"
         ) from None
+    except ValueError as exc:  # int("1" * 5000): Python's limit on integer digits
+        long = re.search(r"\d{4301,}", text)
+        if long is not None and where == "(file)":
+            where = f"line {text.count(chr(10), 0, long.start()) + 1}"
+        raise DataFormatError(
+            path, where, "(json)", "numbers of at most 4,300 digits", str(exc)
+        ) from None
+
+
+#: a JSON escape that may stand for a lone surrogate: ``\ud800`` to ``\udfff``
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_unicode(record: Any, path: Path | str, where: str) -> None:
+    """``DataFormatError`` naming the field (``context[2][1][0]``) of the first string of
+    ``record`` (keys included) that holds a lone surrogate."""
+    stack: list[tuple[str, Any]] = [("", record)]
+    while stack:
+        field, value = stack.pop()
+        if isinstance(value, str):
+            found = _SURROGATE.search(value)
+            if found:
+                start = max(found.start() - 20, 0)
+                raise DataFormatError(
+                    path,
+                    where,
+                    field or "(record)",
+                    "valid Unicode text (a JSON escape such as \\ud800 that is not half of a "
+                    "surrogate pair is not a character; fix or drop it)",
+                    value[start : found.start() + 20],
+                )
+        elif isinstance(value, dict):
+            for key, item in reversed(value.items()):
+                name = f"{field}.{key}" if field else str(key)
+                stack.append((name, item))
+                stack.append((f"{name} (the key)", key))
+        elif isinstance(value, list):
+            stack.extend((f"{field}[{i}]", item) for i, item in reversed(list(enumerate(value))))
 
 
 def read_text(path: Path) -> str:
@@ -78,6 +126,7 @@ def iter_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     elif suffix == ".json":
         text = read_text(path)
         data = parse_json(text, path, "(file)") if text.strip() else []  # blank: no records
+        check = _SURROGATE_ESCAPE.search(text) is not None
         if isinstance(data, dict) and isinstance(data.get("data"), list):
             data = data["data"]
         if not isinstance(data, list):
@@ -87,6 +136,8 @@ def iter_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
         for i, record in enumerate(data):
             if not isinstance(record, dict):
                 raise DataFormatError(path, f"record {i}", "(record)", "a JSON object", record)
+            if check:
+                check_unicode(record, path, f"record {i}")
             yield f"record {i}", record
     elif suffix == ".parquet":
         try:

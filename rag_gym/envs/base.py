@@ -118,6 +118,27 @@ class DataConfig:
             raise ValueError(
                 f"expected corpus_mode 'pool', 'corpus' or None, got {self.corpus_mode!r}"
             )
+        retriever = self.retriever
+        if not (
+            retriever is None
+            or isinstance(retriever, str)
+            or (callable(getattr(retriever, "retrieve", None)) and hasattr(retriever, "corpus"))
+        ):
+            raise TypeError(
+                "expected retriever to be a server URL (str), a retriever object (with retrieve "
+                f"and corpus) or None, got {type(retriever).__name__}: {retriever!r}"
+            )
+        examples = self.examples
+        if examples is not None and (
+            isinstance(examples, (str, bytes, Mapping))
+            or not isinstance(examples, Sequence)
+            or not all(isinstance(ex, QAExample) for ex in examples)
+        ):
+            shown = type(examples).__name__
+            if isinstance(examples, Sequence) and not isinstance(examples, (str, bytes)):
+                bad = next(ex for ex in examples if not isinstance(ex, QAExample))
+                shown = f"a {type(examples).__name__} holding {type(bad).__name__} {bad!r:.60}"
+            raise TypeError(f"expected examples to be a sequence of QAExample or None, got {shown}")
 
     @classmethod
     def fields(cls) -> tuple[str, ...]:
@@ -447,6 +468,16 @@ class QAEnv(gym.Env):
             return obs
         print(obs)
         return None
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """``value`` if it is a bool (numpy's included); a ``TypeError`` otherwise, so that the
+    string ``"false"`` does not turn an option on."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(
+            f"expected {name} to be a bool (true or false), got {type(value).__name__}: {value!r}"
+        )
+    return bool(value)
 
 
 def check_int(name: str, value: Any, minimum: int) -> None:

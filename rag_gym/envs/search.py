@@ -11,7 +11,7 @@ import numpy as np
 from gymnasium import spaces
 
 from rag_gym.data.types import Passage
-from rag_gym.envs.base import DataConfig, QAEnv, SearchRequest, check_int
+from rag_gym.envs.base import DataConfig, QAEnv, SearchRequest, check_bool, check_int
 from rag_gym.envs.spaces import UnicodeText, sanitize
 
 
@@ -191,6 +191,7 @@ class SearchEnv(QAEnv):
     ) -> None:
         check_int("max_query_chars", max_query_chars, 1)
         check_int("max_text_chars", max_text_chars, max_query_chars)
+        exclude_seen = check_bool("exclude_seen", exclude_seen)
         if isinstance(invalid_action_penalty, bool) or not isinstance(
             invalid_action_penalty, (int, float)
         ):
@@ -210,7 +211,7 @@ class SearchEnv(QAEnv):
             render_mode=render_mode,
             **data_kwargs,
         )
-        self.exclude_seen = bool(exclude_seen)
+        self.exclude_seen = exclude_seen
         self.max_query_chars = max_query_chars
         self.invalid_action_penalty = float(invalid_action_penalty)
 

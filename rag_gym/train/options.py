@@ -18,15 +18,43 @@ import json
 from typing import Any
 
 
+def parse_json_text(name: str, text: str) -> Any:
+    """``json.loads(text)`` for the option ``name``; JSON that Python cannot read, though
+    valid, is a ``ValueError`` naming the option: nesting deeper than the parser goes, or an
+    integer longer than Python converts (4,300 digits). Invalid JSON raises
+    ``json.JSONDecodeError`` as ``json.loads`` does.
+
+    >>> parse_json_text("--env-kwargs", "[" * 100_000)
+    Traceback (most recent call last):
+    ...
+    ValueError: expected --env-kwargs to be JSON nested less deeply: it is too deep to parse
+    """
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise
+    except RecursionError:
+        raise ValueError(
+            f"expected {name} to be JSON nested less deeply: it is too deep to parse"
+        ) from None
+    except ValueError as exc:  # Python's limit on the digits of an integer
+        raise ValueError(
+            f"expected {name} to hold numbers of at most 4,300 digits ({exc})"
+        ) from None
+
+
 def json_option(name: str, value: Any, example: str) -> Any:
     """``value`` parsed as JSON when it is a string (else as it is); a string that is not JSON
-    raises ``TypeError`` naming the field and an ``example``."""
+    raises ``TypeError`` naming the field and an ``example`` (JSON too deep or with too long an
+    integer, a ``ValueError``: :func:`parse_json_text`)."""
     if not isinstance(value, str):
         return value
     try:
-        return json.loads(value)
+        return parse_json_text(name, value)
     except json.JSONDecodeError:
-        raise TypeError(f"expected {name} to be JSON such as {example}, got {value!r}") from None
+        raise TypeError(
+            f"expected {name} to be JSON such as {example}, got {value[:200]!r}"
+        ) from None
 
 
 def dict_option(name: str, value: Any) -> dict[str, Any]:
@@ -36,12 +64,13 @@ def dict_option(name: str, value: Any) -> dict[str, Any]:
     parsed = value
     if isinstance(value, str):
         try:
-            parsed = json.loads(value)
+            parsed = parse_json_text(name, value)
         except json.JSONDecodeError:
             parsed = None
     if not isinstance(parsed, dict):
+        shown = repr(value) if len(repr(value)) <= 200 else repr(value)[:197] + "..."
         raise TypeError(
-            f"expected {name} to be a dict or a JSON object such as '{{\"k\": 5}}', got {value!r}"
+            f"expected {name} to be a dict or a JSON object such as '{{\"k\": 5}}', got {shown}"
         )
     return parsed
 
