@@ -318,6 +318,10 @@ def main() -> None:
             Path(args.result).write_text(json.dumps(out))
         return
 
+    work_dir = Path(args.work_dir)
+    if work_dir.exists() and not work_dir.is_dir():
+        parser.error(f"--work-dir {work_dir} is a file: give a folder")
+    work_dir.mkdir(parents=True, exist_ok=True)  # created when missing, as --keep expects
     has_tantivy = not args.no_tantivy and _importable("tantivy")
     print(
         f"BM25 at scale on {len(os.sched_getaffinity(0))} CPU cores; load average at the start "
