@@ -14,8 +14,9 @@ phases of ``--seconds`` each, measured in the same run against the same server:
 
 Prints, per phase, the good requests answered per second, their median and 99th-percentile
 latency, and how many replies were wrong (every reply is compared with the in-process
-ranking); then the flood phase's throughput as a share of the clean one. Target: at least
-50%, no wrong reply. The same script run against a server that retrieves abandoned work shows
+ranking); then the flood phase's throughput as a share of the clean one (the mean of a clean
+phase before it and one after, so that a machine whose load drifts is not read as an effect).
+Target: at least 50%, no wrong reply. The same script run against a server that retrieves abandoned work shows
 the drop the target rules out.
 """
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import multiprocessing
 import socket
 import subprocess
 import sys
@@ -70,14 +72,14 @@ def good_client(port, queries, expected, stop, latencies, wrong) -> None:
     conn.close()
 
 
-def flood(port, body: bytes, rate: float, limit: int, stop, sent: list) -> None:
+def flood(port, body: bytes, rate: float, limit: int, stop, sent) -> None:
     head = (
         "POST /retrieve HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
     ).encode()
     start = time.perf_counter()
-    while not stop.is_set() and len(sent) < limit:
-        due = start + len(sent) / rate
+    while not stop.is_set() and sent.value < limit:
+        due = start + sent.value / rate
         pause = due - time.perf_counter()
         if pause > 0:
             time.sleep(pause)
@@ -86,14 +88,14 @@ def flood(port, body: bytes, rate: float, limit: int, stop, sent: list) -> None:
                 s.sendall(head + body)  # and close at once: the client has given up
         except OSError:
             pass
-        sent.append(1)
+        sent.value += 1
 
 
 def phase(port, queries, expected, args, flood_body: bytes | None) -> dict:
     stop = threading.Event()
     latencies: list[float] = []
     wrong: list[str] = []
-    sent: list[int] = []
+    sent = None
     threads = [
         threading.Thread(
             target=good_client,
@@ -101,16 +103,22 @@ def phase(port, queries, expected, args, flood_body: bytes | None) -> dict:
         )
         for c in range(args.clients)
     ]
-    if flood_body is not None:
-        threads.append(
-            threading.Thread(
-                target=flood, args=(port, flood_body, args.flood_rate, args.flood_max, stop, sent)
-            )
+    flooding = None
+    if flood_body is not None:  # from a process of its own: its sends take no GIL from ours
+        context = multiprocessing.get_context("fork")
+        flood_stop, sent = context.Event(), context.Value("i", 0)
+        flooding = context.Process(
+            target=flood,
+            args=(port, flood_body, args.flood_rate, args.flood_max, flood_stop, sent),
         )
+        flooding.start()
     for t in threads:
         t.start()
     time.sleep(args.seconds)
     stop.set()
+    if flooding is not None:
+        flood_stop.set()
+        flooding.join(120)
     for t in threads:
         t.join(120)
     latencies.sort()
@@ -121,7 +129,7 @@ def phase(port, queries, expected, args, flood_body: bytes | None) -> dict:
         "p99_ms": 1000 * latencies[min(n - 1, int(n * 0.99))] if n else float("nan"),
         "wrong": len(wrong),
         "answered": n,
-        "abandoned_sent": len(sent),
+        "abandoned_sent": sent.value if sent is not None else 0,
     }
 
 
@@ -164,7 +172,7 @@ def main() -> None:
         phase(port, queries, expected, argparse.Namespace(**{**vars(args), "seconds": 1.0}), None)
         clean = phase(port, queries, expected, args, None)
         flooded = phase(port, queries, expected, args, body)
-        after = phase(port, queries, expected, args, None)  # the server recovered
+        after = phase(port, queries, expected, args, None)  # and the server has recovered
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -180,7 +188,8 @@ def main() -> None:
             f"| {name} | {r['abandoned_sent']} | {r['good_per_s']:.0f} | {r['p50_ms']:.1f} | "
             f"{r['p99_ms']:.1f} | {r['wrong']} |"
         )
-    ratio = flooded["good_per_s"] / clean["good_per_s"] if clean["good_per_s"] else float("nan")
+    clean_per_s = (clean["good_per_s"] + after["good_per_s"]) / 2
+    ratio = flooded["good_per_s"] / clean_per_s if clean_per_s else float("nan")
     print(f"good throughput under abandoned requests: {ratio:.0%} of clean (target >= 50%)")
 
 
