@@ -158,11 +158,43 @@ def guarded_protocol(
 def disconnect_probe(receive) -> Callable[[], bool] | None:
     """A check, cheap enough to call before every batch, of whether a request's client has
     gone: uvicorn's ``receive`` is a method of its ``RequestResponseCycle``, whose
-    ``disconnected`` turns true as soon as the connection is lost (``connection_lost``), while
-    the ASGI way (awaiting ``http.disconnect`` from ``receive``) needs a task per request.
-    ``None`` under another server (or a uvicorn without that attribute): the request is then
-    served to the end."""
+    ``disconnected`` turns true once the event loop has read the connection's end, and its
+    ``transport``'s socket is polled for a hang-up the loop has not read yet (a client that
+    closes as soon as it has sent its request is seen gone before its work is handed to a
+    worker). The ASGI way, awaiting ``http.disconnect`` from ``receive``, needs a task per
+    request and sees only what the loop has read. ``None`` under another server (or a uvicorn
+    without that attribute): the request is then served to the end."""
     cycle = getattr(receive, "__self__", None)
     if not isinstance(getattr(cycle, "disconnected", None), bool):
         return None
-    return lambda: cycle.disconnected
+    hung_up = _hang_up_check(getattr(cycle, "transport", None))
+    if hung_up is None:
+        return lambda: cycle.disconnected
+    return lambda: cycle.disconnected or hung_up()
+
+
+def _hang_up_check(transport) -> Callable[[], bool] | None:
+    """Whether the peer of ``transport``'s socket has closed or shut down its side (Linux's
+    ``POLLRDHUP``), by a ``poll`` that does not wait; ``None`` where it cannot be asked."""
+    import select
+
+    rdhup = getattr(select, "POLLRDHUP", None)
+    if rdhup is None or not hasattr(select, "poll"):
+        return None  # not Linux: the loop's own reading of the end has to do
+    try:
+        fd = transport.get_extra_info("socket").fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+    if fd < 0:
+        return None
+    flags = rdhup | select.POLLHUP | select.POLLERR | select.POLLNVAL
+
+    def hung_up() -> bool:
+        poller = select.poll()  # one per call: the loop and worker threads may ask at once
+        try:
+            poller.register(fd, flags)
+            return any(events & flags for _, events in poller.poll(0))
+        except (OSError, ValueError):  # the descriptor is gone: so is the connection
+            return True
+
+    return hung_up

@@ -423,8 +423,12 @@ class _RetrieveEndpoint:
         gone = disconnect_probe(receive)
         try:
             status, reply = await self.answer(bytes(body), gone)
-        except _ClientGone:
-            return  # nobody to answer: its work was dropped
+        except _ClientGone:  # nobody to answer: its work was dropped
+            # the socket said so before the server read the connection's end: wait for that,
+            # so that the server does not take the silence for a fault of the app
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(receive(), self.limits.body_timeout)
+            return
         await _send_json(send, status, reply)
 
     def _log_unknown(self, names: list[str]) -> None:
