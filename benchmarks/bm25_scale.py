@@ -173,9 +173,9 @@ def _words(text: str, stopwords: frozenset[str] = frozenset()) -> str:
 
 def _rag_gym_stopwords() -> frozenset[str]:
     """The stop words rag-gym's BM25 tokenizer drops (bm25s's English list)."""
-    from rag_gym.retrieval.bm25 import _bm25s_stopwords
+    from rag_gym.retrieval.bm25_format import bm25s_stopwords
 
-    return frozenset(_bm25s_stopwords("en"))
+    return frozenset(bm25s_stopwords("en"))
 
 
 def cell_tantivy_build(args, out: dict) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from rag_gym.retrieval.bm25_build import block_pointers
+from rag_gym.retrieval.bm25_format import BLOCK, block_pointers
 
 STAMP_LIMIT = 2**31 - 8
 """Stamps are int32; the clock restarts (and the stamps are reset) before reaching this."""
@@ -512,9 +512,7 @@ def warm_up(data, indices, indptr, id_rank, doc_len=None) -> None:
 
 
 # ---- block-max pruning --------------------------------------------------------------------------
-BLOCK = 64
-"""Postings per block of :func:`block_facts`: each block keeps its largest contribution and its
-last passage, so whole blocks whose bound cannot reach the k-th best score are skipped."""
+# blocks of BLOCK postings (rag_gym.retrieval.bm25_format)
 
 
 @njit(nogil=True, cache=True)

@@ -4,7 +4,8 @@ rag-gym does not re-implement BM25's scoring: it tokenises as ``bm25s.tokenize``
 stop words, Snowball English stemmer from PyStemmer) and scores with bm25s's own functions into
 bm25s's eager index, which holds every token's score contribution to every passage
 (:mod:`rag_gym.retrieval.bm25_build` builds it, in memory or out of core, with the same float32
-contributions as ``bm25s.BM25.index``). It adds what an environment needs on top:
+contributions as ``bm25s.BM25.index``, in the format of :mod:`rag_gym.retrieval.bm25_format`,
+where :class:`BM25Config` lives). It adds what an environment needs on top:
 batched retrieval that returns passage ids, per-query exclusion of ids, restriction to a candidate
 pool, and ties broken by passage id.
 
@@ -40,7 +41,7 @@ import re
 import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -58,45 +59,23 @@ from rag_gym.retrieval.base import (
     positions,
     top_k,
 )
+from rag_gym.retrieval.bm25_build import bm25s_model, build_arrays, write_serving_files
+from rag_gym.retrieval.bm25_format import (
+    BLOCK_ARRAYS,
+    SERVING,
+    SERVING_ARRAYS,
+    TOKEN_PATTERN,
+    BM25Config,
+    block_pointers,
+    bm25s_stopwords,
+)
 from rag_gym.retrieval.persist import read_index, write_index
-
-
-@dataclass(frozen=True)
-class BM25Config:
-    """BM25 parameters (bm25s defaults: Lucene variant, k1 = 1.5, b = 0.75)."""
-
-    k1: float = 1.5
-    """Term-frequency saturation."""
-    b: float = 0.75
-    """Length normalisation."""
-    method: str = "lucene"
-    """bm25s variant: ``lucene``, ``robertson``, ``atire``, ``bm25l`` or ``bm25+``."""
-    stopwords: str | None = "en"
-    """Stop-word list passed to ``bm25s.tokenize`` (``None`` keeps every token)."""
-    stemmer: str | None = "english"
-    """Snowball stemmer language (PyStemmer), ``None`` for no stemming."""
-
-    def __post_init__(self) -> None:
-        if self.method not in ("lucene", "robertson", "atire", "bm25l", "bm25+"):
-            raise ValueError(
-                f"expected method in lucene/robertson/atire/bm25l/bm25+, got {self.method!r}"
-            )
-        if self.k1 < 0 or not 0 <= self.b <= 1:
-            raise ValueError(f"expected k1 >= 0 and 0 <= b <= 1, got k1={self.k1}, b={self.b}")
-
 
 BACKENDS = ("auto", "numba", "numpy")
 KERNELS = ("blockmax", "maxscore", "dense")
 
 # a batch is split across threads only when it reads at least this many postings
 _POSTINGS_PER_THREAD = 200_000
-
-
-def _bm25s_stopwords(stopwords: str | None):
-    """bm25s's stop-word list for ``stopwords`` (what its ``tokenize`` removes)."""
-    from bm25s.tokenization import _infer_stopwords
-
-    return _infer_stopwords(stopwords)
 
 
 def _numba_kernels():
@@ -179,8 +158,8 @@ class BM25Retriever:
 
             self._stemmer = Stemmer.Stemmer(self.config.stemmer)
         # bm25s.tokenize's own steps (see tokenize)
-        self._split = re.compile(r"(?u)\b\w\w+\b").findall
-        self._stopwords = frozenset(_bm25s_stopwords(self.config.stopwords))
+        self._split = re.compile(TOKEN_PATTERN).findall
+        self._stopwords = frozenset(bm25s_stopwords(self.config.stopwords))
         self.corpus = Corpus(name="empty")
         self.model: bm25s.BM25 | None = None
         if corpus is not None:
@@ -222,8 +201,6 @@ class BM25Retriever:
             raise TypeError(f"expected a rag_gym.data.Corpus, got {type(corpus).__name__}")
         if len(corpus) == 0:
             raise ValueError(f"expected a non-empty corpus, got {corpus!r}")
-        from rag_gym.retrieval.bm25_build import bm25s_model, build_arrays
-
         try:
             arrays = build_arrays(corpus.contents(), self.config)
         except ValueError as exc:
@@ -560,8 +537,6 @@ class BM25Retriever:
         (nor empty) is a ``FileExistsError`` unless ``force``."""
         if self.model is None:
             raise RuntimeError("the retriever has no index yet; call index(corpus) first")
-        from rag_gym.retrieval.bm25_build import write_serving_files
-
         model = self.model
 
         def write_files(tmp: Path) -> dict:
@@ -612,11 +587,9 @@ class BM25Retriever:
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{d / 'params.json'}: bad BM25 config ({exc}); rebuild") from None
         retriever = cls(config=config, backend=backend, n_threads=n_threads)
-        from rag_gym.retrieval.bm25_build import SERVING as SERVING_KEY
-
         # with the numba backend, a vocabulary stored as arrays is mapped, not parsed
         mapped_vocab = retriever._kernels is not None and bool(
-            (params.get(SERVING_KEY) or {}).get("vocab")
+            (params.get(SERVING) or {}).get("vocab")
         )
         try:
             model = retriever._bm25s.BM25.load(
@@ -625,7 +598,7 @@ class BM25Retriever:
             if mapped_vocab:
                 from rag_gym.retrieval._vocab_numba import MappedVocab
 
-                model.vocab_dict = MappedVocab.load(d / SERVING_KEY, mmap=mmap)
+                model.vocab_dict = MappedVocab.load(d / SERVING, mmap=mmap)
                 model.unique_token_ids_set = range(len(model.vocab_dict))
         except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError) as exc:
             raise ValueError(
@@ -692,8 +665,6 @@ def _load_serving(d: Path, params: dict, model, n_docs: int, mmap: bool, full: b
     it, each posting list's blocks are checked the first time a query reads them
     (:meth:`BM25Retriever._check_lists`), and ranks are only ever compared, never used to
     index an array."""
-    from rag_gym.retrieval.bm25_build import SERVING, block_pointers
-
     info = params.get(SERVING)
     if not info:
         return {}
@@ -702,7 +673,7 @@ def _load_serving(d: Path, params: dict, model, n_docs: int, mmap: bool, full: b
     try:
         arrays = {
             name: np.load(folder / f"{name}.npy", mmap_mode=mode, allow_pickle=False)
-            for name in ("id_rank", "by_rank", "token_max", "block_ptr", "block_max", "block_last")
+            for name in SERVING_ARRAYS
         }
         block = int(info["block"])
         prunable = bool(info["prunable"])
@@ -740,7 +711,7 @@ def _load_serving(d: Path, params: dict, model, n_docs: int, mmap: bool, full: b
     blocks = {
         "block": block,
         "prunable": prunable,
-        **{name: arrays[name] for name in ("token_max", "block_ptr", "block_max", "block_last")},
+        **{name: arrays[name] for name in BLOCK_ARRAYS},
     }
     rank_file = folder / "block_rank.npy"
     if rank_file.is_file():  # absent from indexes saved before it existed: then computed

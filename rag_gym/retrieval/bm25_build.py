@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -30,16 +31,22 @@ from typing import Any
 
 import numpy as np
 
+from rag_gym.data.mapped import CorpusFileWriter
 from rag_gym.data.types import Passage
+from rag_gym.retrieval.bm25_format import (
+    BLOCK_ARRAYS,
+    SERVING,
+    TOKEN_PATTERN,
+    BM25Config,
+    bm25s_stopwords,
+)
+from rag_gym.retrieval.persist import write_index
 
 # bytes of memory a buffered posting costs while collecting (buffers, then the sort that spills
 # them) and while merging (its slices, the sort, the scores in float64)
 _COLLECT_BYTES = 48
 _MERGE_BYTES = 64
 _MIN_MEMORY = 1 << 20
-
-SERVING = "serving"
-"""The folder of an index that holds what serving needs beside bm25s's arrays."""
 
 
 def parse_memory(text: str | int) -> int:
@@ -70,10 +77,8 @@ class _Collector:
     """Pass 1: tokens, document lengths, postings in sorted runs (in memory or spilled)."""
 
     def __init__(self, config, run_postings: int | None, spill_dir: Path | None) -> None:
-        from rag_gym.retrieval.bm25 import _bm25s_stopwords
-
-        self.split = re.compile(r"(?u)\b\w\w+\b").findall
-        self.stop = frozenset(_bm25s_stopwords(config.stopwords))
+        self.split = re.compile(TOKEN_PATTERN).findall
+        self.stop = frozenset(bm25s_stopwords(config.stopwords))
         stemmer = None
         if config.stemmer:
             import Stemmer
@@ -140,15 +145,6 @@ class _Collector:
             del rows, tfs
             rows, tfs, ptr = (np.load(path, mmap_mode="r") for path in paths)
         self.runs.append((rows, tfs, ptr))
-
-
-def block_pointers(indptr, block: int) -> np.ndarray:
-    """Where each token's blocks start: token ``t`` has ``ceil(len / block)`` blocks, numbered
-    ``block_ptr[t]:block_ptr[t + 1]``."""
-    lengths = np.diff(np.asarray(indptr, dtype=np.int64))
-    out = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum((lengths + block - 1) // block, out=out[1:])
-    return out
 
 
 def _scorer(config):
@@ -336,7 +332,7 @@ def write_serving_files(
     by_rank[id_rank] = np.arange(len(id_rank))
     np.save(folder / "id_rank.npy", id_rank)
     np.save(folder / "by_rank.npy", by_rank)
-    for name in ("token_max", "block_ptr", "block_max", "block_last"):
+    for name in BLOCK_ARRAYS:
         np.save(folder / f"{name}.npy", blocks[name])
     np.save(folder / "block_rank.npy", _bm25_numba.block_min_rank(indices, indptr, blocks, id_rank))
     if doc_len is not None:  # the length bounds of the block-max kernel
@@ -364,12 +360,6 @@ def build_bm25_index(
     ``out_dir``, and the next build removes its leftovers. Spilled runs live inside the
     temporary folder and are deleted before the manifest is written.
     """
-    import shutil
-
-    from rag_gym.data.mapped import CorpusFileWriter
-    from rag_gym.retrieval.bm25 import BM25Config
-    from rag_gym.retrieval.persist import write_index
-
     config = config or BM25Config()
     budget = parse_memory(memory)
 

@@ -47,7 +47,7 @@ from typing import Any
 
 from rag_gym.data.types import Corpus, Passage
 from rag_gym.retrieval.base import RetrievalResult, check_k, check_queries, per_query
-from rag_gym.retrieval.bm25 import BM25Config, _bm25s_stopwords
+from rag_gym.retrieval.bm25_format import BM25Config, bm25s_stopwords
 from rag_gym.retrieval.http import _RemoteCorpus, split_contents
 
 #: the engines, by URL scheme prefix (``opensearch+http://...``)
@@ -135,8 +135,9 @@ class EngineURL:
 @dataclass(frozen=True)
 class SearchEngineConfig:
     """How :meth:`SearchEngineRetriever.index` builds an index, and how the client talks to the
-    cluster. The BM25 and tokenizer fields default to :class:`~rag_gym.retrieval.bm25.BM25Config`'s,
-    so the engine ranks as rag-gym's own BM25 does."""
+    cluster. The BM25 and tokenizer fields default to
+    :class:`~rag_gym.retrieval.bm25_format.BM25Config`'s, so the engine ranks as rag-gym's own BM25
+    does."""
 
     k1: float = BM25Config.k1
     """Lucene BM25's term-frequency saturation (the ``similarity``'s ``k1``)."""
@@ -191,7 +192,7 @@ class SearchEngineConfig:
         filters: dict[str, Any] = {f"{_NAME}_min2": {"type": "length", "min": 2}}
         chain = ["lowercase", f"{_NAME}_min2"]
         if self.stopwords is not None:
-            words = list(_bm25s_stopwords(self.stopwords))
+            words = list(bm25s_stopwords(self.stopwords))
             filters[f"{_NAME}_stop"] = {"type": "stop", "stopwords": words}
             chain.append(f"{_NAME}_stop")
         if self.stemmer is not None:
