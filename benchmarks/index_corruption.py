@@ -6,7 +6,7 @@ Builds two BM25 indexes of the same size over different corpora (the second give
 id the next passage's text, so every array has the same shape) and, when faiss is installed,
 two dense indexes (a stub hashing encoder, no model download). Then, on a fresh copy each time,
 it tries every corruption below on every file of the index and loads it with
-:func:`rag_gym.retrieval.persist.load_index` (what ``rag-gym serve`` and ``index=`` envs use),
+:func:`rag_gym.retrieval.load.load_index` (what ``rag-gym serve`` and ``index=`` envs use),
 in the default (sampled) mode and with ``verify=True``:
 
 * truncate to half, to zero; append a byte; flip a byte at the start, middle and end; overwrite
@@ -36,7 +36,8 @@ import numpy as np
 
 from rag_gym.data import Corpus
 from rag_gym.retrieval import BM25Retriever
-from rag_gym.retrieval.persist import load_index, read_params, verify_files
+from rag_gym.retrieval.load import load_index
+from rag_gym.retrieval.persist import read_params, verify_files
 
 
 def corpora(n: int, seed: int = 0) -> tuple[Corpus, Corpus]:

@@ -543,7 +543,7 @@ def index_build(
                 source=corpus,
             )
             if verify:
-                from rag_gym.retrieval.persist import load_index
+                from rag_gym.retrieval.load import load_index
 
                 load_index(path, verify=True)
         except (TypeError, ValueError, OSError, ImportError) as exc:

@@ -11,7 +11,7 @@ from rag_gym.retrieval.base import RetrievalResult, Retriever
 from rag_gym.retrieval.bm25 import BM25Retriever
 from rag_gym.retrieval.cache import CachedRetriever
 from rag_gym.retrieval.hybrid import HybridRetriever
-from rag_gym.retrieval.persist import load_index
+from rag_gym.retrieval.load import load_index
 
 __all__ = [
     "BM25Retriever",

@@ -369,16 +369,3 @@ def verify_files(d: Path, params: dict[str, Any], full: bool = False) -> None:
                 f"{path} does not match its checksum in {d / PARAMS}: it was replaced or "
                 "damaged; rebuild the index"
             )
-
-
-def load_index(path: str | Path, verify: bool = False):
-    """``(retriever, kind)`` for a saved index folder of any kind (``params.json`` says which),
-    every corruption a ``ValueError`` naming the file."""
-    kind = read_params(path)["kind"]
-    if kind == "bm25":
-        from rag_gym.retrieval.bm25 import BM25Retriever
-
-        return BM25Retriever.load(path, verify=verify), kind
-    from rag_gym.retrieval.dense import DenseRetriever
-
-    return DenseRetriever.load(path, verify=verify), kind

@@ -62,7 +62,7 @@ from rag_gym.data.types import Corpus
 from rag_gym.retrieval._uvicorn_compat import disconnect_probe
 from rag_gym.retrieval.base import Retriever, corpus_size
 from rag_gym.retrieval.http import HttpRetriever, clean_token, dumps, loads
-from rag_gym.retrieval.persist import load_index  # re-exported: it lives in retrieval.persist
+from rag_gym.retrieval.load import load_index  # re-exported: it lives in retrieval.load
 
 __all__ = [
     "HttpRetriever",

@@ -24,7 +24,7 @@ from rag_gym.data.types import iter_corpus_jsonl
 from rag_gym.retrieval import BM25Retriever
 from rag_gym.retrieval.bm25 import BM25Config
 from rag_gym.retrieval.bm25_build import build_bm25_index, parse_memory
-from rag_gym.retrieval.persist import load_index
+from rag_gym.retrieval.load import load_index
 
 needs_numba = pytest.mark.skipif(
     importlib.util.find_spec("numba") is None, reason="needs numba: pip install 'rag-gym[fast]'"

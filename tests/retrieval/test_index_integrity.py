@@ -17,7 +17,7 @@ import pytest
 from rag_gym.data import Corpus, Passage
 from rag_gym.data.synthhop import world_for
 from rag_gym.retrieval import BM25Retriever, persist
-from rag_gym.retrieval.persist import load_index
+from rag_gym.retrieval.load import load_index
 from tests.conftest import SMALL_WORLD
 from tests.retrieval.index_tools import edit_params, reseal
 
