@@ -51,13 +51,12 @@ request (but ``/health``) answered 401; the client passes the token as ``Authori
 URL's userinfo (``http://rag-gym:<token>@127.0.0.1:8000``, sent as HTTP Basic, which
 OpenEnv's client does with no change).
 
->>> cfg = ServerConfig("rag_gym/SynthHop-v0", env_kwargs={"dataset_kwargs": {"n_passages": 2000, "n_questions": [40, 10, 10]}})
->>> cfg.max_concurrent_envs
-64
->>> ServerConfig("rag_gym/SynthHop-v9")
-Traceback (most recent call last):
-...
-ValueError: expected a rag-gym env id in [...], got 'rag_gym/SynthHop-v9'; did you mean 'rag_gym/SynthHop-v0'?
+## Configuration
+
+:class:`ServerConfig` (and :func:`config_from_environ`, for a container) live in
+:mod:`rag_gym.integrations.openenv_config`, which needs nothing but rag-gym; this module
+re-exports both. Importing this module imports openenv (``pip install 'rag-gym[openenv]'``; an
+``ImportError`` naming that extra without it).
 """
 
 from __future__ import annotations
@@ -67,258 +66,181 @@ import base64
 import functools
 import hmac
 import json
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import gymnasium as gym
 
-from rag_gym.integrations._common import (
-    check_env_id,
-    check_json_dict,
-    json_safe,
-    text_actions_of,
+try:
+    import uvicorn
+    from openenv.core.env_server.http_server import create_app as openenv_create_app
+    from openenv.core.env_server.interfaces import Environment
+    from openenv.core.env_server.types import Action, Observation, State
+    from pydantic import Field
+except ImportError as exc:
+    raise ImportError(
+        "the OpenEnv server needs the openenv package: pip install 'rag-gym[openenv]'"
+    ) from exc
+
+from rag_gym.envs.search import ActionType
+from rag_gym.envs.tags import tag_set
+from rag_gym.integrations._common import json_safe, text_actions_of
+from rag_gym.integrations.openenv_config import (  # noqa: F401  (config_from_environ re-exported)
+    ServerConfig,
+    config_from_environ,
 )
+from rag_gym.wrappers.text_actions import TextActions
 
 #: the Dict form's action names (``RagGymAction.type``), as in :class:`~rag_gym.envs.search.ActionType`
 ACTION_NAMES = ("search", "answer", "backtrack", "refuse", "evaluate")
 _UNSET: Any = object()
 
 
-@dataclass
-class ServerConfig:
-    """What one OpenEnv server serves."""
-
-    env_id: str = "rag_gym/SynthHop-v0"
-    """A registered id (``rag_gym/SynthHop-v0``, ``rag_gym/HotpotQA-v0``, ...)."""
-    reward_preset: str | None = None
-    """A reward preset of :mod:`rag_gym.wrappers.presets` (``None``: the env's own reward)."""
-    reward_kwargs: dict[str, Any] = field(default_factory=dict)
-    """The preset's options (JSON values)."""
-    env_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments of ``gym.make`` (JSON values, e.g. ``{"data_path": ...}``)."""
-    tags: str | None = None
-    """The tag preset of the text form an episode plays by default (``None``: the Dict form)."""
-    max_concurrent_envs: int = 64
-    """Most WebSocket sessions at once."""
-    token: str | None = None
-    """A token every request needs (``None`` or ``""``: none)."""
-
-    def __post_init__(self) -> None:
-        from rag_gym.envs.tags import tag_set
-        from rag_gym.wrappers.presets import check_preset
-
-        check_env_id(self.env_id)
-        if self.reward_preset is not None:
-            check_preset(self.reward_preset)
-        self.reward_kwargs = check_json_dict("reward_kwargs", self.reward_kwargs)
-        self.env_kwargs = check_json_dict("env_kwargs", self.env_kwargs)
-        for key in ("reward_preset", "reward_kwargs"):
-            if key in self.env_kwargs:
-                raise ValueError(f"give {key} as its own option, not inside env_kwargs")
-        if self.tags is not None:
-            tag_set(self.tags)  # ValueError with "did you mean" for an unknown preset
-        if (
-            isinstance(self.max_concurrent_envs, bool)
-            or not isinstance(self.max_concurrent_envs, int)
-            or self.max_concurrent_envs < 1
-        ):
-            raise ValueError(
-                f"expected max_concurrent_envs to be an int >= 1, got {self.max_concurrent_envs!r}"
-            )
-        if self.token is not None and not isinstance(self.token, str):
-            raise TypeError(f"expected token to be a str or None, got {type(self.token).__name__}")
-
-    def make(self) -> gym.Env:
-        """The env one session plays: ``rag_gym.make(env_id, reward_preset=..., **env_kwargs)``
-        (the preset's stack outside the registered ``TimeLimit``)."""
-        from rag_gym.wrappers.presets import make as make_with_preset
-
-        return make_with_preset(
-            self.env_id,
-            self.reward_preset or "none",
-            dict(self.reward_kwargs) if self.reward_kwargs else None,
-            **self.env_kwargs,
-        )
-
-
 def _import_openenv():
-    try:
-        from openenv.core.env_server.http_server import create_app
-        from openenv.core.env_server.interfaces import Environment
-        from openenv.core.env_server.types import Action, Observation, State
-    except ImportError as exc:
-        raise ImportError(
-            "the OpenEnv server needs the openenv package: pip install 'rag-gym[openenv]'"
-        ) from exc
-    return create_app, Environment, Action, Observation, State
+    """OpenEnv's ``create_app`` and base classes, which this module imports at its top (so that
+    importing it without openenv raises the ``ImportError`` naming the extra)."""
+    return openenv_create_app, Environment, Action, Observation, State
 
 
-@functools.cache
-def _classes() -> dict[str, type]:
-    """The pydantic models and the Environment class (built on first use: openenv is heavy)."""
-    from typing import Literal
+class RagGymAction(Action):
+    """One action, in the Dict form (``type`` and ``text``) or raw model text (``text`` only)."""
 
-    from pydantic import Field
+    type: Literal["search", "answer", "backtrack", "refuse", "evaluate"] | None = Field(
+        default=None,
+        description="The Dict form's action; leave it out to send raw model text.",
+    )
+    text: str = Field(
+        default="",
+        max_length=65_536,
+        description="The query, answer or note (Dict form), or the model's output (text form).",
+    )
 
-    _, Environment, Action, Observation, State = _import_openenv()
 
-    class RagGymAction(Action):
-        """One action, in the Dict form (``type`` and ``text``) or raw model text (``text`` only)."""
+class RagGymObservation(Observation):
+    """What the agent reads, with Gymnasium's truncated flag; ``metadata`` is the ``info``."""
 
-        type: Literal["search", "answer", "backtrack", "refuse", "evaluate"] | None = Field(
-            default=None,
-            description="The Dict form's action; leave it out to send raw model text.",
+    text: str = Field(default="", description="What the agent reads next.")
+    truncated: bool = Field(default=False, description="The step limit ended the episode.")
+
+
+class RagGymState(State):
+    """The session's episode."""
+
+    env_id: str = ""
+    reward_preset: str | None = None
+    tags: str | None = None
+    question_id: str | None = None
+    question: str | None = None
+    done: bool = False
+    truncated: bool = False
+    episode_return: float = 0.0
+    return_terms: dict[str, float] = Field(default_factory=dict)
+
+
+class RagGymEnvironment(Environment):
+    """One session's env (see :mod:`rag_gym.integrations.openenv_server`)."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self, config: ServerConfig) -> None:
+        super().__init__()
+        self.config = config
+        self._env = config.make()
+        self._text_only = text_actions_of(self._env) is not None
+        self._played: gym.Env | None = None
+        self._tags: str | None = None
+        self._state = RagGymState(env_id=config.env_id, reward_preset=config.reward_preset)
+
+    def reset(
+        self,
+        seed: int | None = None,
+        episode_id: str | None = None,
+        options: dict[str, Any] | None = None,
+        tags: str | None = _UNSET,
+        **kwargs: Any,
+    ) -> RagGymObservation:
+        if kwargs:
+            raise TypeError(
+                f"reset got unknown arguments {sorted(kwargs)}; it takes seed, episode_id, "
+                "options ({'index': i} or {'question_id': ...}) and tags"
+            )
+        tags = self.config.tags if tags is _UNSET else tags
+        self._played, self._tags = self._env_for(tags)
+        obs, info = self._played.reset(seed=seed, options=options)
+        self._state = RagGymState(
+            episode_id=episode_id,
+            step_count=0,
+            env_id=self.config.env_id,
+            reward_preset=self.config.reward_preset,
+            tags=self._tags,
+            question_id=info.get("question_id"),
+            question=info.get("question"),
         )
-        text: str = Field(
-            default="",
-            max_length=65_536,
-            description="The query, answer or note (Dict form), or the model's output (text form).",
+        return RagGymObservation(
+            text=obs, reward=None, done=False, truncated=False, metadata=_metadata(info, False)
         )
 
-    class RagGymObservation(Observation):
-        """What the agent reads, with Gymnasium's truncated flag; ``metadata`` is the ``info``."""
-
-        text: str = Field(default="", description="What the agent reads next.")
-        truncated: bool = Field(default=False, description="The step limit ended the episode.")
-
-    class RagGymState(State):
-        """The session's episode."""
-
-        env_id: str = ""
-        reward_preset: str | None = None
-        tags: str | None = None
-        question_id: str | None = None
-        question: str | None = None
-        done: bool = False
-        truncated: bool = False
-        episode_return: float = 0.0
-        return_terms: dict[str, float] = Field(default_factory=dict)
-
-    class RagGymEnvironment(Environment):
-        """One session's env (see :mod:`rag_gym.integrations.openenv_server`)."""
-
-        SUPPORTS_CONCURRENT_SESSIONS = True
-
-        def __init__(self, config: ServerConfig) -> None:
-            super().__init__()
-            self.config = config
-            self._env = config.make()
-            self._text_only = text_actions_of(self._env) is not None
-            self._played: gym.Env | None = None
-            self._tags: str | None = None
-            self._state = RagGymState(env_id=config.env_id, reward_preset=config.reward_preset)
-
-        def reset(
-            self,
-            seed: int | None = None,
-            episode_id: str | None = None,
-            options: dict[str, Any] | None = None,
-            tags: str | None = _UNSET,
-            **kwargs: Any,
-        ) -> RagGymObservation:
-            if kwargs:
-                raise TypeError(
-                    f"reset got unknown arguments {sorted(kwargs)}; it takes seed, episode_id, "
-                    "options ({'index': i} or {'question_id': ...}) and tags"
+    def step(
+        self, action: RagGymAction, timeout_s: float | None = None, **kwargs: Any
+    ) -> RagGymObservation:
+        if self._played is None:
+            raise RuntimeError("this session has no episode: send reset before step")
+        if self._state.done:
+            raise RuntimeError("the episode has ended (done was true): send reset to start one")
+        if self._tags is not None:
+            if action.type is not None:
+                raise ValueError(
+                    f"this episode plays the text form (tags={self._tags!r}): send "
+                    '{"text": <model output>} with no type, or reset with tags=None for the '
+                    "Dict form"
                 )
-            tags = self.config.tags if tags is _UNSET else tags
-            self._played, self._tags = self._env_for(tags)
-            obs, info = self._played.reset(seed=seed, options=options)
-            self._state = RagGymState(
-                episode_id=episode_id,
-                step_count=0,
-                env_id=self.config.env_id,
-                reward_preset=self.config.reward_preset,
-                tags=self._tags,
-                question_id=info.get("question_id"),
-                question=info.get("question"),
-            )
-            return RagGymObservation(
-                text=obs, reward=None, done=False, truncated=False, metadata=_metadata(info, False)
-            )
+            played = action.text
+        else:
+            if action.type is None:
+                raise ValueError(
+                    'this episode plays the Dict form: send {"type": "search"|"answer"|'
+                    '"backtrack"|"refuse"|"evaluate", "text": ...}, or reset with tags='
+                    "<preset> to send raw model text"
+                )
+            played = {"type": ActionType[action.type.upper()], "text": action.text}
+        obs, reward, terminated, truncated, info = self._played.step(played)
+        reward = float(reward)
+        st = self._state
+        st.step_count += 1
+        st.done = bool(terminated or truncated)
+        st.truncated = bool(truncated)
+        st.episode_return += reward
+        for key, value in info.get("reward_terms", {}).items():
+            st.return_terms[key] = st.return_terms.get(key, 0.0) + float(value)
+        return RagGymObservation(
+            text=obs,
+            reward=reward,
+            done=st.done,
+            truncated=bool(truncated),
+            metadata=_metadata(info, bool(terminated)),
+        )
 
-        def step(
-            self, action: RagGymAction, timeout_s: float | None = None, **kwargs: Any
-        ) -> RagGymObservation:
-            if self._played is None:
-                raise RuntimeError("this session has no episode: send reset before step")
-            if self._state.done:
-                raise RuntimeError("the episode has ended (done was true): send reset to start one")
-            if self._tags is not None:
-                if action.type is not None:
-                    raise ValueError(
-                        f"this episode plays the text form (tags={self._tags!r}): send "
-                        '{"text": <model output>} with no type, or reset with tags=None for the '
-                        "Dict form"
-                    )
-                played = action.text
-            else:
-                if action.type is None:
-                    raise ValueError(
-                        'this episode plays the Dict form: send {"type": "search"|"answer"|'
-                        '"backtrack"|"refuse"|"evaluate", "text": ...}, or reset with tags='
-                        "<preset> to send raw model text"
-                    )
-                from rag_gym.envs.search import ActionType
+    @property
+    def state(self) -> RagGymState:
+        return self._state
 
-                played = {"type": ActionType[action.type.upper()], "text": action.text}
-            obs, reward, terminated, truncated, info = self._played.step(played)
-            reward = float(reward)
-            st = self._state
-            st.step_count += 1
-            st.done = bool(terminated or truncated)
-            st.truncated = bool(truncated)
-            st.episode_return += reward
-            for key, value in info.get("reward_terms", {}).items():
-                st.return_terms[key] = st.return_terms.get(key, 0.0) + float(value)
-            return RagGymObservation(
-                text=obs,
-                reward=reward,
-                done=st.done,
-                truncated=bool(truncated),
-                metadata=_metadata(info, bool(terminated)),
-            )
+    def close(self) -> None:
+        self._env.close()
 
-        @property
-        def state(self) -> RagGymState:
-            return self._state
-
-        def close(self) -> None:
-            self._env.close()
-
-        def _env_for(self, tags: str | None) -> tuple[gym.Env, str | None]:
-            from rag_gym.envs.tags import tag_set
-            from rag_gym.wrappers.text_actions import TextActions
-
-            if self._text_only:
-                name = text_actions_of(self._env).tags.name
-                if tags not in (None, name):
-                    raise ValueError(
-                        f"reward preset {self.config.reward_preset!r} plays tag preset {name!r} "
-                        f"only, got tags={tags!r}"
-                    )
-                return self._env, name
-            if tags is None:
-                return self._env, None
-            name = tag_set(tags).name
-            if name != self._tags or self._played is self._env:
-                return TextActions(self._env, tags=name), name
-            return self._played, name
-
-    for cls in (RagGymAction, RagGymObservation, RagGymState, RagGymEnvironment):
-        cls.__module__ = __name__
-    return {
-        "RagGymAction": RagGymAction,
-        "RagGymObservation": RagGymObservation,
-        "RagGymState": RagGymState,
-        "RagGymEnvironment": RagGymEnvironment,
-    }
-
-
-def __getattr__(name: str) -> Any:  # the openenv classes, built on first access
-    if name in ("RagGymAction", "RagGymObservation", "RagGymState", "RagGymEnvironment"):
-        return _classes()[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    def _env_for(self, tags: str | None) -> tuple[gym.Env, str | None]:
+        if self._text_only:
+            name = text_actions_of(self._env).tags.name
+            if tags not in (None, name):
+                raise ValueError(
+                    f"reward preset {self.config.reward_preset!r} plays tag preset {name!r} "
+                    f"only, got tags={tags!r}"
+                )
+            return self._env, name
+        if tags is None:
+            return self._env, None
+        name = tag_set(tags).name
+        if name != self._tags or self._played is self._env:
+            return TextActions(self._env, tags=name), name
+        return self._played, name
 
 
 def _metadata(info: dict[str, Any], terminated: bool) -> dict[str, Any]:
@@ -333,14 +255,11 @@ def create_app(config: ServerConfig):
 
     Builds one env first (the shared data and index) and keeps it for the app's lifetime.
     """
-    openenv_create_app = _import_openenv()[0]
-    classes = _classes()
-    env_cls = classes["RagGymEnvironment"]
-    keep = env_cls(config)  # loads the questions, corpus and index every session shares
+    keep = RagGymEnvironment(config)  # loads the questions, corpus and index every session shares
     app = openenv_create_app(
-        functools.partial(env_cls, config),
-        classes["RagGymAction"],
-        classes["RagGymObservation"],
+        functools.partial(RagGymEnvironment, config),
+        RagGymAction,
+        RagGymObservation,
         env_name=config.env_id.split("/")[-1],
         max_concurrent_envs=config.max_concurrent_envs,
     )
@@ -356,53 +275,8 @@ def create_app(config: ServerConfig):
     return app
 
 
-def config_from_environ(environ: dict[str, str] | None = None) -> ServerConfig:
-    """A :class:`ServerConfig` from environment variables (how a container is configured):
-    ``RAG_GYM_ENV``, ``RAG_GYM_REWARD_PRESET``, ``RAG_GYM_REWARD_KWARGS`` and
-    ``RAG_GYM_ENV_KWARGS`` (JSON objects), ``RAG_GYM_TAGS``, ``RAG_GYM_MAX_SESSIONS``,
-    ``RAG_GYM_TOKEN``.
-
-    >>> config_from_environ({"RAG_GYM_ENV": "rag_gym/SynthHop-Hard-v0", "RAG_GYM_MAX_SESSIONS": "128"}).max_concurrent_envs
-    128
-    >>> config_from_environ({"RAG_GYM_ENV_KWARGS": "{k: 5}"})
-    Traceback (most recent call last):
-    ...
-    ValueError: expected RAG_GYM_ENV_KWARGS to be a JSON object, got '{k: 5}' (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))
-    """
-    import os
-
-    env = os.environ if environ is None else environ
-
-    def obj(name: str) -> dict[str, Any]:
-        raw = env.get(name)
-        if not raw:
-            return {}
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"expected {name} to be a JSON object, got {raw!r} ({exc})") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"expected {name} to be a JSON object, got {raw!r}")
-        return value
-
-    sessions = env.get("RAG_GYM_MAX_SESSIONS", "64")
-    if not sessions.isdigit():
-        raise ValueError(f"expected RAG_GYM_MAX_SESSIONS to be an int >= 1, got {sessions!r}")
-    return ServerConfig(
-        env_id=env.get("RAG_GYM_ENV", "rag_gym/SynthHop-v0"),
-        reward_preset=env.get("RAG_GYM_REWARD_PRESET") or None,
-        reward_kwargs=obj("RAG_GYM_REWARD_KWARGS"),
-        env_kwargs=obj("RAG_GYM_ENV_KWARGS"),
-        tags=env.get("RAG_GYM_TAGS") or None,
-        max_concurrent_envs=int(sessions),
-        token=env.get("RAG_GYM_TOKEN") or None,
-    )
-
-
 def serve(config: ServerConfig, host: str = "127.0.0.1", port: int = 8000) -> None:
     """Run :func:`create_app` with uvicorn on ``host:port`` (loopback by default)."""
-    import uvicorn
-
     app = create_app(config)
     uvicorn.run(app, host=host, port=port, log_level="warning", ws="websockets")
 

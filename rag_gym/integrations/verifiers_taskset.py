@@ -39,35 +39,54 @@ talks to the run's interception endpoint and the rollout's tool server (127.0.0.
 server. Neither the harness nor the tool server writes to ``HOME``; verifiers' subprocess
 runtimes keep a scratch folder under ``~/.cache/verifiers/runtimes`` while a rollout runs.
 
-Classes are built on first access (``verifiers`` is heavy and optional): importing this module
-needs nothing but rag-gym.
+Importing this module imports verifiers (``pip install 'rag-gym[verifiers]'``; an
+``ImportError`` naming that extra without it). The helpers the taskset shares with the tool
+server (:func:`~rag_gym.integrations.verifiers_common.tool_schema`,
+:func:`~rag_gym.integrations.verifiers_common.outcome`, ...) need nothing but rag-gym and live in
+:mod:`rag_gym.integrations.verifiers_common`; this module re-exports them.
 """
 
 # no "from __future__ import annotations": verifiers reads the hooks' annotations (a @stop's
-# ``trace: vf.Trace``) with get_type_hints, and ``vf`` is local to _classes.
+# ``trace: vf.Trace``) with get_type_hints.
 
 import contextlib
-import functools
 import json
 from typing import Any
 
+import gymnasium as gym
+
+try:
+    import verifiers.v1 as vf
+    from openai import APIStatusError, AsyncOpenAI
+    from pydantic import Field, model_validator
+    from verifiers.v1.dialects.chat import message_to_wire
+    from verifiers.v1.harnesses.utils.mcp import call_mcp, connect_mcp
+    from verifiers.v1.runtimes import ProgramResult, SubprocessConfig
+except ImportError as exc:
+    raise ImportError(
+        "the verifiers taskset needs verifiers: pip install 'rag-gym[verifiers]'"
+    ) from exc
+
+from rag_gym.envs.tags import tag_set
+from rag_gym.integrations import trl_env
 from rag_gym.integrations._common import check_env_id, json_safe, text_actions_of
-
-__all__ = ["RagGymEnv", "RagGymHarness", "RagGymTaskset"]  # noqa: F822  (built by __getattr__)
-
-_EXPORTS = (
-    "RagGymData",
-    "RagGymEnv",
-    "RagGymEnvConfig",
-    "RagGymHarness",
-    "RagGymHarnessConfig",
-    "RagGymTask",
-    "RagGymTaskConfig",
-    "RagGymTaskset",
-    "RagGymTasksetConfig",
+from rag_gym.integrations.verifiers_common import (  # noqa: F401  (tool_schema* re-exported)
+    outcome,
+    tool_schema,
+    tool_schemas,
 )
+from rag_gym.integrations.verifiers_tools import (
+    UNKNOWN_TOOL,
+    RagGymState,
+    RagGymToolsConfig,
+    RagGymToolset,
+    tool_env_class,
+)
+from rag_gym.wrappers.presets import check_preset
+from rag_gym.wrappers.presets import make as make_with_preset
+from rag_gym.wrappers.text_actions import TextActions, instructions
 
-_ARGS = {"search": "query", "answer": "answer", "evaluate": "note"}
+__all__ = ["RagGymEnv", "RagGymHarness", "RagGymTaskset"]
 
 NOT_AN_OBJECT = (
     "error: the arguments of {name} are not a JSON object ({detail}). "
@@ -78,348 +97,253 @@ object); the tool server answers the other malformed calls (see
 :mod:`rag_gym.integrations.verifiers_tools`)."""
 
 
-def tool_schema(tool: Any) -> dict[str, Any]:
-    """The OpenAI tool schema of one :class:`~rag_gym.integrations.trl_env.RagGymToolEnv` tool
-    (a method, bound or not), from its Google-style docstring as TRL and transformers read it:
-    the first line describes the tool, the ``Args:`` line its one string argument."""
-    doc = (tool.__doc__ or "").strip().splitlines()
-    description = doc[0].strip() if doc else tool.__name__
-    properties, required = {}, []
-    arg = _ARGS.get(tool.__name__)
-    if arg:
-        text = next(
-            (ln.split(":", 1)[1].strip() for ln in doc if ln.strip().startswith(f"{arg}:")),
-            arg,
-        )
-        properties[arg] = {"type": "string", "description": text}
-        required.append(arg)
-    return {
-        "type": "function",
-        "function": {
-            "name": tool.__name__,
-            "description": description,
-            "parameters": {"type": "object", "properties": properties, "required": required},
-        },
-    }
+class RagGymTaskConfig(vf.TaskConfig):
+    """What a task reads at run time (``--env.taskset.task.*``)."""
+
+    tools: RagGymToolsConfig | None = None
+    """Where the ``tools`` interaction's MCP tool server runs; the taskset sets it for that
+    interaction (``None``: no tool server, the ``text`` interaction)."""
 
 
-def tool_schemas(env: Any) -> list[dict[str, Any]]:
-    """OpenAI tool schemas of a :class:`~rag_gym.integrations.trl_env.RagGymToolEnv`'s tools,
-    in TRL's order."""
-    from rag_gym.integrations.trl_env import tools_of
+class RagGymTasksetConfig(vf.TasksetConfig):
+    """Which rag-gym env and how it is played (``--env.taskset.*``)."""
 
-    return [tool_schema(tool) for tool in tools_of(env)]
+    env_id: str = "rag_gym/SynthHop-v0"
+    """A registered rag-gym id."""
+    env_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """``gym.make`` keyword arguments (``split``, ``data_path``, ``dataset_kwargs``...)."""
+    reward_preset: str | None = None
+    """A reward preset (its return and terms become metrics)."""
+    interaction: str = "text"
+    """``text`` (the text-tag protocol) or ``tools`` (tool calls, served over MCP)."""
+    tags: str = "search_r1"
+    """The tag preset of the text interaction."""
+    max_turns: int = Field(8, ge=1)
+    """Most model turns per episode."""
+    num_tasks: int | None = Field(None, ge=1)
+    """Keep the first ``num_tasks`` questions of the split."""
+    task: RagGymTaskConfig = RagGymTaskConfig()
+    """Run-time task knobs: the tool server's placement (``task.tools``)."""
 
-
-def outcome(env: Any, info: dict[str, Any], returns: float, terms: dict[str, float], **extra):
-    """The JSON-safe summary of an episode that rewards and metrics read."""
-    scores = info.get("scores") or {}
-    return json_safe(
-        {
-            "question_id": info.get("question_id"),
-            "prediction": info.get("prediction"),
-            "em": float(scores.get("em", 0.0)),
-            "f1": float(scores.get("f1", 0.0)),
-            "episode_return": float(returns),
-            "return_terms": dict(terms),
-            **extra,
-        }
-    )
-
-
-@functools.cache
-def _classes() -> dict[str, type]:
-    try:
-        import verifiers.v1 as vf
-        from pydantic import Field, model_validator
-        from verifiers.v1.runtimes import ProgramResult, SubprocessConfig
-    except ImportError as exc:
-        raise ImportError(
-            "the verifiers taskset needs verifiers: pip install 'rag-gym[verifiers]'"
-        ) from exc
-    from rag_gym.integrations.verifiers_tools import (
-        RagGymState,
-        RagGymToolsConfig,
-        RagGymToolset,
-        tool_env_class,
-    )
-
-    class RagGymTaskConfig(vf.TaskConfig):
-        """What a task reads at run time (``--env.taskset.task.*``)."""
-
-        tools: RagGymToolsConfig | None = None
-        """Where the ``tools`` interaction's MCP tool server runs; the taskset sets it for that
-        interaction (``None``: no tool server, the ``text`` interaction)."""
-
-    class RagGymTasksetConfig(vf.TasksetConfig):
-        """Which rag-gym env and how it is played (``--env.taskset.*``)."""
-
-        env_id: str = "rag_gym/SynthHop-v0"
-        """A registered rag-gym id."""
-        env_kwargs: dict[str, Any] = Field(default_factory=dict)
-        """``gym.make`` keyword arguments (``split``, ``data_path``, ``dataset_kwargs``...)."""
-        reward_preset: str | None = None
-        """A reward preset (its return and terms become metrics)."""
-        interaction: str = "text"
-        """``text`` (the text-tag protocol) or ``tools`` (tool calls, served over MCP)."""
-        tags: str = "search_r1"
-        """The tag preset of the text interaction."""
-        max_turns: int = Field(8, ge=1)
-        """Most model turns per episode."""
-        num_tasks: int | None = Field(None, ge=1)
-        """Keep the first ``num_tasks`` questions of the split."""
-        task: RagGymTaskConfig = RagGymTaskConfig()
-        """Run-time task knobs: the tool server's placement (``task.tools``)."""
-
-        @model_validator(mode="after")
-        def _check(self):
-            from rag_gym.envs.tags import tag_set
-            from rag_gym.wrappers.presets import check_preset
-
-            check_env_id(self.env_id)
-            if self.reward_preset is not None:
-                check_preset(self.reward_preset)
-            if self.interaction not in ("text", "tools"):
-                raise ValueError(
-                    f"expected interaction 'text' or 'tools', got {self.interaction!r}"
-                )
-            tag_set(self.tags)
-            if self.interaction == "tools" and self.task.tools is None:
-                self.task = self.task.model_copy(update={"tools": RagGymToolsConfig()})
-            if self.interaction == "text" and self.task.tools is not None:
-                raise ValueError(
-                    "expected no task.tools with interaction 'text' (it serves no tools), got "
-                    f"{self.task.tools!r}; pass --env.taskset.interaction tools to serve them"
-                )
-            return self
-
-    class RagGymData(vf.TaskData):
-        question_id: str
-        answers: list[str] = Field(default_factory=list)
-        env_id: str
-        env_kwargs: dict[str, Any] = Field(default_factory=dict)
-        reward_preset: str | None = None
-        interaction: str = "text"
-        tags: str = "search_r1"
-        max_turns: int = 8
-
-    def _outcome(trace) -> dict[str, Any]:
-        return trace.info.get("rag_gym") or {}
-
-    class RagGymTask(vf.Task[RagGymData, RagGymState, RagGymTaskConfig]):
-        """Scores an episode from ``trace.info["rag_gym"]``; for ``tools``, serves the env's
-        tools (:class:`~rag_gym.integrations.verifiers_tools.RagGymToolset`, one per rollout)
-        and ends the rollout when the episode ends."""
-
-        @classmethod
-        def toolsets(cls, config: RagGymTaskConfig) -> list:
-            return [] if config.tools is None else [RagGymToolset(config.tools)]
-
-        async def finalize(self, trace, runtime) -> None:
-            """Keep the tool server's outcome (``trace.state``, not serialised) in
-            ``trace.info["rag_gym"]``, which the rewards read and ``traces.jsonl`` keeps."""
-            if self.data.interaction == "tools":
-                trace.info["rag_gym"] = dict(trace.state.outcome) or _no_steps(self.data)
-
-        @vf.stop
-        async def episode_over(self, trace: vf.Trace) -> bool:
-            """The episode ended (an answer, a refusal, the env's step limit)."""
-            return bool(trace.state.outcome.get("done"))
-
-        @vf.stop
-        async def turn_limit(self, trace: vf.Trace) -> bool:
-            """The tools interaction's ``max_turns`` model turns are spent."""
-            return self.data.interaction == "tools" and trace.num_turns >= self.data.max_turns
-
-        @vf.reward(weight=0.5)
-        async def em(self, trace) -> float:
-            return float(_outcome(trace).get("em", 0.0))
-
-        @vf.reward(weight=0.5)
-        async def f1(self, trace) -> float:
-            return float(_outcome(trace).get("f1", 0.0))
-
-        @vf.metric
-        async def episode_return(self, trace) -> float:
-            return float(_outcome(trace).get("episode_return", 0.0))
-
-        @vf.metric
-        async def terms(self, trace) -> dict[str, float]:
-            terms = _outcome(trace).get("return_terms", {})
-            return {f"term/{k}": float(v) for k, v in terms.items()} or {"term/none": 0.0}
-
-        @vf.metric
-        async def searches(self, trace) -> float:
-            return float(_outcome(trace).get("searches", 0))
-
-        @vf.metric
-        async def format_errors(self, trace) -> float:
-            return float(_outcome(trace).get("format_errors", 0))
-
-        @vf.metric
-        async def steps(self, trace) -> float:
-            return float(_outcome(trace).get("steps", 0))
-
-    class RagGymTaskset(vf.Taskset[RagGymTask, RagGymTasksetConfig]):
-        """One task per question of the env's split."""
-
-        def load(self):
-            import gymnasium as gym
-
-            from rag_gym.envs.tags import tag_set
-            from rag_gym.integrations import trl_env
-            from rag_gym.wrappers.text_actions import instructions
-
-            cfg = self.config
-            env = gym.make(cfg.env_id, **cfg.env_kwargs)
-            examples = list(env.unwrapped.examples)[: cfg.num_tasks]
-            env.close()
-            if cfg.interaction == "text":
-                system = instructions(tag_set(cfg.tags))
-            else:
-                system = trl_env.system_prompt(
-                    tool_env_class(
-                        cfg.env_id, cfg.reward_preset, json.dumps(cfg.env_kwargs, sort_keys=True)
-                    )
-                )
-            for ex in examples:
-                yield RagGymTask(
-                    RagGymData(
-                        id=ex.id,
-                        name=ex.id,
-                        prompt=f"Question: {ex.question}",
-                        system_prompt=system,
-                        question_id=ex.id,
-                        answers=list(ex.answers),
-                        env_id=cfg.env_id,
-                        env_kwargs=cfg.env_kwargs,
-                        reward_preset=cfg.reward_preset,
-                        interaction=cfg.interaction,
-                        tags=cfg.tags,
-                        max_turns=cfg.max_turns,
-                    ),
-                    cfg.task,
-                )
-
-    class RagGymEnvConfig(vf.EnvConfig):
-        player: vf.AgentConfig = vf.AgentConfig(runtime=SubprocessConfig())
-        """The one seat; its runtime is a subprocess on this machine."""
-
-    class RagGymEnv(vf.Env[RagGymEnvConfig]):
-        """Plays one episode: host-side steps for ``text``; for ``tools``, the seat's harness
-        calls the rollout's MCP tool server until a ``@stop`` ends the rollout."""
-
-        async def run(self, task, agents):
-            data = task.data
-            if data.interaction == "tools":
-                await agents.player.run(task)
-                return
-            env = _text_env(data)
-            _, info = env.reset(options={"question_id": data.question_id})
-            returns, terms = 0.0, {}
-            searches = format_errors = steps = 0
-            async with agents.player.interaction(task) as interaction:
-                segment = await interaction.turn()
-                while not segment.terminated:
-                    obs, reward, terminated, truncated, info = env.step(segment.last_reply)
-                    steps += 1
-                    returns += float(reward)
-                    for k, v in info.get("reward_terms", {}).items():
-                        terms[k] = terms.get(k, 0.0) + float(v)
-                    searches += len(info.get("queries", []))
-                    format_errors += 0 if info.get("format_ok", True) else 1
-                    interaction.trace.info["rag_gym"] = outcome(
-                        env,
-                        info,
-                        returns,
-                        terms,
-                        searches=searches,
-                        format_errors=format_errors,
-                        steps=steps,
-                        done=bool(terminated or truncated),
-                    )
-                    if terminated or truncated or steps >= data.max_turns:
-                        break
-                    segment = await interaction.turn(obs or "Continue.")
-            env.close()
-
-    class RagGymHarnessConfig(vf.HarnessConfig):
-        """rag-gym's in-process chat loop (no shell, no install)."""
-
-    class RagGymHarness(vf.Harness[RagGymHarnessConfig]):
-        """A chat loop against the run's interception endpoint: one completion per segment
-        for the text interaction; for ``tools``, completions offering the rollout's MCP tools
-        (listed and called with verifiers' MCP client) until the model stops calling tools or
-        a ``@stop`` refuses the next turn (the episode ended, or ``max_turns``). A call whose
-        arguments are not a JSON object, or names no served tool, is answered here
-        (:data:`NOT_AN_OBJECT`, ``UNKNOWN_TOOL``) and counted in the ``unsent_tool_calls``
-        metric; the tool server answers every other call."""
-
-        APPENDS_SYSTEM_PROMPT = True
-        SUPPORTS_MCP = True
-        SUPPORTS_RESUME = True
-        EXECUTES_CODE = False
-        NEEDS_CONTAINER = False
-
-        async def launch(
-            self,
-            ctx,
-            trace,
-            runtime,
-            endpoint,
-            secret,
-            mcp_urls,
-            data,
-            tool_interception_url=None,
-        ):
-            from openai import AsyncOpenAI
-            from verifiers.v1.dialects.chat import message_to_wire
-
-            system, prompt = self.resolve_prompt(data)
-            messages: list[dict[str, Any]] = (
-                [{"role": "system", "content": system}] if system else []
+    @model_validator(mode="after")
+    def _check(self):
+        check_env_id(self.env_id)
+        if self.reward_preset is not None:
+            check_preset(self.reward_preset)
+        if self.interaction not in ("text", "tools"):
+            raise ValueError(f"expected interaction 'text' or 'tools', got {self.interaction!r}")
+        tag_set(self.tags)
+        if self.interaction == "tools" and self.task.tools is None:
+            self.task = self.task.model_copy(update={"tools": RagGymToolsConfig()})
+        if self.interaction == "text" and self.task.tools is not None:
+            raise ValueError(
+                "expected no task.tools with interaction 'text' (it serves no tools), got "
+                f"{self.task.tools!r}; pass --env.taskset.interaction tools to serve them"
             )
-            if isinstance(prompt, str):
-                messages.append({"role": "user", "content": prompt})
-            elif prompt:
-                messages.extend(m if isinstance(m, dict) else message_to_wire(m) for m in prompt)
-            client = AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0)
-            try:
-                if getattr(data, "interaction", "text") != "tools":
-                    await client.chat.completions.create(model=ctx.model, messages=messages)
-                else:
-                    await _tool_loop(
-                        client, ctx.model, messages, mcp_urls, trace, self.config.tool_timeout
-                    )
-            finally:
-                await client.close()
-            return ProgramResult(exit_code=0, stdout="", stderr="")
-
-        @vf.metric
-        async def unsent_tool_calls(self, trace) -> float:
-            return float(trace.info.get("rag_gym_harness", {}).get("unsent_tool_calls", 0))
-
-    out = {
-        "RagGymData": RagGymData,
-        "RagGymEnv": RagGymEnv,
-        "RagGymEnvConfig": RagGymEnvConfig,
-        "RagGymHarness": RagGymHarness,
-        "RagGymHarnessConfig": RagGymHarnessConfig,
-        "RagGymTask": RagGymTask,
-        "RagGymTaskConfig": RagGymTaskConfig,
-        "RagGymTaskset": RagGymTaskset,
-        "RagGymTasksetConfig": RagGymTasksetConfig,
-    }
-    for name, cls in out.items():
-        cls.__module__ = __name__
-        cls.__qualname__ = name
-    return out
+        return self
 
 
-def __getattr__(name: str) -> Any:  # the verifiers classes, built on first access
-    if name in _EXPORTS:
-        return _classes()[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+class RagGymData(vf.TaskData):
+    question_id: str
+    answers: list[str] = Field(default_factory=list)
+    env_id: str
+    env_kwargs: dict[str, Any] = Field(default_factory=dict)
+    reward_preset: str | None = None
+    interaction: str = "text"
+    tags: str = "search_r1"
+    max_turns: int = 8
+
+
+def _outcome(trace) -> dict[str, Any]:
+    return trace.info.get("rag_gym") or {}
+
+
+class RagGymTask(vf.Task[RagGymData, RagGymState, RagGymTaskConfig]):
+    """Scores an episode from ``trace.info["rag_gym"]``; for ``tools``, serves the env's
+    tools (:class:`~rag_gym.integrations.verifiers_tools.RagGymToolset`, one per rollout)
+    and ends the rollout when the episode ends."""
+
+    @classmethod
+    def toolsets(cls, config: RagGymTaskConfig) -> list:
+        return [] if config.tools is None else [RagGymToolset(config.tools)]
+
+    async def finalize(self, trace, runtime) -> None:
+        """Keep the tool server's outcome (``trace.state``, not serialised) in
+        ``trace.info["rag_gym"]``, which the rewards read and ``traces.jsonl`` keeps."""
+        if self.data.interaction == "tools":
+            trace.info["rag_gym"] = dict(trace.state.outcome) or _no_steps(self.data)
+
+    @vf.stop
+    async def episode_over(self, trace: vf.Trace) -> bool:
+        """The episode ended (an answer, a refusal, the env's step limit)."""
+        return bool(trace.state.outcome.get("done"))
+
+    @vf.stop
+    async def turn_limit(self, trace: vf.Trace) -> bool:
+        """The tools interaction's ``max_turns`` model turns are spent."""
+        return self.data.interaction == "tools" and trace.num_turns >= self.data.max_turns
+
+    @vf.reward(weight=0.5)
+    async def em(self, trace) -> float:
+        return float(_outcome(trace).get("em", 0.0))
+
+    @vf.reward(weight=0.5)
+    async def f1(self, trace) -> float:
+        return float(_outcome(trace).get("f1", 0.0))
+
+    @vf.metric
+    async def episode_return(self, trace) -> float:
+        return float(_outcome(trace).get("episode_return", 0.0))
+
+    @vf.metric
+    async def terms(self, trace) -> dict[str, float]:
+        terms = _outcome(trace).get("return_terms", {})
+        return {f"term/{k}": float(v) for k, v in terms.items()} or {"term/none": 0.0}
+
+    @vf.metric
+    async def searches(self, trace) -> float:
+        return float(_outcome(trace).get("searches", 0))
+
+    @vf.metric
+    async def format_errors(self, trace) -> float:
+        return float(_outcome(trace).get("format_errors", 0))
+
+    @vf.metric
+    async def steps(self, trace) -> float:
+        return float(_outcome(trace).get("steps", 0))
+
+
+class RagGymTaskset(vf.Taskset[RagGymTask, RagGymTasksetConfig]):
+    """One task per question of the env's split."""
+
+    def load(self):
+        cfg = self.config
+        env = gym.make(cfg.env_id, **cfg.env_kwargs)
+        examples = list(env.unwrapped.examples)[: cfg.num_tasks]
+        env.close()
+        if cfg.interaction == "text":
+            system = instructions(tag_set(cfg.tags))
+        else:
+            system = trl_env.system_prompt(
+                tool_env_class(
+                    cfg.env_id, cfg.reward_preset, json.dumps(cfg.env_kwargs, sort_keys=True)
+                )
+            )
+        for ex in examples:
+            yield RagGymTask(
+                RagGymData(
+                    id=ex.id,
+                    name=ex.id,
+                    prompt=f"Question: {ex.question}",
+                    system_prompt=system,
+                    question_id=ex.id,
+                    answers=list(ex.answers),
+                    env_id=cfg.env_id,
+                    env_kwargs=cfg.env_kwargs,
+                    reward_preset=cfg.reward_preset,
+                    interaction=cfg.interaction,
+                    tags=cfg.tags,
+                    max_turns=cfg.max_turns,
+                ),
+                cfg.task,
+            )
+
+
+class RagGymEnvConfig(vf.EnvConfig):
+    player: vf.AgentConfig = vf.AgentConfig(runtime=SubprocessConfig())
+    """The one seat; its runtime is a subprocess on this machine."""
+
+
+class RagGymEnv(vf.Env[RagGymEnvConfig]):
+    """Plays one episode: host-side steps for ``text``; for ``tools``, the seat's harness
+    calls the rollout's MCP tool server until a ``@stop`` ends the rollout."""
+
+    async def run(self, task, agents):
+        data = task.data
+        if data.interaction == "tools":
+            await agents.player.run(task)
+            return
+        env = _text_env(data)
+        _, info = env.reset(options={"question_id": data.question_id})
+        returns, terms = 0.0, {}
+        searches = format_errors = steps = 0
+        async with agents.player.interaction(task) as interaction:
+            segment = await interaction.turn()
+            while not segment.terminated:
+                obs, reward, terminated, truncated, info = env.step(segment.last_reply)
+                steps += 1
+                returns += float(reward)
+                for k, v in info.get("reward_terms", {}).items():
+                    terms[k] = terms.get(k, 0.0) + float(v)
+                searches += len(info.get("queries", []))
+                format_errors += 0 if info.get("format_ok", True) else 1
+                interaction.trace.info["rag_gym"] = outcome(
+                    env,
+                    info,
+                    returns,
+                    terms,
+                    searches=searches,
+                    format_errors=format_errors,
+                    steps=steps,
+                    done=bool(terminated or truncated),
+                )
+                if terminated or truncated or steps >= data.max_turns:
+                    break
+                segment = await interaction.turn(obs or "Continue.")
+        env.close()
+
+
+class RagGymHarnessConfig(vf.HarnessConfig):
+    """rag-gym's in-process chat loop (no shell, no install)."""
+
+
+class RagGymHarness(vf.Harness[RagGymHarnessConfig]):
+    """A chat loop against the run's interception endpoint: one completion per segment
+    for the text interaction; for ``tools``, completions offering the rollout's MCP tools
+    (listed and called with verifiers' MCP client) until the model stops calling tools or
+    a ``@stop`` refuses the next turn (the episode ended, or ``max_turns``). A call whose
+    arguments are not a JSON object, or names no served tool, is answered here
+    (:data:`NOT_AN_OBJECT`, ``UNKNOWN_TOOL``) and counted in the ``unsent_tool_calls``
+    metric; the tool server answers every other call."""
+
+    APPENDS_SYSTEM_PROMPT = True
+    SUPPORTS_MCP = True
+    SUPPORTS_RESUME = True
+    EXECUTES_CODE = False
+    NEEDS_CONTAINER = False
+
+    async def launch(
+        self,
+        ctx,
+        trace,
+        runtime,
+        endpoint,
+        secret,
+        mcp_urls,
+        data,
+        tool_interception_url=None,
+    ):
+        system, prompt = self.resolve_prompt(data)
+        messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+        if isinstance(prompt, str):
+            messages.append({"role": "user", "content": prompt})
+        elif prompt:
+            messages.extend(m if isinstance(m, dict) else message_to_wire(m) for m in prompt)
+        client = AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0)
+        try:
+            if getattr(data, "interaction", "text") != "tools":
+                await client.chat.completions.create(model=ctx.model, messages=messages)
+            else:
+                await _tool_loop(
+                    client, ctx.model, messages, mcp_urls, trace, self.config.tool_timeout
+                )
+        finally:
+            await client.close()
+        return ProgramResult(exit_code=0, stdout="", stderr="")
+
+    @vf.metric
+    async def unsent_tool_calls(self, trace) -> float:
+        return float(trace.info.get("rag_gym_harness", {}).get("unsent_tool_calls", 0))
 
 
 def _no_steps(data: Any) -> dict[str, Any]:
@@ -442,9 +366,6 @@ def _no_steps(data: Any) -> dict[str, Any]:
 
 
 def _text_env(data: Any):
-    from rag_gym.wrappers.presets import make as make_with_preset
-    from rag_gym.wrappers.text_actions import TextActions
-
     env = make_with_preset(data.env_id, data.reward_preset or "none", **data.env_kwargs)
     return env if text_actions_of(env) is not None else TextActions(env, tags=data.tags)
 
@@ -454,11 +375,6 @@ async def _tool_loop(
 ) -> None:
     """Complete, offering the MCP servers' tools, and answer each tool call through verifiers'
     MCP client, until the model calls no tool or a ``@stop`` refuses the turn."""
-    from openai import APIStatusError
-    from verifiers.v1.harnesses.utils.mcp import call_mcp, connect_mcp
-
-    from rag_gym.integrations.verifiers_tools import UNKNOWN_TOOL
-
     servers_config = {name: {"url": url, "timeout": timeout} for name, url in mcp_urls.items()}
     counts = trace.info.setdefault("rag_gym_harness", {"unsent_tool_calls": 0})
     async with contextlib.AsyncExitStack() as stack:
