@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import logging
 import math
 import socket
 import threading
@@ -123,7 +124,17 @@ def test_work_of_clients_that_left_never_reaches_a_batch(world):
     def ask(i: int) -> None:
         replies[i] = post(url, {"queries": [good[i]], "topk": 3})
 
+    class Errors(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__(logging.ERROR)
+            self.messages: list[str] = []
+
+        def emit(self, record) -> None:
+            self.messages.append(record.getMessage())
+
+    errors = Errors()
     with live(app) as (url, server):
+        logging.getLogger("uvicorn.error").addHandler(errors)
         retriever.gate.clear()
         first = threading.Thread(target=ask, args=(0,))
         first.start()
@@ -145,12 +156,14 @@ def test_work_of_clients_that_left_never_reaches_a_batch(world):
         first.join(30)
         second.join(30)
         batcher = app.state.batcher
+        logging.getLogger("uvicorn.error").removeHandler(errors)
     retrieved = {q for queries, _ in retriever.calls for q in queries}
     assert not retrieved & {q for queries in flood for q in queries}
     assert retrieved == set(good)
     assert [[d["id"] for d in replies[i][1]["result"][0]] for i in (0, 1)] == expected
     assert replies[0][0] == replies[1][0] == 200
     assert batcher.dropped <= len(flood)  # those seen gone once queued (others: before)
+    assert errors.messages == []  # a client that left is not a fault of the server
 
 
 def test_a_batch_is_bounded_in_queries_times_k(world):
