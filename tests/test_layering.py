@@ -1,4 +1,4 @@
-"""The layering of ``rag_gym``: no module imports a package above its own.
+"""The layering of ``rag_gym``: no module imports a package above its own, and no import cycles.
 
 Every ``import`` and ``from … import`` of every module is read with :mod:`ast`, wherever it
 sits (module level, inside a function, under ``if TYPE_CHECKING``), so the lazy imports of heavy
@@ -30,6 +30,16 @@ runs before every submodule, so an edge *to* it adds nothing and is not checked;
 module-level imports must stay at ``envs`` (it registers the envs), and the lazy import in
 ``rag_gym.make`` at ``wrappers``. ``checkpoints`` holds data files only. A module of a top-level
 name missing from the table fails the test until it is given a layer here.
+
+**Cycles.** No two modules may import each other, directly or through others, inside a package
+as well as between packages. An import is an edge to the module it loads: ``from pkg import
+name`` loads ``pkg.name`` where that is a module, else ``pkg`` (its ``__init__``); the parent
+packages Python initialises on the way are not edges. The rule counts module-level imports (those
+that run when the module is imported, class bodies and ``try`` blocks included): a cycle of them
+is a module that runs with its partner half-initialised. Imports inside functions are the house
+style for optional extras and run only when called, so the first check leaves them out; the
+second adds them, except an edge to the package root (which every submodule finds complete), so
+that a lazy import cannot hide a cycle either.
 """
 
 from __future__ import annotations
@@ -148,6 +158,86 @@ def test_no_import_runs_up_the_layers():
     assert not problems, "upward imports:\n" + "\n".join(problems)
 
 
+def import_graph(root: Path, package: str, lazy: bool = False) -> dict[str, set[str]]:
+    """Each module of the package at ``root`` and the modules of the package it imports at module
+    level (with ``lazy``, inside functions too, but for edges to the package root)."""
+    paths = {_module_name(path, root, package): path for path in sorted(root.rglob("*.py"))}
+    graph: dict[str, set[str]] = {module: set() for module in paths}
+    for module, path in paths.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for target, _, inner in _imports(tree, module, path.name == "__init__.py"):
+            if inner and not lazy:
+                continue
+            while target and target not in paths:  # a name defined in a module: that module
+                target = target.rpartition(".")[0]
+            if not target or target == module or (inner and target == package):
+                continue
+            graph[module].add(target)
+    return graph
+
+
+def import_cycles(root: Path, package: str, lazy: bool = False) -> list[str]:
+    """One cycle (``a -> b -> a``) for each group of modules that import each other, directly or
+    through others (a strongly connected component of :func:`import_graph`), with the group's
+    other members after it."""
+    graph = import_graph(root, package, lazy)
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[set[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's algorithm
+        order[node] = low[node] = len(order)
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in order:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], order[nxt])
+        if low[node] == order[node]:
+            group = set()
+            while True:
+                member = stack.pop()
+                group.add(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(group)
+
+    for node in sorted(graph):
+        if node not in order:
+            visit(node)
+    cycles = []
+    for group in groups:  # the shortest way round from the group's first module
+        start = min(group)
+        paths = {start: [start]}
+        queue = [start]
+        while queue:
+            node = queue.pop(0)
+            for nxt in sorted(graph[node] & group):
+                if nxt == start:
+                    others = sorted(group - set(paths[node]))
+                    also = f" (also in the group: {', '.join(others)})" if others else ""
+                    cycles.append(" -> ".join([*paths[node], start]) + also)
+                    queue = []
+                    break
+                if nxt not in paths:
+                    paths[nxt] = [*paths[node], nxt]
+                    queue.append(nxt)
+    return sorted(cycles)
+
+
+def test_no_import_cycles():
+    cycles = import_cycles(ROOT, "rag_gym")
+    assert not cycles, "import cycles (module-level imports):\n" + "\n".join(cycles)
+
+
+def test_no_import_cycles_through_imports_in_functions():
+    cycles = import_cycles(ROOT, "rag_gym", lazy=True)
+    assert not cycles, "import cycles (imports in functions included):\n" + "\n".join(cycles)
+
+
 def test_every_top_level_name_has_a_layer():
     names = {p.stem for p in ROOT.glob("*.py") if p.stem != "__init__"}
     names |= {p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
@@ -198,3 +288,48 @@ def test_checker_fails_on_an_injected_upward_import(tmp_path, name, text, expect
         files["wrappers/__init__.py"] = ""
     problems = upward_edges(_write(tmp_path, files), "pkg")
     assert any(expected in p for p in problems), problems
+
+
+def test_checker_finds_no_cycle_in_a_clean_tree(tmp_path):
+    root = _write(tmp_path, SYNTHETIC)
+    assert import_cycles(root, "pkg") == []
+    assert import_cycles(root, "pkg", lazy=True) == []
+
+
+@pytest.mark.parametrize(
+    ("files", "module_level", "with_lazy"),
+    [
+        (  # two modules of one package
+            {"envs/other.py": "from pkg.envs import core\n"},
+            ["pkg.envs.core -> pkg.envs.other -> pkg.envs.core"],
+            ["pkg.envs.core -> pkg.envs.other -> pkg.envs.core"],
+        ),
+        (  # three modules, one through a relative import and a package's __init__
+            {
+                "envs/__init__.py": "from .core import x\n",
+                "data/load.py": "import json\nfrom pkg import metrics, envs\n",
+            },
+            ["pkg.data.load -> pkg.envs -> pkg.envs.core -> pkg.data.load"],
+            ["pkg.data.load -> pkg.envs -> pkg.envs.core -> pkg.data.load"],
+        ),
+        (  # a name imported from a module is an edge to that module
+            {"data/load.py": "from pkg.envs.core import thing\n"},
+            ["pkg.data.load -> pkg.envs.core -> pkg.data.load"],
+            ["pkg.data.load -> pkg.envs.core -> pkg.data.load"],
+        ),
+        (  # closed by an import inside a function: the second check only
+            {"envs/other.py": "def f():\n    from pkg.envs import core\n"},
+            [],
+            ["pkg.envs.core -> pkg.envs.other -> pkg.envs.core"],
+        ),
+        (  # a function's import of the package root is no edge
+            {"metrics.py": "def version():\n    from pkg import __version__\n"},
+            [],
+            [],
+        ),
+    ],
+)
+def test_checker_reports_a_planted_cycle(tmp_path, files, module_level, with_lazy):
+    root = _write(tmp_path, {**SYNTHETIC, **files})
+    assert import_cycles(root, "pkg") == module_level
+    assert import_cycles(root, "pkg", lazy=True) == with_lazy
