@@ -1,6 +1,6 @@
 """Does a title-list policy compare the titles with the entity it searched? Read its transcripts.
 
-A policy trained with ``rag-gym train sft --title-list`` (and ``--title-verdicts``) starts
+A policy trained with ``rag-gym train sft --style title_list`` (or ``title_verdicts``) starts
 each turn after a search with the titles that came back, e.g. ``Looking for Tribrigrok
 Institute: Doc 1 is about Tribrigrok Institute (yes), Doc 2 is about …``, and then either
 reads a document (``Doc 1 says …``) or says the search missed (``None is about …``). This
@@ -38,7 +38,7 @@ from rag_gym.traces import read_jsonl
 LOOKING = re.compile(r"Looking for (?P<entity>[^:]+): (?P<list>.*?)(?:\.\s|\.$|\.<|$)", re.S)
 LISTED = re.compile(r"Doc (?P<rank>\d+) is about (?P<title>.+?)(?: \((?P<verdict>yes|no)\))?$")
 #: the readings the expert writes (``rag_gym.agents.expert``): ``Doc 2 says …``, ``According to
-#: Doc 2, …``, ``From Doc 2: …``, ``Doc 2 tells me …`` and the title-check forms
+#: Doc 2, …``, ``From Doc 2: …``, ``Doc 2 tells me …``, and the forms that name the title
 READS = re.compile(
     r"(?:According to |From )Doc (?P<rank>\d+)[,:]|Doc (?P<rank2>\d+) (?:says|tells|is the one|is titled)"
 )

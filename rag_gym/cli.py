@@ -872,27 +872,14 @@ def train_sft(
             "answering (a redundant search a step cost can remove)."
         ),
     ] = 0.0,
-    title_check: Annotated[
-        bool,
+    style: Annotated[
+        str,
         typer.Option(
-            help="Demonstrations name each document read by its title and list the titles "
-            "of a miss (so a refusal follows a visible miss)."
+            help="How SynthHop demonstrations read a search's results: plain, title_list (the "
+            "titles listed against the entity searched first) or title_verdicts (each title "
+            "marked (yes) or (no))."
         ),
-    ] = False,
-    title_list: Annotated[
-        bool,
-        typer.Option(
-            help="Demonstrations list the titles returned against the entity searched after "
-            "every search, then read or say none is about it."
-        ),
-    ] = False,
-    title_verdicts: Annotated[
-        bool,
-        typer.Option(
-            help="With --title-list: each listed title followed by (yes) when it is the "
-            "entity searched, else (no)."
-        ),
-    ] = False,
+    ] = "plain",
     model: Annotated[
         str, typer.Option(help="embedded, tiny, a hub id or a directory.")
     ] = "embedded",
@@ -933,9 +920,7 @@ def train_sft(
             n_demos=demos or None,
             joint_rate=joint_rate,
             confirm_rate=confirm_rate,
-            title_check=title_check,
-            title_list=title_list,
-            title_verdicts=title_verdicts,
+            style=style,
             model=model,
             lora=lora,
             learning_rate=lr,
@@ -1128,12 +1113,40 @@ def train_grpo(
 
 @train_app.command("pipeline")
 def train_pipeline(
-    env: Annotated[str, typer.Option(help="A SynthHop search env id.")] = "rag_gym/SynthHop-v0",
+    env: Annotated[
+        str,
+        typer.Option(
+            help="A search env id: SynthHop, or HotpotQA / 2WikiMultiHopQA / MuSiQue with "
+            "--data-path; several, comma-separated, are mixed in the SFT (RL plays the first)."
+        ),
+    ] = "rag_gym/SynthHop-v0",
     env_kwargs: Annotated[
         str | None, typer.Option(help="More gym.make kwargs as a JSON object.")
     ] = None,
+    data_path: Annotated[
+        str | None,
+        typer.Option(
+            help="Dataset file or folder of a real-data env (one per --env id, comma-separated)."
+        ),
+    ] = None,
+    split_by_id: Annotated[
+        bool,
+        typer.Option(
+            help="Split real-data files by question id (50/10/40 train/validation/test): "
+            "train on the train share, test on the test share."
+        ),
+    ] = False,
+    synthhop_ratio: Annotated[
+        float,
+        typer.Option(help="SFT: share of SynthHop transcripts mixed into real-data ones."),
+    ] = 0.0,
+    max_length: Annotated[
+        int, typer.Option(help="SFT: longest transcript in tokens (longer ones are dropped).")
+    ] = 1024,
     tags: Annotated[str, typer.Option(help="TextActions tag preset.")] = "search_r1",
-    demos: Annotated[int, typer.Option(help="SFT: expert demonstrations (train split).")] = 600,
+    demos: Annotated[
+        int, typer.Option(help="SFT: expert demonstrations per env (train split; 0: all).")
+    ] = 600,
     model: Annotated[
         str, typer.Option(help="embedded, tiny, a hub id or a directory.")
     ] = "embedded",
@@ -1175,13 +1188,17 @@ def train_pipeline(
     from rag_gym.train.pipeline import PipelineConfig, train_and_ship, write_report
     from rag_gym.train.sft import SFTConfig
 
-    root = _run_dir(out, run_name, env, "pipeline", seed)
+    root = _run_dir(out, run_name, env.split(",")[0], "pipeline", seed)
     try:
         sft_cfg = SFTConfig(
             env_id=env,
             env_kwargs=_json_option(env_kwargs, "--env-kwargs"),
+            data_path=data_path,
+            split_by_id=split_by_id,
+            synthhop_ratio=synthhop_ratio,
+            max_length=max_length,
             tags=tags,
-            n_demos=demos,
+            n_demos=demos or None,
             model=model,
             learning_rate=sft_lr,
             eval_n=eval_n,
@@ -1210,18 +1227,16 @@ def train_pipeline(
         from rag_gym.evaluate import evaluate_checkpoint
 
         t0 = time.perf_counter()
-        row = evaluate_checkpoint(
-            report["checkpoint"],
-            env,
-            test_n,
-            root,
-            "test",
-            seed=seed,
-            env_kwargs=sft_cfg.env_kwargs,
-        )
-        report["test"] = row
+        sources = sft_cfg.sources()
+        for env_id, kwargs in sources:  # each env's test split, in a run folder of its own
+            name = "test" if len(sources) == 1 else f"test-{env_id.split('/')[-1]}"
+            row = evaluate_checkpoint(
+                report["checkpoint"], env_id, test_n, root, name, seed=seed, env_kwargs=kwargs
+            )
+            report.setdefault("tests", {})[env_id] = row
+            typer.echo(f"{env_id} test ({test_n} questions, llama.cpp): EM {row['em']:.3f}")
+        report["test"] = report["tests"][sources[0][0]]
         report["seconds"]["test"] = round(time.perf_counter() - t0, 1)
-        typer.echo(f"test ({test_n} questions, llama.cpp): EM {row['em']:.3f}")
     report["seconds"]["total"] = round(time.perf_counter() - started, 1)
     write_report(root, report)
     minutes = {k: f"{v / 60:.1f} min" for k, v in report["seconds"].items()}

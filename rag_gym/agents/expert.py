@@ -18,21 +18,16 @@ SynthHop worlds: it follows each question's gold decomposition (``meta["decompos
 * with ``confirm_rate`` > 0, that share of the demonstrations searches once more after the
   last hop is read, to check it (a rephrased query for the same fact), then answers: a
   redundant search, the kind EVO-RAG's step cost exists to remove;
-* with ``title_check``, every reading names the document by its title, which is the entity
-  searched (``Doc 2 is about Tribrigrok Institute: ...``), and every miss lists the titles that
-  came back (``The documents are about A, B and C, not Tribrigrok Institute``): noticing a miss,
-  and so refusing on an unanswerable question, becomes a comparison of names the policy can
-  copy from the ``(Title: ...)`` of each passage;
-* with ``title_list``, every turn after a search starts by listing the titles that came back
-  against the entity searched (``Looking for Tribrigrok Institute: Doc 1 is about A, Doc 2 is
-  about B, Doc 3 is about C.``), then reads (``Doc 2 says ...``) or says that none is about it:
-  reading and missing share one prefix and differ only in whether the name is in the list just
-  written;
-* with ``title_verdicts`` as well, each listed title is followed by whether it is the entity
-  searched (``Doc 1 is about A (no), Doc 2 is about Tribrigrok Institute (yes), …``): the
-  comparison is written out, one verdict per title, right after the title is copied. Without
-  it the passage about the entity is nearly always BM25's first, so a policy can learn to read
-  "Doc 1" without comparing; with verdicts every title is a labelled comparison, the
+* with ``style="title_list"``, every turn after a search starts by listing the titles that
+  came back against the entity searched (``Looking for Tribrigrok Institute: Doc 1 is about A,
+  Doc 2 is about B, Doc 3 is about C.``), then reads (``Doc 2 says ...``) or says that none is
+  about it: reading and missing share one prefix and differ only in whether the name is in the
+  list just written;
+* with ``style="title_verdicts"``, the same list with each title followed by whether it is the
+  entity searched (``Doc 1 is about A (no), Doc 2 is about Tribrigrok Institute (yes), …``):
+  the comparison is written out, one verdict per title, right after the title is copied.
+  Without it the passage about the entity is nearly always BM25's first, so a policy can learn
+  to read "Doc 1" without comparing; with verdicts every title is a labelled comparison, the
   distractors that share a name with the entity included.
 
 The expert reads only what the policy reads — the question, the decomposition's relations and
@@ -128,23 +123,6 @@ _JOINT_HALF = (
     "{read} The results do not say {need}, so I search for it.",
     "{read} Now I need {need}, which these documents do not give.",
 )
-#: the title-check phrasings (``title_check``): the reading names the passage's title, the
-#: miss lists the titles that came back
-_TITLED_READ = (
-    "Doc {r} is about {X}: {fact}.",
-    "Doc {r} is the one about {X}, and it says {fact}.",
-    "Doc {r} is titled {X}; it says {fact}.",
-)
-_TITLED_MISS = (
-    "The documents are about {titles}, not {X}. Let me search differently.",
-    "None of these is about {X}: they are about {titles}. I will rephrase the search.",
-)
-_TITLED_REFUSE = (
-    "Again the documents are about {titles}, not {X}. The collection has no passage saying "
-    "{need}, so I cannot answer.",
-    "These are about {titles}; none is about {X}. No document tells {need}, so the question "
-    "cannot be answered from this collection.",
-)
 #: the title-list phrasings (``title_list``), after ``Looking for X: Doc 1 is about A, …``
 _LISTED_MISS = (
     "None is about {X}. Let me search differently.",
@@ -225,16 +203,11 @@ class SynthHopExpert:
             once more, with another query, and read it again before answering: one search
             more than the question needs. 0 (the default) makes no extra random draw, so a seed
             gives the same demonstrations as without the option.
-        title_check: name each document read by its title and list the titles of a miss
-            (see the module doc). Off (the default) gives a seed the same
-            demonstrations as without the option.
-        title_list: start every turn after a search with the list of the titles returned
-            against the entity searched (see the module doc); not with ``title_check`` or
-            ``joint_rate``. Off (the default) gives a seed the same demonstrations as
-            without the option.
-        title_verdicts: follow each title of ``title_list``'s list with ``(yes)`` when it is
-            the entity searched, else ``(no)`` (see the module doc); needs ``title_list``.
-            Off (the default) gives a seed the same demonstrations as without the option.
+        style: how a turn after a search reads the passages (:data:`STYLES`): ``"plain"``
+            (the default: ``Doc 2 says ...``), ``"title_list"`` (the titles returned listed
+            against the entity searched first) or ``"title_verdicts"`` (each listed title
+            marked ``(yes)`` or ``(no)``); see the module doc. The title styles do not take
+            ``joint_rate``.
     """
 
     def __init__(
@@ -243,24 +216,22 @@ class SynthHopExpert:
         seed: int = 0,
         max_attempts: int = 2,
         joint_rate: float = 0.0,
-        title_check: bool = False,
-        title_list: bool = False,
-        title_verdicts: bool = False,
+        style: str = "plain",
         confirm_rate: float = 0.0,
     ) -> None:
         if tags.search is None or tags.answer is None:
             raise ValueError(f"expected a tag set with search and answer tags, got {tags.name!r}")
         if not isinstance(max_attempts, int) or max_attempts < 1:
             raise ValueError(f"expected max_attempts >= 1, got {max_attempts!r}")
-        check_options(joint_rate, title_check, title_list, title_verdicts, confirm_rate)
+        check_options(style, joint_rate, confirm_rate)
         self.tags = tags
         self.confirm_rate = float(confirm_rate)
         self.rng = np.random.default_rng(seed)
         self.max_attempts = max_attempts
         self.joint_rate = float(joint_rate)
-        self.title_check = title_check
-        self.title_list = title_list
-        self.title_verdicts = title_verdicts
+        self.style = style
+        self.title_list = style != "plain"
+        self.title_verdicts = style == "title_verdicts"
 
     # -- text pieces --
     def _pick(self, options: tuple[str, ...]) -> str:
@@ -278,15 +249,13 @@ class SynthHopExpert:
         self, relation: str, entity: str, value: str, rank: int, info: dict | None = None
     ) -> str:
         """The sentence that states what passage ``rank`` (1-based) says about ``entity``
-        (after the title list of the search's ``info``, with ``title_list``)."""
+        (after the title list of the search's ``info``, in the title styles)."""
         fact = _fact(relation, entity, value)
         if self.title_list:
             return (
                 f"{_title_list(entity, info or {}, self.title_verdicts)} "
                 f"{self._pick(_READ).format(r=rank, fact=fact)}"
             )
-        if self.title_check:  # the passage read is the one titled with the entity
-            return self._pick(_TITLED_READ).format(r=rank, X=entity, fact=fact)
         return self._pick(_READ).format(r=rank, fact=fact)
 
     def _miss(self, entity: str, need: str, info: dict[str, Any], refuse: bool = False) -> str:
@@ -296,9 +265,6 @@ class SynthHopExpert:
             options = _LISTED_REFUSE if refuse else _LISTED_MISS
             text = self._pick(options).format(X=entity, need=need)
             return f"{_title_list(entity, info, self.title_verdicts)} {text}"
-        if self.title_check:
-            options = _TITLED_REFUSE if refuse else _TITLED_MISS
-            return self._pick(options).format(X=entity, need=need, titles=_titles(info))
         return self._pick(_REFUSE if refuse else _MISS).format(X=entity, need=need)
 
     def _answer(self, text: str) -> str:
@@ -459,34 +425,24 @@ class SynthHopExpert:
         return demo
 
 
-def check_options(
-    joint_rate: float,
-    title_check: bool,
-    title_list: bool,
-    title_verdicts: bool = False,
-    confirm_rate: float = 0.0,
-) -> None:
-    """Raise ``ValueError`` for phrasing options :class:`SynthHopExpert` does not take (also
-    checked by ``SFTConfig``, before any demonstration is written)."""
+#: The reading styles of :class:`SynthHopExpert` (its ``style``).
+STYLES = ("plain", "title_list", "title_verdicts")
+
+
+def check_options(style: str, joint_rate: float, confirm_rate: float = 0.0) -> None:
+    """Raise ``ValueError`` for options :class:`SynthHopExpert` does not take (also checked by
+    ``SFTConfig``, before any demonstration is written)."""
+    if style not in STYLES:
+        from rag_gym._names import unknown_name
+
+        raise unknown_name("style", style, STYLES)
     if isinstance(joint_rate, bool) or not 0.0 <= joint_rate <= 1.0:
         raise ValueError(f"expected joint_rate in [0, 1], got {joint_rate!r}")
     if isinstance(confirm_rate, bool) or not 0.0 <= confirm_rate <= 1.0:
         raise ValueError(f"expected confirm_rate in [0, 1], got {confirm_rate!r}")
-    if not isinstance(title_check, bool):
-        raise ValueError(f"expected title_check to be True or False, got {title_check!r}")
-    if not isinstance(title_list, bool):
-        raise ValueError(f"expected title_list to be True or False, got {title_list!r}")
-    if not isinstance(title_verdicts, bool):
-        raise ValueError(f"expected title_verdicts to be True or False, got {title_verdicts!r}")
-    if title_verdicts and not title_list:
+    if style != "plain" and joint_rate:
         raise ValueError(
-            "expected title_verdicts with title_list: the verdicts mark the titles of its list "
-            "(give --title-list too)"
-        )
-    if title_list and (title_check or joint_rate):
-        raise ValueError(
-            "expected title_list alone: it replaces title_check's phrasing, and joint "
-            "searches (joint_rate) have no title list yet"
+            f"expected joint_rate 0 with style {style!r}: a joint search has no title list"
         )
 
 
@@ -509,14 +465,6 @@ def _title_list(entity: str, info: dict[str, Any], verdicts: bool = False) -> st
     mark = {True: " (yes)", False: " (no)"} if verdicts else {True: "", False: ""}
     docs = ", ".join(f"Doc {i} is about {t}{mark[t == entity]}" for i, t in enumerate(titles, 1))
     return f"Looking for {entity}: {docs}."
-
-
-def _titles(info: dict[str, Any]) -> str:
-    """The titles of the passages a search returned, as ``A, B and C``."""
-    titles = _passage_titles(info)
-    if not titles:
-        return "nothing"
-    return titles[0] if len(titles) == 1 else f"{', '.join(titles[:-1])} and {titles[-1]}"
 
 
 def _messages(env: gym.Env, obs: str) -> list[dict[str, str]]:

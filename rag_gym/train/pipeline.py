@@ -99,12 +99,13 @@ def train_and_ship(sft_cfg: Any, pipeline: PipelineConfig, root: str | Path, com
     print(f"SFT: {report['seconds']['sft']:.0f} s, validation EM {sft['after']}", flush=True)
     final = Path(sft["checkpoint"])
 
+    rl_env_id, rl_env_kwargs = sft_cfg.sources()[0]  # RL plays the first env of the SFT's
     if pipeline.grpo_steps > 0:
         t0 = time.perf_counter()
         grpo = train_from(
             EnvGRPOConfig(
-                env_id=sft_cfg.env_id,
-                env_kwargs=sft_cfg.env_kwargs,
+                env_id=rl_env_id,
+                env_kwargs=rl_env_kwargs,
                 tags=sft_cfg.tags,
                 reward_preset="none",
                 algorithm=pipeline.algorithm,
@@ -145,13 +146,14 @@ def train_and_ship(sft_cfg: Any, pipeline: PipelineConfig, root: str | Path, com
             final,
             root / "checkpoint",
             {
-                "name": f"rag-gym SynthHop search agent ({sft_cfg.tags})",
+                "name": f"rag-gym search agent ({sft_cfg.tags})",
                 "command": command,
                 "seed": sft_cfg.seed,
-                "data": f"{sft_cfg.n_demos} expert transcripts of {sft_cfg.env_id}'s train split",
+                "data": f"expert transcripts of {sft_cfg.env_id}'s {sft_cfg.split} split "
+                f"({stages['sft']['data']['demonstrations']} kept)",
                 "results": [f"{k}: {v['after']}" for k, v in stages.items()],
-                "env_id": sft_cfg.env_id,
-                "env_kwargs": sft_cfg.env_kwargs,
+                "env_id": rl_env_id,
+                "env_kwargs": rl_env_kwargs,
                 "tags": sft_cfg.tags,
             },
         )

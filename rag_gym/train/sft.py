@@ -76,18 +76,12 @@ class SFTConfig:
     """The share of demonstrations that search the last hop's fact once more before
     answering (:class:`~rag_gym.agents.expert.SynthHopExpert`'s ``confirm_rate``): a start
     that searches more than it needs, so that a step cost has a search to remove."""
-    title_check: bool = False
-    """Demonstrations that name each document read by its title and list the titles of a
-    miss (:class:`~rag_gym.agents.expert.SynthHopExpert`'s ``title_check``): a miss, and the
-    refusal after it, become checkable by copying names (SynthHop-Hard)."""
-    title_list: bool = False
-    """Demonstrations whose every turn after a search first lists the titles returned against
-    the entity searched, then reads or says none is about it
-    (:class:`~rag_gym.agents.expert.SynthHopExpert`'s ``title_list``)."""
-    title_verdicts: bool = False
-    """With ``title_list``: each listed title followed by ``(yes)`` when it is the entity
-    searched, else ``(no)`` (:class:`~rag_gym.agents.expert.SynthHopExpert`'s
-    ``title_verdicts``): the comparison that tells a miss from a hit, written out."""
+    style: str = "plain"
+    """How the SynthHop demonstrations read what a search returned
+    (:class:`~rag_gym.agents.expert.SynthHopExpert`'s ``style``): ``plain``, ``title_list``
+    (the titles returned listed against the entity searched, then a reading or "none is about
+    it") or ``title_verdicts`` (each listed title marked ``(yes)`` or ``(no)``: the comparison
+    that tells a miss from a hit, written out)."""
     model: str = "embedded"
     """``embedded`` (SmolLM2-135M-Instruct), ``tiny`` (smoke tests), a hub id or a directory."""
     lora: bool = True
@@ -153,13 +147,7 @@ class SFTConfig:
             )
         if not self.learning_rate > 0 or not math.isfinite(self.learning_rate):
             raise ValueError(f"expected learning_rate > 0, got {self.learning_rate!r}")
-        check_options(
-            self.joint_rate,
-            self.title_check,
-            self.title_list,
-            self.title_verdicts,
-            self.confirm_rate,
-        )
+        check_options(self.style, self.joint_rate, self.confirm_rate)
         if self.eval_n is not None and (not isinstance(self.eval_n, int) or self.eval_n < 0):
             raise ValueError(f"expected eval_n >= 0 or None, got {self.eval_n!r}")
         if not isinstance(self.split_by_id, bool):
@@ -293,9 +281,7 @@ def _synthhop_demonstrations(cfg: SFTConfig, n_demos: int | None) -> list[Demons
         env.tags,
         seed=cfg.seed,
         joint_rate=cfg.joint_rate,
-        title_check=cfg.title_check,
-        title_list=cfg.title_list,
-        title_verdicts=cfg.title_verdicts,
+        style=cfg.style,
         confirm_rate=cfg.confirm_rate,
     )
     total = len(env.unwrapped.examples)

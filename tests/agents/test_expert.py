@@ -160,44 +160,10 @@ def _titles_of(observation: str) -> list[str]:
     return re.findall(r"Doc \d+\(Title: ([^)]*)\)", observation)
 
 
-def test_title_check_names_the_document_read_and_the_titles_of_a_miss():
-    """``title_check``: each reading names the document by its title (the entity searched, as
-    the observation shows it), each miss lists exactly the titles that came back, and the
-    demonstrations stay right: answers EM 1, refusals only where the passage is missing."""
-    import re
-
-    env = _env("rag_gym/SynthHop-Hard-v0", tags="evo_rag", unanswerable_rate=0.3)
-    expert = SynthHopExpert(env.tags, seed=1, title_check=True)
-    reads = misses = refusals = 0
-    for i, ex in enumerate(env.unwrapped.examples):
-        demo = expert.play(env, i)
-        refused = _right(demo, ex)
-        observations = [""] + [t.observation for t in demo.turns]
-        for turn, before in zip(demo.turns, observations, strict=False):
-            titles = _titles_of(before)
-            for rank, entity in re.findall(
-                r"Doc (\d+) (?:is about|is the one about|is titled) (.+?)(?::|, and it|;) ",
-                turn.action,
-            ):
-                assert titles[int(rank) - 1] == entity, (turn.action, titles)
-                reads += 1
-            listed = re.search(
-                r"(?:are about|they are about) (.+?)(?:, not |\. |; none)", turn.action
-            )
-            if listed:
-                named = re.split(r", | and ", listed.group(1))
-                assert named == titles, (turn.action, titles)
-                misses += 1
-        refusals += refused
-    assert reads > 50 and misses > 5 and refusals > 0
-    with pytest.raises(ValueError, match="title_check"):
-        SynthHopExpert(env.tags, title_check="yes")
-
-
-def test_title_check_off_gives_the_demonstrations_a_seed_always_gave():
-    """The default makes no change: the Hard world's demonstrations (misses and refusals
-    included) hash to what they were before ``title_check`` existed, so the SFT runs that
-    docs/training.md reports train on the same transcripts."""
+def test_the_plain_style_gives_the_demonstrations_a_seed_always_gave():
+    """The default style makes no change: the Hard world's demonstrations (misses and refusals
+    included) hash to what they always were, so the documented SFT runs train on the same
+    transcripts."""
     import hashlib
 
     env = _env("rag_gym/SynthHop-Hard-v0", tags="evo_rag", unanswerable_rate=0.3)
@@ -216,7 +182,7 @@ def test_title_list_lists_the_titles_then_reads_the_one_named_or_says_none_is():
     import re
 
     env = _env("rag_gym/SynthHop-Hard-v0", tags="evo_rag", unanswerable_rate=0.3)
-    expert = SynthHopExpert(env.tags, seed=1, title_list=True)
+    expert = SynthHopExpert(env.tags, seed=1, style="title_list")
     reads = misses = 0
     for i, ex in enumerate(env.unwrapped.examples):
         demo = expert.play(env, i)
@@ -239,10 +205,8 @@ def test_title_list_lists_the_titles_then_reads_the_one_named_or_says_none_is():
                 assert f"None is about {entity}" in turn.action and not read, turn.action
                 misses += 1
     assert reads > 50 and misses > 5
-    with pytest.raises(ValueError, match="title_list alone"):
-        SynthHopExpert(env.tags, title_list=True, title_check=True)
-    with pytest.raises(ValueError, match="title_list alone"):
-        SynthHopExpert(env.tags, title_list=True, joint_rate=0.5)
+    with pytest.raises(ValueError, match="joint_rate 0 with style 'title_list'"):
+        SynthHopExpert(env.tags, style="title_list", joint_rate=0.5)
 
 
 def test_title_verdicts_mark_each_title_and_the_read_is_the_one_marked_yes():
@@ -252,8 +216,8 @@ def test_title_verdicts_mark_each_title_and_the_read_is_the_one_marked_yes():
     import re
 
     env = _env("rag_gym/SynthHop-Hard-v0", tags="evo_rag", unanswerable_rate=0.3)
-    expert = SynthHopExpert(env.tags, seed=1, title_list=True, title_verdicts=True)
-    plain = SynthHopExpert(env.tags, seed=1, title_list=True)
+    expert = SynthHopExpert(env.tags, seed=1, style="title_verdicts")
+    plain = SynthHopExpert(env.tags, seed=1, style="title_list")
     verdicts = {"yes": 0, "no": 0}
     for i, ex in enumerate(env.unwrapped.examples):
         demo = expert.play(env, i)
@@ -282,10 +246,8 @@ def test_title_verdicts_mark_each_title_and_the_read_is_the_one_marked_yes():
             else:
                 assert f"None is about {entity}" in turn.action and not read, turn.action
     assert verdicts["yes"] > 50 and verdicts["no"] > 2 * verdicts["yes"]
-    with pytest.raises(ValueError, match="title_verdicts with title_list"):
-        SynthHopExpert(env.tags, title_verdicts=True)
-    with pytest.raises(ValueError, match="title_verdicts to be True or False"):
-        SynthHopExpert(env.tags, title_list=True, title_verdicts="yes")
+    with pytest.raises(ValueError, match=r"style in \['plain', .*got 'title_verdict'; did you mean"):
+        SynthHopExpert(env.tags, style="title_verdict")
 
 
 def test_confirm_rate_adds_one_search_of_the_last_fact_and_stays_right():
