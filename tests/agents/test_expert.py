@@ -246,7 +246,9 @@ def test_title_verdicts_mark_each_title_and_the_read_is_the_one_marked_yes():
             else:
                 assert f"None is about {entity}" in turn.action and not read, turn.action
     assert verdicts["yes"] > 50 and verdicts["no"] > 2 * verdicts["yes"]
-    with pytest.raises(ValueError, match=r"style in \['plain', .*got 'title_verdict'; did you mean"):
+    with pytest.raises(
+        ValueError, match=r"style in \['plain', .*got 'title_verdict'; did you mean"
+    ):
         SynthHopExpert(env.tags, style="title_verdict")
 
 
