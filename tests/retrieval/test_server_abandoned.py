@@ -341,3 +341,44 @@ def test_a_token_given_with_a_newline_still_lets_clients_in(world, monkeypatch):
         monkeypatch.setenv("RAG_GYM_TOKEN", "wrong")
         with pytest.raises(ValueError, match="401"):
             HttpRetriever(url, retries=0)
+
+
+def test_serve_strips_a_token_given_with_spaces_and_says_so(world, tmp_path):
+    """``rag-gym serve --token " abc"``: a warning on stderr, and clients sending ``abc`` get in
+    (before, every client was locked out)."""
+    import subprocess
+    import sys
+
+    index = tmp_path / "bm25"
+    BM25Retriever(world.corpus).save(index)
+    port = free_port()
+    log = tmp_path / "serve.log"
+    serve = ["serve", "--index", str(index), "--port", str(port), "--token", " abc"]
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rag_gym.cli", *serve],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    try:
+        url = f"http://127.0.0.1:{port}/health"
+        req = urllib.request.Request(url, headers={"Authorization": "Bearer abc"})
+        for _ in range(600):  # up to 60 s for the server to start
+            try:
+                with urllib.request.urlopen(req, timeout=1) as resp:
+                    status = resp.status
+                break
+            except urllib.error.HTTPError as exc:
+                status = exc.code
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    pytest.fail(f"the server exited: {log.read_text()[-500:]}")
+                time.sleep(0.1)
+        else:
+            pytest.fail("the server did not start within 60 s")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert status == 200
+    assert "warning: --token has whitespace around it (' abc'); using 'abc'" in log.read_text()
