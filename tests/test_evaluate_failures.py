@@ -308,3 +308,31 @@ def test_synth_and_compare_name_a_bad_output_path(tmp_path):
         ["compare", str(tmp_path), "--a", "x", "--b", "y", "--json", "/missing/dir/x.json"],
     )
     assert result.exit_code == 2 and "expected --json in an existing folder" in result.output
+
+
+def test_an_unreachable_backend_of_concurrent_clients_stops_the_run(tmp_path):
+    """The same with a backend that batches concurrent clients (transformers): the error of
+    one client stops them all and is raised, the episodes finished before are kept."""
+    from tests.test_evaluate import TurnTakingLM
+
+    class Unreachable(TurnTakingLM):
+        down = True
+
+        def generate(self, prompts, config=None):
+            if self.down and len(self.turns) >= 6:
+                self.turns.append(-1)
+                raise ConnectionError("cannot reach http://127.0.0.1:1/v1: refused")
+            return super().generate(prompts, config)
+
+    lm = Unreachable()
+    with pytest.raises(ConnectionError, match="cannot reach") as info:
+        evaluate(config(tmp_path, n=8, batch_size=2), lambda n, env: make_agent(n, lm=lm))
+    assert any("--resume" in note for note in info.value.__notes__)
+    saved = load_episodes(tmp_path / "run" / "episodes.jsonl")
+    assert 0 < len(saved) < 8 and all(e["error"] is None for e in saved)
+    lm = Unreachable()
+    lm.down = False  # the server is back
+    resumed = evaluate(
+        config(tmp_path, n=8, batch_size=2), lambda n, env: make_agent(n, lm=lm), resume=True
+    )
+    assert len(resumed.episodes) == 8 and resumed.rows[0]["errors"] == 0
