@@ -824,37 +824,44 @@ def _run_dir(out: Path, run_name: str | None, env: str, stage: str, seed: int) -
     return path
 
 
+#: the options ``train sft`` and ``train pipeline`` share (what the transcripts are made from)
+_TrainEnvOption = Annotated[
+    str,
+    typer.Option(
+        help="A search env id: SynthHop, or HotpotQA / 2WikiMultiHopQA / MuSiQue with "
+        "--data-path; several, comma-separated, are mixed (RL plays the first)."
+    ),
+]
+_DataPathOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Dataset file or folder of a real-data env (one per --env id, comma-separated)."
+    ),
+]
+_SplitByIdOption = Annotated[
+    bool,
+    typer.Option(
+        help="Split real-data files by question id (50/10/40 train/validation/test): train on "
+        "the train share (the pipeline tests on the test share)."
+    ),
+]
+_SynthHopRatioOption = Annotated[
+    float,
+    typer.Option(
+        help="Share of SynthHop transcripts mixed into real-data ones (0.25: one per three)."
+    ),
+]
+
+
 @train_app.command("sft")
 def train_sft(
-    env: Annotated[
-        str,
-        typer.Option(
-            help="A search env id: SynthHop, or HotpotQA / 2WikiMultiHopQA / MuSiQue with "
-            "--data-path; several, comma-separated, are mixed."
-        ),
-    ] = "rag_gym/SynthHop-v0",
+    env: _TrainEnvOption = "rag_gym/SynthHop-v0",
     env_kwargs: Annotated[
         str | None, typer.Option(help="More gym.make kwargs as a JSON object.")
     ] = None,
-    data_path: Annotated[
-        str | None,
-        typer.Option(
-            help="Dataset file or folder of a real-data env (one per --env id, comma-separated)."
-        ),
-    ] = None,
-    split_by_id: Annotated[
-        bool,
-        typer.Option(
-            help="Split real-data files by question id (50/10/40 train/validation/test) and "
-            "train on the train share."
-        ),
-    ] = False,
-    synthhop_ratio: Annotated[
-        float,
-        typer.Option(
-            help="Share of SynthHop transcripts mixed into real-data ones (0.25: one per three)."
-        ),
-    ] = 0.0,
+    data_path: _DataPathOption = None,
+    split_by_id: _SplitByIdOption = False,
+    synthhop_ratio: _SynthHopRatioOption = 0.0,
     tags: Annotated[str, typer.Option(help="TextActions tag preset.")] = "search_r1",
     demos: Annotated[
         int, typer.Option(help="Expert demonstrations per env (train split; 0: all of it).")
@@ -1113,33 +1120,13 @@ def train_grpo(
 
 @train_app.command("pipeline")
 def train_pipeline(
-    env: Annotated[
-        str,
-        typer.Option(
-            help="A search env id: SynthHop, or HotpotQA / 2WikiMultiHopQA / MuSiQue with "
-            "--data-path; several, comma-separated, are mixed in the SFT (RL plays the first)."
-        ),
-    ] = "rag_gym/SynthHop-v0",
+    env: _TrainEnvOption = "rag_gym/SynthHop-v0",
     env_kwargs: Annotated[
         str | None, typer.Option(help="More gym.make kwargs as a JSON object.")
     ] = None,
-    data_path: Annotated[
-        str | None,
-        typer.Option(
-            help="Dataset file or folder of a real-data env (one per --env id, comma-separated)."
-        ),
-    ] = None,
-    split_by_id: Annotated[
-        bool,
-        typer.Option(
-            help="Split real-data files by question id (50/10/40 train/validation/test): "
-            "train on the train share, test on the test share."
-        ),
-    ] = False,
-    synthhop_ratio: Annotated[
-        float,
-        typer.Option(help="SFT: share of SynthHop transcripts mixed into real-data ones."),
-    ] = 0.0,
+    data_path: _DataPathOption = None,
+    split_by_id: _SplitByIdOption = False,
+    synthhop_ratio: _SynthHopRatioOption = 0.0,
     max_length: Annotated[
         int, typer.Option(help="SFT: longest transcript in tokens (longer ones are dropped).")
     ] = 1024,

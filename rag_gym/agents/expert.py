@@ -182,7 +182,35 @@ class Demonstration:
         return float(sum(t.reward for t in self.turns))
 
 
-class SynthHopExpert:
+class TranscriptWriter:
+    """What every expert shares: the env's tag set, a seeded generator for the phrasing, the
+    searches per hop before it gives up, and the text pieces a turn is made of."""
+
+    def __init__(self, tags: TagSet, seed: int = 0, max_attempts: int = 2) -> None:
+        if tags.search is None or tags.answer is None:
+            raise ValueError(f"expected a tag set with search and answer tags, got {tags.name!r}")
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+            raise ValueError(f"expected max_attempts >= 1, got {max_attempts!r}")
+        self.tags = tags
+        self.rng = np.random.default_rng(seed)
+        self.max_attempts = max_attempts
+
+    def _pick(self, options: tuple[str, ...]) -> str:
+        return options[int(self.rng.integers(len(options)))]
+
+    def _think(self, text: str) -> str:
+        if not self.tags.reasoning:
+            return ""
+        return f"<{self.tags.reasoning[0]}>{text}</{self.tags.reasoning[0]}>\n"
+
+    def _search(self, query: str) -> str:
+        return f"<{self.tags.search}>{query}</{self.tags.search}>"
+
+    def _answer(self, text: str) -> str:
+        return f"<{self.tags.answer}>{text}</{self.tags.answer}>"
+
+
+class SynthHopExpert(TranscriptWriter):
     """Writes SynthHop demonstrations in a :class:`~rag_gym.wrappers.TextActions` env (see the
     module doc).
 
@@ -219,32 +247,15 @@ class SynthHopExpert:
         style: str = "plain",
         confirm_rate: float = 0.0,
     ) -> None:
-        if tags.search is None or tags.answer is None:
-            raise ValueError(f"expected a tag set with search and answer tags, got {tags.name!r}")
-        if not isinstance(max_attempts, int) or max_attempts < 1:
-            raise ValueError(f"expected max_attempts >= 1, got {max_attempts!r}")
+        super().__init__(tags, seed, max_attempts)
         check_options(style, joint_rate, confirm_rate)
-        self.tags = tags
         self.confirm_rate = float(confirm_rate)
-        self.rng = np.random.default_rng(seed)
-        self.max_attempts = max_attempts
         self.joint_rate = float(joint_rate)
         self.style = style
         self.title_list = style != "plain"
         self.title_verdicts = style == "title_verdicts"
 
     # -- text pieces --
-    def _pick(self, options: tuple[str, ...]) -> str:
-        return options[int(self.rng.integers(len(options)))]
-
-    def _think(self, text: str) -> str:
-        if not self.tags.reasoning:
-            return ""
-        return f"<{self.tags.reasoning[0]}>{text}</{self.tags.reasoning[0]}>\n"
-
-    def _search(self, query: str) -> str:
-        return f"<{self.tags.search}>{query}</{self.tags.search}>"
-
     def _read(
         self, relation: str, entity: str, value: str, rank: int, info: dict | None = None
     ) -> str:
@@ -266,9 +277,6 @@ class SynthHopExpert:
             text = self._pick(options).format(X=entity, need=need)
             return f"{_title_list(entity, info, self.title_verdicts)} {text}"
         return self._pick(_REFUSE if refuse else _MISS).format(X=entity, need=need)
-
-    def _answer(self, text: str) -> str:
-        return f"<{self.tags.answer}>{text}</{self.tags.answer}>"
 
     def _query(self, relation: str, entity: str, sub_question: str, attempt: int) -> str:
         keyword = _FACTS[relation][1]

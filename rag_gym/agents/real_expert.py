@@ -50,9 +50,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 
-from rag_gym.agents.expert import Demonstration, Turn, _messages
+from rag_gym.agents.expert import Demonstration, TranscriptWriter, Turn, _messages
 from rag_gym.data.types import QAExample
 from rag_gym.envs.tags import TagSet
 
@@ -392,7 +391,7 @@ def plan(example: QAExample, dataset: str) -> list[Hop]:
 
 
 # -- playing ----------------------------------------------------------------------------------
-class AnnotationExpert:
+class AnnotationExpert(TranscriptWriter):
     """Writes transcripts of real benchmark questions from their annotations (see the module
     doc), in a :class:`~rag_gym.wrappers.TextActions` env over HotpotQA, 2WikiMultiHopQA or
     MuSiQue.
@@ -404,21 +403,7 @@ class AnnotationExpert:
     """
 
     def __init__(self, tags: TagSet, seed: int = 0, max_attempts: int = MAX_ATTEMPTS) -> None:
-        if tags.search is None or tags.answer is None:
-            raise ValueError(f"expected a tag set with search and answer tags, got {tags.name!r}")
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-            raise ValueError(f"expected max_attempts >= 1, got {max_attempts!r}")
-        self.tags = tags
-        self.rng = np.random.default_rng(seed)
-        self.max_attempts = max_attempts
-
-    def _pick(self, options: tuple[str, ...]) -> str:
-        return options[int(self.rng.integers(len(options)))]
-
-    def _think(self, text: str) -> str:
-        if not self.tags.reasoning:
-            return ""
-        return f"<{self.tags.reasoning[0]}>{text}</{self.tags.reasoning[0]}>\n"
+        super().__init__(tags, seed, max_attempts)
 
     def play(self, env: gym.Env, index: int) -> tuple[Demonstration | None, str]:
         """Play question ``index`` of ``env``'s split: the demonstration and ``"kept"``, or
@@ -440,7 +425,7 @@ class AnnotationExpert:
                 i for i, h in enumerate(hops) if not done[i] and all(done[k] for k in h.after)
             )
             query = hops[hop].queries[min(attempts[hop], len(hops[hop].queries) - 1)]
-            text += f"<{self.tags.search}>{query}</{self.tags.search}>"
+            text += self._search(query)
             obs, reward, terminated, truncated, info = env.step(text)
             demo.turns.append(Turn(text, obs, float(reward)))
             if terminated or truncated:
@@ -463,7 +448,7 @@ class AnnotationExpert:
         answer = example.answer
         closing = _COMPARE if _is_comparison(example) else _FINAL
         final = self._think(f"{readings} {self._pick(closing).format(A=answer)}")
-        final += f"<{self.tags.answer}>{answer}</{self.tags.answer}>"
+        final += self._answer(answer)
         obs, reward, _, _, info = env.step(final)
         demo.turns.append(Turn(final, obs, float(reward)))
         demo.info = info

@@ -13,6 +13,12 @@ from rag_gym.cli import app
 from rag_gym.train.pipeline import PipelineConfig
 from tests.conftest import SMALL_WORLD
 
+needs_training = pytest.mark.skipif(
+    not all(importlib.util.find_spec(m) for m in ("torch", "transformers", "trl", "peft")),
+    reason="training needs torch, transformers, trl and peft: "
+    "pip install torch==2.13.0 'rag-gym[train,hf]'",
+)
+
 
 def run_cli(*args: str):
     return CliRunner().invoke(app, ["train", "pipeline", *args])
@@ -50,11 +56,7 @@ def test_pipeline_config_checks():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not all(importlib.util.find_spec(m) for m in ("torch", "transformers", "trl", "peft")),
-    reason="training needs torch, transformers, trl and peft: "
-    "pip install torch==2.13.0 'rag-gym[train,hf]'",
-)
+@needs_training
 def test_pipeline_runs_sft_then_rl_on_the_tiny_model(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     result = run_cli(
@@ -100,11 +102,7 @@ def test_pipeline_runs_sft_then_rl_on_the_tiny_model(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not all(importlib.util.find_spec(m) for m in ("torch", "transformers", "trl", "peft")),
-    reason="training needs torch, transformers, trl and peft: "
-    "pip install torch==2.13.0 'rag-gym[train,hf]'",
-)
+@needs_training
 def test_pipeline_on_real_data_mixed_with_synthhop(tmp_path, monkeypatch):
     """SFT on a HotpotQA-format file's train share (split by id) plus SynthHop transcripts, then
     GRPO on that file's train share, F1 as the answer reward: the runs record every split."""
