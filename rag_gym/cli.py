@@ -650,12 +650,9 @@ def serve(
     ] = True,
 ) -> None:
     """Serve an index over HTTP (Search-R1's /retrieve API, micro-batched)."""
-    import os
-    import warnings
 
     from rag_gym.retrieval import load_index
     from rag_gym.retrieval.base import corpus_size
-    from rag_gym.retrieval.http import clean_token
     from rag_gym.retrieval.persist import read_params
     from rag_gym.retrieval.search_engine import SearchEngineRetriever, is_engine_url
     from rag_gym.retrieval.server import ServerLimits, VerbatimContents, create_app, run_server
@@ -692,15 +689,7 @@ def serve(
             source = index
             index_id = read_params(index)["params_sha256"][:16]
         contents = VerbatimContents.from_jsonl(corpus, retriever.corpus) if corpus else None
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            token = (
-                clean_token(token, "--token")
-                if token is not None
-                else clean_token(os.environ.get("RAG_GYM_TOKEN"), "$RAG_GYM_TOKEN")
-            )
-        for warning in caught:
-            typer.secho(f"warning: {warning.message}", fg=typer.colors.YELLOW, err=True)
+        token = _token_option(token)
         app_ = create_app(
             retriever,
             token=token,
@@ -764,7 +753,6 @@ def openenv_serve(
     max_sessions: Annotated[int, typer.Option(help="Most WebSocket sessions at once.")] = 64,
 ) -> None:
     """Serve one env id over OpenEnv's WebSocket protocol (one env per session, one shared index)."""
-    import os
 
     try:
         from rag_gym.integrations.openenv_server import ServerConfig, _import_openenv
@@ -779,7 +767,7 @@ def openenv_serve(
             env_kwargs=_json_option(env_kwargs, "--env-kwargs"),
             tags=tags,
             max_concurrent_envs=max_sessions,
-            token=token if token is not None else os.environ.get("RAG_GYM_TOKEN"),
+            token=_token_option(token),
         )
     except (TypeError, ValueError, ImportError) as exc:
         _fail(str(exc))
@@ -791,6 +779,27 @@ def openenv_serve(
         run(config, host=host, port=port)
     except (TypeError, ValueError, OSError, ImportError) as exc:
         _fail(str(exc))
+
+
+def _token_option(token: str | None) -> str | None:
+    """``--token``, else ``$RAG_GYM_TOKEN``, as a server compares it
+    (:func:`~rag_gym.retrieval.http.clean_token`: ``None`` for none, whitespace around it
+    stripped with a warning printed here, a ``ValueError`` for one no header can carry)."""
+    import os
+    import warnings
+
+    from rag_gym.retrieval.http import clean_token
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cleaned = (
+            clean_token(token, "--token")
+            if token is not None
+            else clean_token(os.environ.get("RAG_GYM_TOKEN"), "$RAG_GYM_TOKEN")
+        )
+    for warning in caught:
+        typer.secho(f"warning: {warning.message}", fg=typer.colors.YELLOW, err=True)
+    return cleaned
 
 
 def _json_option(value: str | None, name: str) -> dict:
