@@ -65,6 +65,7 @@ DROP_REASONS = {
     "not_retrieved": "a gold passage was not retrieved in MAX_ATTEMPTS searches of its hop",
     "wrong_answer": "the env did not score the gold answer EM 1",
     "step_limit": "the env ended the episode before the answer",
+    "turn_too_long": "a turn is longer than a policy may write in one (checked by the SFT)",
 }
 #: Datasets the expert plans for.
 DATASETS = ("hotpotqa", "2wikimultihopqa", "musique")
@@ -156,6 +157,12 @@ class ExpertReport:
     def update(self, other: ExpertReport) -> None:
         self.kept.update(other.kept)
         self.dropped.update(other.dropped)
+
+    def drop(self, dataset: str, example: QAExample, reason: str) -> None:
+        """Count a kept transcript of ``example`` as dropped for ``reason`` instead."""
+        key = (dataset, example.type or "-")
+        self.kept[key] -= 1
+        self.dropped[(*key, reason)] += 1
 
 
 class PlanError(ValueError):

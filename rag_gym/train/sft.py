@@ -240,11 +240,15 @@ def demonstrations(cfg: SFTConfig) -> list[Demonstration]:
     return demonstrations_report(cfg)[0]
 
 
-def demonstrations_report(cfg: SFTConfig) -> tuple[list[Demonstration], ExpertReport]:
+def demonstrations_report(
+    cfg: SFTConfig, tokenizer: Any = None
+) -> tuple[list[Demonstration], ExpertReport]:
     """Expert episodes on ``n_demos`` questions of ``cfg.split`` of each env of ``cfg`` (drawn by
     ``cfg.seed``), then the ``synthhop_ratio`` share of SynthHop ones; only those that end with
     the right answer or a justified refusal are kept, and real-data questions whose transcript
-    fails its checks are counted in the report (:func:`~rag_gym.agents.real_expert.play_split`)."""
+    fails its checks are counted in the report (:func:`~rag_gym.agents.real_expert.play_split`).
+    With ``tokenizer``, a real-data transcript with a turn longer than ``cfg.max_turn_tokens``
+    (what a policy may write in one turn) is dropped too, as ``turn_too_long``."""
     from dataclasses import replace
 
     demos: list[Demonstration] = []
@@ -261,6 +265,12 @@ def demonstrations_report(cfg: SFTConfig) -> tuple[list[Demonstration], ExpertRe
             order = order[: cfg.n_demos]
         expert = AnnotationExpert(env.tags, seed=cfg.seed)
         kept, part = play_split(env, expert, [int(i) for i in order])
+        if tokenizer is not None:
+            for demo in [d for d in kept if _longest_turn(d, tokenizer) > cfg.max_turn_tokens]:
+                kept.remove(demo)
+                part.drop(
+                    env.unwrapped.dataset, env.unwrapped.examples[demo.index], "turn_too_long"
+                )
         env.close()
         demos += kept
         report.update(part)
@@ -368,25 +378,22 @@ def build_trainer(
     if model is None:
         model, tokenizer = load_policy(cfg.model)
     run_dir = run_dir_for(cfg, run_dir)
-    demos, report = demonstrations_report(cfg)
+    demos, report = demonstrations_report(cfg, tokenizer)
     if not demos:
         raise ValueError(
             f"expected expert transcripts from {cfg.env_id} ({cfg.split} split), got none: "
             f"every question was dropped ({report.as_rows()})"
         )
-    # a turn longer than a policy may write (max_turn_tokens) could never be reproduced
-    fits = [d for d in demos if _longest_turn(d, tokenizer) <= cfg.max_turn_tokens]
-    rows = [tokenize_demonstration(d, tokenizer) for d in fits]
+    rows = [tokenize_demonstration(d, tokenizer) for d in demos]
     kept = [r for r in rows if len(r["input_ids"]) <= cfg.max_length]
     if not kept:
         raise ValueError(
-            f"expected demonstrations of at most max_length={cfg.max_length} tokens with turns "
-            f"of at most max_turn_tokens={cfg.max_turn_tokens}, got none: raise them"
+            f"expected demonstrations of at most max_length={cfg.max_length} tokens, got none "
+            f"(the shortest has {min(len(r['input_ids']) for r in rows)}): raise max_length"
         )
     stats = {
         "demonstrations": len(kept),
         "dropped_too_long": len(rows) - len(kept),
-        "dropped_turn_too_long": len(demos) - len(fits),
         "tokens": sum(len(r["input_ids"]) for r in kept),
         "trained_tokens": sum(sum(r["completion_mask"]) for r in kept),
         "expert": report.as_rows(),

@@ -131,10 +131,10 @@ def test_pipeline_on_real_data_mixed_with_synthhop(tmp_path, monkeypatch):
     rows = data_stats["expert"]
     assert {row["type"] for row in rows} == {"bridge", "comparison"}
     kept = sum(row["kept"] for row in rows)
-    assert kept + sum(row["dropped"] for row in rows) == len(train_ids)
+    assert kept and kept + sum(row["dropped"] for row in rows) == len(train_ids)
     # one SynthHop transcript per three real ones
-    made = data_stats["demonstrations"] + data_stats["dropped_turn_too_long"]
-    assert made + data_stats["dropped_too_long"] == kept + round(kept / 3)
+    made = data_stats["demonstrations"] + data_stats["dropped_too_long"]
+    assert made == kept + round(kept / 3)
     sft_sets = json.loads((root / "sft" / "config.json").read_text())["training_sets"]
     assert [s["env_id"] for s in sft_sets] == ["rag_gym/HotpotQA-v0", "rag_gym/SynthHop-v0"]
     grpo = json.loads((root / "grpo" / "config.json").read_text())

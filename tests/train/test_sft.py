@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 
@@ -114,6 +115,13 @@ def test_a_real_transcript_trains_only_the_model_tokens(tokenizer, tmp_path):
         env_written = [t for t, m in zip(ids, mask, strict=True) if not m]
         assert env_written == list(prompt) + observations + [tokenizer.eos_token_id]
         assert "<information>Doc 1(Title: " in tokenizer.decode(observations)
+    # a turn longer than a policy may write is dropped and counted, per dataset and type
+    short = dataclasses.replace(cfg, max_turn_tokens=20)
+    kept, report = demonstrations_report(short, tokenizer)
+    assert kept == []
+    assert sum(report.dropped.values()) == 3
+    assert {reason for *_, reason in report.dropped} == {"turn_too_long"}
+    assert not any(report.kept.values())
 
 
 def test_trl_labels_mask_the_env_tokens(tokenizer, tmp_path):
