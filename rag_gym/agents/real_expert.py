@@ -428,9 +428,7 @@ class AnnotationExpert(TranscriptWriter):
         text = self._think(self._need(hops[0], first=True, question=example.question))
         readings = ""
         while not all(done):
-            hop = next(
-                i for i, h in enumerate(hops) if not done[i] and all(done[k] for k in h.after)
-            )
+            hop = _next_hop(hops, done)
             query = hops[hop].queries[min(attempts[hop], len(hops[hop].queries) - 1)]
             text += self._search(query)
             obs, reward, terminated, truncated, info = env.step(text)
@@ -443,10 +441,7 @@ class AnnotationExpert(TranscriptWriter):
                 readings = read
                 if all(done):
                     break
-                nxt = next(
-                    i for i, h in enumerate(hops) if not done[i] and all(done[k] for k in h.after)
-                )
-                text = self._think(f"{read} {self._need(hops[nxt])}")
+                text = self._think(f"{read} {self._need(hops[_next_hop(hops, done)])}")
                 continue
             attempts[hop] += 1
             if attempts[hop] >= self.max_attempts:
@@ -490,6 +485,11 @@ class AnnotationExpert(TranscriptWriter):
                 sentences.append(self._pick(_READ).format(r=rank, fact=h.fact))
                 done[i] = progress = True
         return " ".join(sentences)
+
+
+def _next_hop(hops: list[Hop], done: list[bool]) -> int:
+    """The first hop not read yet whose earlier hops are read."""
+    return next(i for i, h in enumerate(hops) if not done[i] and all(done[k] for k in h.after))
 
 
 def _is_comparison(example: QAExample) -> bool:
