@@ -252,6 +252,18 @@ class LlamaCppLM(LanguageModel):
             finish_reason=res["choices"][0].get("finish_reason") or "stop",
         )
 
+    def generation_settings(self) -> dict[str, object]:
+        """How prompts are evaluated and replies decoded, for a run's protocol: canonical
+        prefill chunks, KV reuse, and which replies are decoded several sequences at a time
+        (greedy ones only with ``batch_greedy``; sampled ones always)."""
+        return {
+            "prefill": f"canonical chunks of {self.engine.chunk} tokens",
+            "kv_reuse": self.kv_reuse,
+            "greedy_decode": "batched" if self.batch_greedy else "sequential",
+            "sampled_decode": "batched",
+            "parallel": self.parallel,
+        }
+
     def describe(self) -> dict[str, object]:
         out: dict[str, object] = {
             "backend": "llama_cpp",

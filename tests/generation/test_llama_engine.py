@@ -267,3 +267,18 @@ def test_batched_decoding_of_one_sequence_at_a_time_gives_sequential_text(base_l
         base_lm.batch_greedy = False
         engine.parallel, engine._bctx = parallel, None
     assert batched == sequential and all(batched)
+
+
+@pytest.mark.llm
+@requires_llama
+def test_generation_settings_name_the_decoding_and_describe_records_batched_greedy(base_lm):
+    settings = base_lm.generation_settings()
+    assert settings["greedy_decode"] == "sequential" and settings["kv_reuse"] is True
+    assert settings["prefill"] == "canonical chunks of 4 tokens"
+    assert "decode" not in base_lm.describe()  # a greedy run's protocol is as before
+    base_lm.batch_greedy = True
+    try:
+        assert base_lm.generation_settings()["greedy_decode"] == "batched"
+        assert base_lm.describe()["decode"] == "batched (up to 8 sequences)"
+    finally:
+        base_lm.batch_greedy = False
