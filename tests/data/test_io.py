@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from rag_gym.data import Corpus, DataFormatError, load
+from tests.data.test_loaders import _where as where
+from tests.data.test_loaders import _write
 
 CTX = [["T", ["s."]], ["U", ["t."]]]
 GOOD = {
@@ -36,17 +38,9 @@ PASSAGE = {
 
 def write(tmp_path: Path, name: str, records: list[dict]) -> Path:
     """``records`` as the file ``name``, each ``"<LONE>"`` written as the escape ``\\ud800``."""
-    path = tmp_path / name
-    if name.endswith(".jsonl"):
-        text = "".join(json.dumps(r) + "\n" for r in records)
-    else:
-        text = json.dumps(records)
-    path.write_text(text.replace("<LONE>", "\\ud800"), encoding="utf-8")
+    path = _write(tmp_path, name, records)
+    path.write_text(path.read_text(encoding="utf-8").replace("<LONE>", "\\ud800"), encoding="utf-8")
     return path
-
-
-def where(name: str, i: int) -> str:
-    return f"line {i + 1}" if name.endswith(".jsonl") else f"record {i}"
 
 
 @pytest.mark.parametrize("dataset", sorted(GOOD))
