@@ -35,6 +35,7 @@ def run_one(args: argparse.Namespace, micro: int) -> dict:
         tags="search_r1",
         reward_preset="none",
         num_generations=args.num_generations,
+        prompts_per_step=1,
         micro_batch_size=micro,
         max_steps=args.steps,
         max_completion_tokens=args.max_completion_tokens,

@@ -49,6 +49,8 @@ def main() -> None:
         env_kwargs={"dataset_kwargs": WORLD},
         reward_preset="eval_rar",
         num_generations=args.num_generations,
+        prompts_per_step=1,
+        beta=0.001,
         max_steps=args.steps + 1,
         max_turns=args.max_turns,
         max_turn_tokens=args.max_turn_tokens,

@@ -37,6 +37,7 @@ SMALL = {
     "seed": 1,
     "max_steps": 4,
     "num_generations": 4,
+    "prompts_per_step": 1,
     "learning_rate": 5e-5,
     "max_turns": 4,
     "max_turn_tokens": 48,

@@ -4,11 +4,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Annotated, Any
 
 import typer
+
+from rag_gym.evaluate import EvalConfig
+from rag_gym.train.grpo import EnvGRPOConfig
+from rag_gym.train.pipeline import PipelineConfig
+from rag_gym.train.sft import SFTConfig
 
 app = typer.Typer(
     add_completion=False,
@@ -37,6 +44,137 @@ def _root(
     """rag-gym: the Gymnasium of multi-hop retrieval QA."""
 
 
+def _defaults(cls: type) -> SimpleNamespace:
+    """The defaults of the config dataclass ``cls``'s fields, as attributes: the defaults of
+    the options that set them, so that a run configured from the shell is the run configured
+    from Python."""
+    return SimpleNamespace(
+        **{
+            f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            for f in dataclasses.fields(cls)
+        }
+    )
+
+
+_EVAL = _defaults(EvalConfig)
+_SFT = _defaults(SFTConfig)
+_GRPO = _defaults(EnvGRPOConfig)
+_PIPELINE = _defaults(PipelineConfig)
+
+
+#: the config field each option sets, per command (the option's default is the field's; the
+#: other options are the command's own: where to write, what to resume, JSON to parse)
+OPTION_FIELDS: dict[str, dict[str, tuple[type, str]]] = {
+    "evaluate": {
+        "env": (EvalConfig, "env_id"),
+        "split": (EvalConfig, "split"),
+        "n": (EvalConfig, "n"),
+        "seed": (EvalConfig, "seed"),
+        "agents": (EvalConfig, "agents"),
+        "batch_size": (EvalConfig, "batch_size"),
+        "out": (EvalConfig, "out_dir"),
+        "run_name": (EvalConfig, "run_name"),
+    },
+    "train sft": {
+        name: (SFTConfig, field)
+        for name, field in {
+            "env": "env_id",
+            "data_path": "data_path",
+            "split_by_id": "split_by_id",
+            "synthhop_ratio": "synthhop_ratio",
+            "tags": "tags",
+            "demos": "n_demos",
+            "joint_rate": "joint_rate",
+            "confirm_rate": "confirm_rate",
+            "style": "style",
+            "model": "model",
+            "lora": "lora",
+            "lr": "learning_rate",
+            "epochs": "epochs",
+            "max_steps": "max_steps",
+            "batch_size": "batch_size",
+            "micro_batch_size": "micro_batch_size",
+            "max_length": "max_length",
+            "eval_n": "eval_n",
+            "eval_before": "eval_before",
+            "seed": "seed",
+            "track": "track",
+        }.items()
+    },
+    "train grpo": {
+        name: (EnvGRPOConfig, field)
+        for name, field in {
+            "env": "env_id",
+            "tags": "tags",
+            "reward_preset": "reward_preset",
+            "algorithm": "algorithm",
+            "steps": "max_steps",
+            "num_generations": "num_generations",
+            "prompts_per_step": "prompts_per_step",
+            "balance_answerable": "balance_answerable",
+            "unanswerable_per_step": "unanswerable_per_step",
+            "micro_batch_size": "micro_batch_size",
+            "lr": "learning_rate",
+            "warmup_steps": "warmup_steps",
+            "max_completion_tokens": "max_completion_tokens",
+            "beta": "beta",
+            "temperature": "temperature",
+            "step_cost": "step_cost",
+            "refusal": "refusal",
+            "refusal_verifier": "refusal_verifier",
+            "model": "model",
+            "save_steps": "save_steps",
+            "max_minutes": "max_minutes",
+            "gradient_checkpointing": "gradient_checkpointing",
+            "seed": "seed",
+            "track": "track",
+        }.items()
+    },
+    "train pipeline": {
+        **{
+            name: (SFTConfig, field)
+            for name, field in {
+                "env": "env_id",
+                "data_path": "data_path",
+                "split_by_id": "split_by_id",
+                "synthhop_ratio": "synthhop_ratio",
+                "max_length": "max_length",
+                "tags": "tags",
+                "demos": "n_demos",
+                "model": "model",
+                "sft_lr": "learning_rate",
+                "seed": "seed",
+                "track": "track",
+            }.items()
+        },
+        **{
+            name: (PipelineConfig, field)
+            for name, field in {
+                "algorithm": "algorithm",
+                "steps": "grpo_steps",
+                "lr": "grpo_learning_rate",
+                "num_generations": "num_generations",
+                "prompts_per_step": "prompts_per_step",
+                "step_cost": "step_cost",
+                "refusal": "refusal",
+                "refusal_verifier": "refusal_verifier",
+                "eval_n": "eval_n",
+                "test_n": "test_n",
+            }.items()
+        },
+    },
+}
+
+
+def _fields(command: str, cls: type, params: dict[str, Any]) -> dict[str, Any]:
+    """The ``cls`` fields that ``command``'s options in ``params`` set (:data:`OPTION_FIELDS`)."""
+    return {
+        field: params[name]
+        for name, (owner, field) in OPTION_FIELDS[command].items()
+        if owner is cls and name in params
+    }
+
+
 def _fail(message: str) -> None:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)
@@ -47,13 +185,15 @@ def evaluate(
     ctx: typer.Context,
     env: Annotated[
         str, typer.Option(help="Registered env id (its dataset is used for every agent).")
-    ] = "rag_gym/SynthHop-v0",
-    split: Annotated[str, typer.Option(help="Split to sample questions from.")] = "validation",
-    n: Annotated[int, typer.Option(help="Questions to sample (fixed by --seed).")] = 100,
-    seed: Annotated[int, typer.Option(help="Seed of the sample, resets and random agents.")] = 0,
+    ] = _EVAL.env_id,
+    split: Annotated[str, typer.Option(help="Split to sample questions from.")] = _EVAL.split,
+    n: Annotated[int, typer.Option(help="Questions to sample (fixed by --seed).")] = _EVAL.n,
+    seed: Annotated[
+        int, typer.Option(help="Seed of the sample, resets and random agents.")
+    ] = _EVAL.seed,
     agents: Annotated[
         str, typer.Option(help="Comma-separated agent names (rag-gym agents lists them).")
-    ] = "naive_rag,random,search_r1:synthhop",
+    ] = ",".join(_EVAL.agents),
     lm: Annotated[
         str,
         typer.Option(
@@ -81,7 +221,9 @@ def evaluate(
             help='More gym.make kwargs as a JSON object, e.g. \'{"dataset_kwargs": {"n_passages": 2000}}\'.'
         ),
     ] = None,
-    batch_size: Annotated[int, typer.Option(help="Episodes stepped together per agent call.")] = 8,
+    batch_size: Annotated[
+        int, typer.Option(help="Episodes stepped together per agent call.")
+    ] = _EVAL.batch_size,
     judge: Annotated[
         str | None, typer.Option(help="LLM judge backend spec (e.g. openai:model@url).")
     ] = None,
@@ -101,10 +243,12 @@ def evaluate(
     overwrite: Annotated[
         bool, typer.Option(help="Replace the run folder if it holds a run (--run-name).")
     ] = False,
-    out: Annotated[Path, typer.Option(help="Parent folder of the run folder.")] = Path("runs"),
+    out: Annotated[Path, typer.Option(help="Parent folder of the run folder.")] = Path(
+        _EVAL.out_dir
+    ),
     run_name: Annotated[
         str | None, typer.Option(help="Run folder name (default: unique, by start time).")
-    ] = None,
+    ] = _EVAL.run_name,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Run agents on an env's sampled questions; print and save a leaderboard, plots and the protocol.
@@ -122,7 +266,6 @@ def evaluate(
     from rag_gym.baselines import make_agent, needs_lm
     from rag_gym.evaluate import (
         COLUMNS,
-        EvalConfig,
         RunInterrupted,
         check_run_dir,
         format_cell,
@@ -160,9 +303,12 @@ def evaluate(
                     f"got {named}: drop them"
                 )
             # the run's own settings, but for options given here (evaluate checks they match)
-            fields = {"env": "env_id", "split": "split", "n": "n", "seed": "seed"}
-            fields.update(agents="agents", batch_size="batch_size")
-            given_ = {fields[o]: v for o, v in ctx.params.items() if o in fields and given(o)}
+            fields = {o: f for o, (_, f) in OPTION_FIELDS["evaluate"].items()}
+            given_ = {
+                fields[o]: v
+                for o, v in ctx.params.items()
+                if o in fields and o not in ("out", "run_name") and given(o)
+            }
             if "agents" in given_:
                 given_["agents"] = agent_names
             config = EvalConfig.from_run(
@@ -864,30 +1010,31 @@ _SynthHopRatioOption = Annotated[
 
 @train_app.command("sft")
 def train_sft(
-    env: _TrainEnvOption = "rag_gym/SynthHop-v0",
+    ctx: typer.Context,
+    env: _TrainEnvOption = _SFT.env_id,
     env_kwargs: Annotated[
         str | None, typer.Option(help="More gym.make kwargs as a JSON object.")
     ] = None,
-    data_path: _DataPathOption = None,
-    split_by_id: _SplitByIdOption = False,
-    synthhop_ratio: _SynthHopRatioOption = 0.0,
-    tags: Annotated[str, typer.Option(help="TextActions tag preset.")] = "search_r1",
+    data_path: _DataPathOption = _SFT.data_path,
+    split_by_id: _SplitByIdOption = _SFT.split_by_id,
+    synthhop_ratio: _SynthHopRatioOption = _SFT.synthhop_ratio,
+    tags: Annotated[str, typer.Option(help="TextActions tag preset.")] = _SFT.tags,
     demos: Annotated[
         int, typer.Option(help="Expert demonstrations per env (train split; 0: all of it).")
-    ] = 600,
+    ] = _SFT.n_demos,
     joint_rate: Annotated[
         float,
         typer.Option(
             help="Share of comparison demonstrations that search both names in one query."
         ),
-    ] = 0.0,
+    ] = _SFT.joint_rate,
     confirm_rate: Annotated[
         float,
         typer.Option(
             help="Share of demonstrations that search the last fact once more before "
             "answering (a redundant search a step cost can remove)."
         ),
-    ] = 0.0,
+    ] = _SFT.confirm_rate,
     style: Annotated[
         str,
         typer.Option(
@@ -895,61 +1042,50 @@ def train_sft(
             "titles listed against the entity searched first) or title_verdicts (each title "
             "marked (yes) or (no))."
         ),
-    ] = "plain",
+    ] = _SFT.style,
     model: Annotated[
         str, typer.Option(help="embedded, tiny, a hub id or a directory.")
-    ] = "embedded",
-    lora: Annotated[bool, typer.Option(help="LoRA adapters (else all weights).")] = True,
-    lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 1e-3,
-    epochs: Annotated[float, typer.Option(help="Passes over the demonstrations.")] = 1.0,
-    max_steps: Annotated[int, typer.Option(help="Optimiser steps (-1: from --epochs).")] = -1,
-    batch_size: Annotated[int, typer.Option(help="Transcripts per step.")] = 8,
+    ] = _SFT.model,
+    lora: Annotated[bool, typer.Option(help="LoRA adapters (else all weights).")] = _SFT.lora,
+    lr: Annotated[float, typer.Option(help="Peak learning rate.")] = _SFT.learning_rate,
+    epochs: Annotated[float, typer.Option(help="Passes over the demonstrations.")] = _SFT.epochs,
+    max_steps: Annotated[
+        int, typer.Option(help="Optimiser steps (-1: from --epochs).")
+    ] = _SFT.max_steps,
+    batch_size: Annotated[int, typer.Option(help="Transcripts per step.")] = _SFT.batch_size,
     micro_batch_size: Annotated[
         int, typer.Option(help="Transcripts per forward pass (memory grows with it).")
-    ] = 1,
+    ] = _SFT.micro_batch_size,
     max_length: Annotated[
         int,
         typer.Option(
             help="Longest transcript in tokens; longer ones are dropped (counted in results.json)."
         ),
-    ] = 1024,
-    eval_n: Annotated[int, typer.Option(help="Held-out (validation) questions for EM.")] = 100,
-    eval_before: Annotated[bool, typer.Option(help="Also evaluate the untrained model.")] = True,
-    seed: Annotated[int, typer.Option()] = 0,
+    ] = _SFT.max_length,
+    eval_n: Annotated[
+        int, typer.Option(help="Held-out (validation) questions for EM.")
+    ] = _SFT.eval_n,
+    eval_before: Annotated[
+        bool, typer.Option(help="Also evaluate the untrained model.")
+    ] = _SFT.eval_before,
+    seed: Annotated[int, typer.Option()] = _SFT.seed,
     out: Annotated[Path, typer.Option(help="Parent folder of the run folder.")] = Path("runs"),
     run_name: Annotated[str | None, typer.Option(help="Run folder name.")] = None,
-    track: Annotated[bool, typer.Option(help="Log to W&B (offline).")] = False,
+    track: Annotated[bool, typer.Option(help="Log to W&B (offline).")] = _SFT.track,
 ) -> None:
     """Supervised cold start on expert transcripts: SynthHop's decompositions, or the
     annotations of HotpotQA, 2WikiMultiHopQA and MuSiQue."""
-    from rag_gym.train.sft import SFTConfig, train
+    from rag_gym.train.sft import train
 
     run_dir = _run_dir(out, run_name, env.split(",")[0], "sft", seed)
     try:
         cfg = SFTConfig(
-            env_id=env,
-            env_kwargs=_json_option(env_kwargs, "--env-kwargs"),
-            data_path=data_path,
-            split_by_id=split_by_id,
-            synthhop_ratio=synthhop_ratio,
-            tags=tags,
-            n_demos=demos or None,
-            joint_rate=joint_rate,
-            confirm_rate=confirm_rate,
-            style=style,
-            model=model,
-            lora=lora,
-            learning_rate=lr,
-            epochs=epochs,
-            max_steps=max_steps,
-            batch_size=batch_size,
-            micro_batch_size=micro_batch_size,
-            max_length=max_length,
-            eval_n=eval_n,
-            eval_before=eval_before,
-            seed=seed,
-            run_dir=str(run_dir),
-            track=track,
+            **{
+                **_fields("train sft", SFTConfig, ctx.params),
+                "env_kwargs": _json_option(env_kwargs, "--env-kwargs"),
+                "n_demos": demos or None,  # 0: the whole split
+                "run_dir": str(run_dir),
+            }
         )
     except (TypeError, ValueError) as exc:
         _fail(str(exc))
@@ -980,20 +1116,32 @@ def _em(stats: dict | None) -> str:
 
 @train_app.command("grpo")
 def train_grpo(
+    ctx: typer.Context,
     init: Annotated[
         Path | None,
         typer.Option(help="Start from this SFT run folder (its final/ adapter) or adapter folder."),
     ] = None,
-    env: Annotated[str, typer.Option(help="Registered env id.")] = "rag_gym/SynthHop-v0",
+    env: Annotated[str, typer.Option(help="Registered env id.")] = _GRPO.env_id,
     env_kwargs: Annotated[
         str | None, typer.Option(help="More gym.make kwargs as a JSON object.")
     ] = None,
-    tags: Annotated[str, typer.Option(help="TextActions tag preset.")] = "search_r1",
-    reward_preset: Annotated[str, typer.Option(help="Reward preset (none: EM).")] = "none",
-    algorithm: Annotated[str, typer.Option(help="grpo or dapo.")] = "grpo",
-    steps: Annotated[int, typer.Option(help="Optimiser steps.")] = 100,
-    num_generations: Annotated[int, typer.Option(help="Episodes per question (G).")] = 4,
-    prompts_per_step: Annotated[int, typer.Option(help="Questions per step.")] = 2,
+    tags: Annotated[
+        str | None,
+        typer.Option(
+            help="TextActions tag preset (default: the reward preset's own, else search_r1)."
+        ),
+    ] = _GRPO.tags,
+    reward_preset: Annotated[
+        str, typer.Option(help="Reward preset (none: the env's reward, EM).")
+    ] = _GRPO.reward_preset,
+    algorithm: Annotated[str, typer.Option(help="grpo or dapo.")] = _GRPO.algorithm,
+    steps: Annotated[int, typer.Option(help="Optimiser steps.")] = _GRPO.max_steps,
+    num_generations: Annotated[
+        int, typer.Option(help="Episodes per question (G).")
+    ] = _GRPO.num_generations,
+    prompts_per_step: Annotated[
+        int, typer.Option(help="Questions per step.")
+    ] = _GRPO.prompts_per_step,
     balance_answerable: Annotated[
         bool,
         typer.Option(
@@ -1001,7 +1149,7 @@ def train_grpo(
             "--prompts-per-step; a world with both kinds): with --refusal, no step's mix of "
             "kinds alone sets the refusal bias."
         ),
-    ] = False,
+    ] = _GRPO.balance_answerable,
     unanswerable_per_step: Annotated[
         int | None,
         typer.Option(
@@ -1009,35 +1157,37 @@ def train_grpo(
             "(1 to --prompts-per-step - 1; a world with both kinds): with --refusal, a mix "
             "that does not push the refusal bias either way (docs/training.md)."
         ),
-    ] = None,
+    ] = _GRPO.unanswerable_per_step,
     micro_batch_size: Annotated[
         int | None,
         typer.Option(
             help="Episodes per forward/backward pass (memory grows with it; default: 1 on a "
             "CPU, the whole step on a GPU)."
         ),
-    ] = None,
-    lr: Annotated[float, typer.Option(help="Learning rate.")] = 2e-5,
+    ] = _GRPO.micro_batch_size,
+    lr: Annotated[float, typer.Option(help="Learning rate.")] = _GRPO.learning_rate,
     warmup_steps: Annotated[
         int,
         typer.Option(
             help="Steps of linear learning-rate warmup from 0 (0: the full rate at once; "
             "Adam's first step moves every weight by about the rate, whatever one group says)."
         ),
-    ] = 0,
+    ] = _GRPO.warmup_steps,
     max_completion_tokens: Annotated[
         int,
         typer.Option(
             help="Model + env tokens per episode (past it the episode is cut, unfinished): "
             "SynthHop-Hard's refusals after two misses need more than the default."
         ),
-    ] = 1024,
-    beta: Annotated[float, typer.Option(help="KL coefficient.")] = 0.0,
-    temperature: Annotated[float, typer.Option(help="Sampling temperature of the rollouts.")] = 1.0,
-    step_cost: Annotated[float, typer.Option(help="EVO-RAG step cost weight.")] = 0.0,
+    ] = _GRPO.max_completion_tokens,
+    beta: Annotated[float, typer.Option(help="KL coefficient.")] = _GRPO.beta,
+    temperature: Annotated[
+        float, typer.Option(help="Sampling temperature of the rollouts.")
+    ] = _GRPO.temperature,
+    step_cost: Annotated[float, typer.Option(help="EVO-RAG step cost weight.")] = _GRPO.step_cost,
     refusal: Annotated[
         float, typer.Option(help="EVO-RAG refusal reward weight (the paper's 0.5; 0: off).")
-    ] = 0.0,
+    ] = _GRPO.refusal,
     refusal_verifier: Annotated[
         str,
         typer.Option(
@@ -1045,7 +1195,7 @@ def train_grpo(
             "answerable question is -1) or 'evidence' (the gold passages retrieved so far, "
             "which pays for refusing before searching)."
         ),
-    ] = "answerable",
+    ] = _GRPO.refusal_verifier,
     dynamic_sampling: Annotated[
         str,
         typer.Option(
@@ -1054,23 +1204,25 @@ def train_grpo(
             "use it with --step-cost), 'off', or 'auto' (return for dapo, off for grpo)."
         ),
     ] = "auto",
-    model: Annotated[str, typer.Option(help="Base model (with --init: its base).")] = "embedded",
+    model: Annotated[str, typer.Option(help="Base model (with --init: its base).")] = _GRPO.model,
     eval_n: Annotated[int, typer.Option(help="Held-out (validation) questions for EM.")] = 100,
-    save_steps: Annotated[int, typer.Option(help="Checkpoint every this many steps.")] = 10,
+    save_steps: Annotated[
+        int, typer.Option(help="Checkpoint every this many steps.")
+    ] = _GRPO.save_steps,
     max_minutes: Annotated[
         float | None,
         typer.Option(
             help="Stop (and save) after the first step that ends this many minutes into "
             "training; --steps still sets the learning-rate schedule."
         ),
-    ] = None,
+    ] = _GRPO.max_minutes,
     gradient_checkpointing: Annotated[
         bool,
         typer.Option(
             help="Recompute activations in the backward pass: less memory, about a third more "
             "compute (off: a 135M policy does not need it)."
         ),
-    ] = False,
+    ] = _GRPO.gradient_checkpointing,
     resume: Annotated[
         Path | None,
         typer.Option(
@@ -1078,46 +1230,23 @@ def train_grpo(
             "(every other option is ignored)."
         ),
     ] = None,
-    seed: Annotated[int, typer.Option()] = 0,
+    seed: Annotated[int, typer.Option()] = _GRPO.seed,
     out: Annotated[Path, typer.Option(help="Parent folder of the run folder.")] = Path("runs"),
     run_name: Annotated[str | None, typer.Option(help="Run folder name.")] = None,
-    track: Annotated[bool, typer.Option(help="Log to W&B (offline).")] = False,
+    track: Annotated[bool, typer.Option(help="Log to W&B (offline).")] = _GRPO.track,
 ) -> None:
     """GRPO/DAPO in the env, optionally from an SFT checkpoint (--init)."""
-    from rag_gym.train.grpo import EnvGRPOConfig, resume_config, train_from
+    from rag_gym.train.grpo import resume_config, train_from
 
     try:
         if resume is not None:
             cfg, init, eval_n = resume_config(resume)
         else:
             cfg = EnvGRPOConfig(
-                env_id=env,
+                **_fields("train grpo", EnvGRPOConfig, ctx.params),
                 env_kwargs=_json_option(env_kwargs, "--env-kwargs"),
-                tags=tags,
-                reward_preset=reward_preset,
-                algorithm=algorithm,
-                max_steps=steps,
-                num_generations=num_generations,
-                prompts_per_step=prompts_per_step,
-                balance_answerable=balance_answerable,
-                unanswerable_per_step=unanswerable_per_step,
-                micro_batch_size=micro_batch_size,
-                learning_rate=lr,
-                warmup_steps=warmup_steps,
-                max_completion_tokens=max_completion_tokens,
-                beta=beta,
-                temperature=temperature,
-                step_cost=step_cost,
-                refusal=refusal,
-                refusal_verifier=refusal_verifier,
                 **_dynamic_sampling(dynamic_sampling),
-                model=model,
-                save_steps=save_steps,
-                max_minutes=max_minutes,
-                gradient_checkpointing=gradient_checkpointing,
-                seed=seed,
                 run_dir=str(_run_dir(out, run_name, env, algorithm, seed)),
-                track=track,
             )
         results = train_from(cfg, init=init, eval_n=eval_n)
     except (TypeError, ValueError, FileNotFoundError) as exc:
@@ -1129,33 +1258,44 @@ def train_grpo(
 
 @train_app.command("pipeline")
 def train_pipeline(
-    env: _TrainEnvOption = "rag_gym/SynthHop-v0",
+    ctx: typer.Context,
+    env: _TrainEnvOption = _SFT.env_id,
     env_kwargs: Annotated[
         str | None, typer.Option(help="More gym.make kwargs as a JSON object.")
     ] = None,
-    data_path: _DataPathOption = None,
-    split_by_id: _SplitByIdOption = False,
-    synthhop_ratio: _SynthHopRatioOption = 0.0,
+    data_path: _DataPathOption = _SFT.data_path,
+    split_by_id: _SplitByIdOption = _SFT.split_by_id,
+    synthhop_ratio: _SynthHopRatioOption = _SFT.synthhop_ratio,
     max_length: Annotated[
         int, typer.Option(help="SFT: longest transcript in tokens (longer ones are dropped).")
-    ] = 1024,
-    tags: Annotated[str, typer.Option(help="TextActions tag preset.")] = "search_r1",
+    ] = _SFT.max_length,
+    tags: Annotated[str, typer.Option(help="TextActions tag preset.")] = _SFT.tags,
     demos: Annotated[
         int, typer.Option(help="SFT: expert demonstrations per env (train split; 0: all).")
-    ] = 600,
+    ] = _SFT.n_demos,
     model: Annotated[
         str, typer.Option(help="embedded, tiny, a hub id or a directory.")
-    ] = "embedded",
-    sft_lr: Annotated[float, typer.Option(help="SFT: peak learning rate (LoRA).")] = 1e-3,
-    algorithm: Annotated[str, typer.Option(help="RL: grpo or dapo.")] = "grpo",
-    steps: Annotated[int, typer.Option(help="RL steps (0: ship the SFT adapter).")] = 100,
-    lr: Annotated[float, typer.Option(help="RL: learning rate.")] = 5e-5,
-    num_generations: Annotated[int, typer.Option(help="RL: episodes per question (G).")] = 4,
-    prompts_per_step: Annotated[int, typer.Option(help="RL: questions per step.")] = 2,
-    step_cost: Annotated[float, typer.Option(help="RL: EVO-RAG step cost weight.")] = 0.0,
+    ] = _SFT.model,
+    sft_lr: Annotated[
+        float, typer.Option(help="SFT: peak learning rate (LoRA).")
+    ] = _SFT.learning_rate,
+    algorithm: Annotated[str, typer.Option(help="RL: grpo or dapo.")] = _PIPELINE.algorithm,
+    steps: Annotated[
+        int, typer.Option(help="RL steps (0: ship the SFT adapter).")
+    ] = _PIPELINE.grpo_steps,
+    lr: Annotated[float, typer.Option(help="RL: learning rate.")] = _PIPELINE.grpo_learning_rate,
+    num_generations: Annotated[
+        int, typer.Option(help="RL: episodes per question (G).")
+    ] = _PIPELINE.num_generations,
+    prompts_per_step: Annotated[
+        int, typer.Option(help="RL: questions per step.")
+    ] = _PIPELINE.prompts_per_step,
+    step_cost: Annotated[
+        float, typer.Option(help="RL: EVO-RAG step cost weight.")
+    ] = _PIPELINE.step_cost,
     refusal: Annotated[
         float, typer.Option(help="RL: EVO-RAG refusal reward weight (0: off).")
-    ] = 0.0,
+    ] = _PIPELINE.refusal,
     refusal_verifier: Annotated[
         str,
         typer.Option(
@@ -1163,56 +1303,38 @@ def train_pipeline(
             "answerable question is -1) or 'evidence' (the gold passages retrieved so far, "
             "which pays for refusing before searching)."
         ),
-    ] = "answerable",
+    ] = _PIPELINE.refusal_verifier,
     eval_n: Annotated[
         int,
         typer.Option(help="Validation questions for each stage's EM (transformers; 0: none)."),
-    ] = 0,
+    ] = _PIPELINE.eval_n,
     test_n: Annotated[
         int, typer.Option(help="Test questions for the final llama.cpp evaluation (0: none).")
-    ] = 200,
-    seed: Annotated[int, typer.Option()] = 0,
+    ] = _PIPELINE.test_n,
+    seed: Annotated[int, typer.Option()] = _SFT.seed,
     out: Annotated[Path, typer.Option(help="Parent folder of the run folder.")] = Path("runs"),
     run_name: Annotated[str | None, typer.Option(help="Run folder name.")] = None,
-    track: Annotated[bool, typer.Option(help="Log to W&B (offline).")] = False,
+    track: Annotated[bool, typer.Option(help="Log to W&B (offline).")] = _SFT.track,
 ) -> None:
     """SFT cold start, GRPO/DAPO from it, the shipped checkpoint, and its test evaluation."""
     import shlex
     import sys
     import time
 
-    from rag_gym.train.pipeline import PipelineConfig, train_and_ship, write_report
-    from rag_gym.train.sft import SFTConfig
+    from rag_gym.train.pipeline import train_and_ship, write_report
 
     root = _run_dir(out, run_name, env.split(",")[0], "pipeline", seed)
     try:
+        pipeline = PipelineConfig(**_fields("train pipeline", PipelineConfig, ctx.params))
         sft_cfg = SFTConfig(
-            env_id=env,
-            env_kwargs=_json_option(env_kwargs, "--env-kwargs"),
-            data_path=data_path,
-            split_by_id=split_by_id,
-            synthhop_ratio=synthhop_ratio,
-            max_length=max_length,
-            tags=tags,
-            n_demos=demos or None,
-            model=model,
-            learning_rate=sft_lr,
-            eval_n=eval_n,
-            eval_before=False,
-            seed=seed,
-            run_dir=str(root / "sft"),
-            track=track,
-        )
-        pipeline = PipelineConfig(
-            grpo_steps=steps,
-            algorithm=algorithm,
-            grpo_learning_rate=lr,
-            num_generations=num_generations,
-            prompts_per_step=prompts_per_step,
-            step_cost=step_cost,
-            refusal=refusal,
-            refusal_verifier=refusal_verifier,
-            test_n=test_n,
+            **{
+                **_fields("train pipeline", SFTConfig, ctx.params),
+                "env_kwargs": _json_option(env_kwargs, "--env-kwargs"),
+                "n_demos": demos or None,  # 0: the whole split
+                "eval_n": pipeline.eval_n,
+                "eval_before": False,
+                "run_dir": str(root / "sft"),
+            }
         )
     except (TypeError, ValueError) as exc:
         _fail(str(exc))

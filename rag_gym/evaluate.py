@@ -99,8 +99,9 @@ class EvalConfig:
     """Questions to sample (all of them when the split is smaller)."""
     seed: int = 0
     """Seed of the question sample, of env resets and of stochastic agents."""
-    agents: tuple[str, ...] = ("naive_rag", "random")
-    """Agent names (see :mod:`rag_gym.baselines`)."""
+    agents: tuple[str, ...] = ("naive_rag", "random", "search_r1:synthhop")
+    """Agent names (see :mod:`rag_gym.baselines`; ``search_r1:synthhop`` is the shipped trained
+    agent)."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra ``gym.make`` kwargs (``data_path``, ``corpus``, ``index``, ``k``…); plain JSON values."""
     batch_size: int = 8

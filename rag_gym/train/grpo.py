@@ -97,8 +97,9 @@ class EnvGRPOConfig:
     object on a command line."""
     split: str = "train"
     """The split whose questions are trained on."""
-    reward_preset: str = "eval_rar"
-    """A reward preset of :mod:`rag_gym.wrappers.presets` (``none`` keeps the env's reward)."""
+    reward_preset: str = "none"
+    """A reward preset of :mod:`rag_gym.wrappers.presets` (``none`` keeps the env's reward: EM;
+    :data:`~rag_gym.train.recipes.RECIPES` sets the papers' presets)."""
     reward_kwargs: dict[str, Any] | str | None = field(default_factory=dict)
     """Options of the preset (``stage``, ``encoder``…); a JSON object on a command line."""
     tags: str | None = None
@@ -124,9 +125,9 @@ class EnvGRPOConfig:
     a hub id or a directory."""
     algorithm: str = "grpo"
     """``grpo`` or ``dapo``."""
-    num_generations: int = 5
+    num_generations: int = 4
     """Group size G: episodes per question."""
-    prompts_per_step: int = 1
+    prompts_per_step: int = 2
     """Questions per optimisation step (the batch is ``prompts_per_step * G`` episodes)."""
     balance_answerable: bool = False
     """Give every step as many answerable questions as unanswerable ones: the split's two kinds,
@@ -151,8 +152,8 @@ class EnvGRPOConfig:
     it must divide the batch). The activations of a pass, and the logits over the vocabulary of
     each of its tokens, grow with its tokens, so smaller passes hold less memory.
     ``None``: 1 on a CPU, the whole batch on a GPU."""
-    beta: float = 0.001
-    """KL coefficient (0 disables the reference model)."""
+    beta: float = 0.0
+    """KL coefficient (0 disables the reference model, as TRL's and DAPO's default)."""
     kl_estimator: str = "k3"
     """``k3`` (TRL's, GRPO's) or ``stabilized`` (ARENA's; see :func:`~rag_gym.train.trl_compat.stabilized_kl_trainer_class`)."""
     epsilon: float = 0.2
@@ -171,14 +172,16 @@ class EnvGRPOConfig:
     """Refill rounds per batch at most (the batch goes on with what it has after them)."""
     temperature: float = 1.0
     top_p: float = 1.0
-    learning_rate: float = 1e-6
+    learning_rate: float = 2e-5
+    """Peak learning rate (of the LoRA adapters with ``lora``, the default: a full-weight run
+    wants about 1e-6, as the papers' recipes use)."""
     warmup_steps: int = 0
     """Steps over which the learning rate rises linearly from 0 (then it decays linearly to 0
     at ``max_steps``). Adam's first update moves every weight by about the learning rate
     whatever the gradient's size, and its momentum carries that direction through the next
     flat steps: with one question a step, the first group alone sets it, and a warmup spreads
     that first move over several groups. 0: the full rate from the first step."""
-    max_steps: int = 200
+    max_steps: int = 100
     max_turns: int = 8
     """Model turns per episode at most (the env's horizon usually ends it first)."""
     max_turn_tokens: int = 128
@@ -195,7 +198,7 @@ class EnvGRPOConfig:
     fraction of ``max_steps``."""
     output_dir: str = "runs"
     exp_name: str = "grpo"
-    save_steps: int = 50
+    save_steps: int = 10
     """Checkpoint every this many steps (``resume_from_checkpoint`` picks one up)."""
     max_minutes: float | None = None
     """Wall-clock budget of the training loop: once a step ends past it, training stops there

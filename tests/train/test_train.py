@@ -30,6 +30,14 @@ def tiny(tmp_path, name: str = "run", **kw):
     base = dict(
         model="tiny",
         env_kwargs=ENV,
+        # the settings these tests were written with: Eval-RAR's preset and GRPO values, one
+        # question a step, 200 steps (a test's own budget is max_steps in kw)
+        reward_preset="eval_rar",
+        prompts_per_step=1,
+        learning_rate=1e-6,
+        beta=0.001,
+        max_steps=200,
+        save_steps=50,
         num_generations=2,
         max_turns=1,
         max_turn_tokens=8,
@@ -616,6 +624,7 @@ def test_trainer_two_steps_update_weights(tmp_path, algorithm, kl_estimator, bet
         kl_estimator=kl_estimator,
         beta=beta,
         num_generations=2,
+        prompts_per_step=1,
         max_steps=2,
         max_turns=3,
         max_episode_steps=2,  # the env ends each episode (DAPO masks episodes cut by budget)

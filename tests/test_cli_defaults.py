@@ -1,0 +1,190 @@
+"""One source for every command's options: an option of ``rag-gym evaluate`` and ``rag-gym train
+sft|grpo|pipeline`` that sets a config field has that field's default, and sets that field."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rag_gym import cli
+from rag_gym.evaluate import EvalConfig
+from rag_gym.train.grpo import EnvGRPOConfig, train_from
+from rag_gym.train.pipeline import PipelineConfig
+from rag_gym.train.sft import SFTConfig
+
+runner = CliRunner()
+
+COMMANDS = {
+    "evaluate": cli.evaluate,
+    "train sft": cli.train_sft,
+    "train grpo": cli.train_grpo,
+    "train pipeline": cli.train_pipeline,
+}
+
+#: the options that set no config field: the command's own (where to write, what to resume or
+#: replay, JSON and env options merged into ``env_kwargs``, the LLM backend and judge)
+OWN = {
+    "evaluate": {
+        "ctx",
+        "lm",
+        "data_path",
+        "corpus",
+        "index",
+        "retriever",
+        "k",
+        "env_kwargs",
+        "judge",
+        "track",
+        "from_run",
+        "resume",
+        "overwrite",
+        "progress",
+    },
+    "train sft": {"ctx", "env_kwargs", "out", "run_name"},
+    "train grpo": {
+        "ctx",
+        "init",
+        "env_kwargs",
+        "dynamic_sampling",
+        "eval_n",
+        "resume",
+        "out",
+        "run_name",
+    },
+    "train pipeline": {"ctx", "env_kwargs", "out", "run_name"},
+}
+
+
+def _field_default(cls: type, name: str):
+    field = {f.name: f for f in dataclasses.fields(cls)}[name]
+    return field.default_factory() if field.default is dataclasses.MISSING else field.default
+
+
+def _as_field(option: str, value):
+    """An option's value as its field holds it."""
+    if option == "agents":
+        return tuple(value.split(","))
+    return str(value) if isinstance(value, Path) else value
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_every_option_is_a_field_or_the_commands_own(command):
+    params = set(inspect.signature(COMMANDS[command]).parameters)
+    fields = set(cli.OPTION_FIELDS[command])
+    assert fields.isdisjoint(OWN[command])
+    assert params - fields - OWN[command] == set(), "options neither a field nor the command's own"
+    assert (fields | OWN[command]) - params == set(), "names of options the command does not have"
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_every_options_default_is_its_fields(command):
+    params = inspect.signature(COMMANDS[command]).parameters
+    differ = {
+        option: (_as_field(option, params[option].default), _field_default(cls, field))
+        for option, (cls, field) in cli.OPTION_FIELDS[command].items()
+        if _as_field(option, params[option].default) != _field_default(cls, field)
+    }
+    assert differ == {}
+
+
+def test_the_grpo_defaults_that_differed_are_one():
+    """The eight settings on which ``train grpo`` and ``EnvGRPOConfig`` disagreed."""
+    params = inspect.signature(cli.train_grpo).parameters
+    cfg = EnvGRPOConfig()
+    pairs = {
+        "reward_preset": "reward_preset",
+        "steps": "max_steps",
+        "num_generations": "num_generations",
+        "prompts_per_step": "prompts_per_step",
+        "lr": "learning_rate",
+        "beta": "beta",
+        "save_steps": "save_steps",
+        "tags": "tags",
+    }
+    assert {o: params[o].default for o in pairs} == {o: getattr(cfg, f) for o, f in pairs.items()}
+    assert (cfg.reward_preset, cfg.max_steps, cfg.num_generations) == ("none", 100, 4)
+    assert (cfg.prompts_per_step, cfg.learning_rate, cfg.beta) == (2, 2e-5, 0.0)
+    assert (cfg.save_steps, cfg.tags, cfg.text_env().tags_or_default) == (
+        10,
+        None,
+        "search_r1",
+    )
+    # the options without a field: --eval-n is train_from's, --dynamic-sampling auto the
+    # config's own choice
+    assert params["eval_n"].default == inspect.signature(train_from).parameters["eval_n"].default
+    assert params["dynamic_sampling"].default == "auto" and cli._dynamic_sampling("auto") == {}
+
+
+def test_the_pipeline_evaluates_no_stage_by_default():
+    assert PipelineConfig().eval_n == 0
+    with pytest.raises(ValueError, match="eval_n"):
+        PipelineConfig(eval_n=-1)
+
+
+def test_options_set_their_fields(tmp_path, monkeypatch):
+    """What a command line sets reaches the config the command builds."""
+    import rag_gym.train.grpo as grpo
+    import rag_gym.train.pipeline as pipeline
+    import rag_gym.train.sft as sft
+
+    seen = {}
+
+    def fake_train_from(cfg, init=None, eval_n=100):
+        seen["grpo"] = (cfg, eval_n)
+        return {"before": None, "after": None, "checkpoint": "x"}
+
+    def fake_sft(cfg):
+        seen["sft"] = cfg
+        return {"before": None, "after": None, "checkpoint": "x"}
+
+    def fake_pipeline(sft_cfg, pipe, root, command):
+        seen["pipeline"] = (sft_cfg, pipe)
+        return {"checkpoint": None, "seconds": {}}
+
+    monkeypatch.setattr(grpo, "train_from", fake_train_from)
+    monkeypatch.setattr(sft, "train", fake_sft)
+    monkeypatch.setattr(pipeline, "train_and_ship", fake_pipeline)
+    monkeypatch.setattr(pipeline, "write_report", lambda root, report: None)
+    out = ["--out", str(tmp_path)]
+
+    result = runner.invoke(
+        cli.app,
+        [
+            *("train", "grpo", "--steps", "7", "--lr", "0.5", "--prompts-per-step", "3"),
+            *("--reward-preset", "eval_rar", "--eval-n", "4", "--run-name", "g", *out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    cfg, eval_n = seen["grpo"]
+    assert (cfg.max_steps, cfg.learning_rate, cfg.prompts_per_step, eval_n) == (7, 0.5, 3, 4)
+    assert cfg.text_env().tags_or_default == "eval_rar"  # the preset's own tags, as in Python
+    assert cfg.num_generations == EnvGRPOConfig().num_generations
+    assert cfg.run_dir == str(tmp_path / "g")
+
+    result = runner.invoke(
+        cli.app, ["train", "sft", "--lr", "0.25", "--demos", "0", "--run-name", "s", *out]
+    )
+    assert result.exit_code == 0, result.output
+    assert (seen["sft"].learning_rate, seen["sft"].n_demos) == (0.25, None)
+    assert seen["sft"].batch_size == SFTConfig().batch_size
+
+    result = runner.invoke(
+        cli.app,
+        [
+            *("train", "pipeline", "--sft-lr", "0.25", "--lr", "0.5", "--steps", "3"),
+            *("--eval-n", "2", "--test-n", "0", "--run-name", "p", *out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    sft_cfg, pipe = seen["pipeline"]
+    assert (sft_cfg.learning_rate, sft_cfg.eval_n, sft_cfg.eval_before) == (0.25, 2, False)
+    assert (pipe.grpo_learning_rate, pipe.grpo_steps, pipe.eval_n) == (0.5, 3, 2)
+    assert sft_cfg.run_dir == str(tmp_path / "p" / "sft")
+
+
+def test_evaluate_config_defaults_are_the_main_commands():
+    assert EvalConfig().agents == ("naive_rag", "random", "search_r1:synthhop")
