@@ -1,8 +1,11 @@
-"""Checking a name against the known ones, with "did you mean …" (one helper for the package)."""
+"""Names: checking one against the known ones, with "did you mean …", and the default name of a
+run folder (one helper each for the package)."""
 
 from __future__ import annotations
 
 import difflib
+import secrets
+import time
 from collections.abc import Iterable
 
 
@@ -18,3 +21,17 @@ def unknown_name(
     close = difflib.get_close_matches(str(name), [*known, *aliases], n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     return ValueError(f"expected a {what} in {known}, got {name!r}{hint}")
+
+
+def run_name(env_id: str, stage: str, seed: int) -> str:
+    """The default name of a run folder, for every command that writes one:
+    ``<env>__<stage>__<seed>__<unix time>.<microseconds>-<random hex>`` (``<env>`` without its
+    ``rag_gym/`` namespace; ``<stage>`` the split evaluated, or the training stage). Names sort
+    by start time, and two runs started in the same microsecond still differ.
+
+    >>> run_name("rag_gym/SynthHop-v0", "sft", 0).split("__")[:3]
+    ['SynthHop-v0', 'sft', '0']
+    """
+    t = time.time_ns()
+    stamp = f"{t // 10**9}.{t // 1000 % 10**6:06d}-{secrets.token_hex(2)}"
+    return f"{env_id.split('/')[-1]}__{stage}__{seed}__{stamp}"

@@ -970,9 +970,11 @@ def _json_option(value: str | None, name: str) -> dict:
 
 
 def _run_dir(out: Path, run_name: str | None, env: str, stage: str, seed: int) -> Path:
-    import time
+    """``out/run_name``, by default named as every run folder is (:func:`rag_gym._names.run_name`);
+    an existing folder that holds anything is refused."""
+    from rag_gym._names import run_name as default_name
 
-    name = run_name or f"{env.replace('/', '-')}__{stage}__{seed}__{int(time.time())}"
+    name = run_name or default_name(env, stage, seed)
     path = out / name
     if path.exists() and any(path.iterdir()):
         _fail(f"expected a new run folder, got existing {path}: pick another --run-name")

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_gym.stats import bootstrap_ci, paired_difference
+from rag_gym.traces import BadLine, read_jsonl
 
 DEFAULT_METRICS = ("em", "f1", "recall", "full_recall", "searches")
 #: Refusal rates on one kind of question (the leaderboard's ``refuse|unans.`` and
@@ -39,7 +40,8 @@ class CompareError(ValueError):
 
 
 def read_episodes(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The episode records of a run folder, without changing it."""
+    """The episode records of a run folder, without changing it (:func:`rag_gym.traces.read_jsonl`
+    under its ``strict`` policy: a last line cut by a kill is skipped with a warning)."""
     run = Path(run_dir)
     path = run / "episodes.jsonl"
     if not path.is_file():
@@ -47,33 +49,15 @@ def read_episodes(run_dir: str | Path) -> list[dict[str, Any]]:
             f"expected a rag-gym evaluate run folder with episodes.jsonl, got {run}: "
             "pass the folder `rag-gym evaluate` printed"
         )
-    lines = path.read_bytes().split(b"\n")
-    tail = lines.pop()
-    records = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise CompareError(
-                f"{path}:{i}: expected an episode record, got {line[:80]!r}"
-            ) from None
-        if isinstance(rec, dict) and {"agent", "question_id"} <= rec.keys():
-            records.append(rec)
-        else:
-            raise CompareError(f"{path}:{i}: expected 'agent' and 'question_id' in {line[:80]!r}")
-    if tail.strip():
-        try:
-            rec = json.loads(tail)
-            records.append(rec)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            warnings.warn(
-                f"{path}:{len(lines) + 1}: the last line was cut off (a killed run); skipped it",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-    return records
+    try:
+        records, problems = read_jsonl(
+            path, "strict", keys=("agent", "question_id"), what="an episode record"
+        )
+    except BadLine as exc:
+        raise CompareError(str(exc)) from None
+    for problem in problems:
+        warnings.warn(problem, RuntimeWarning, stacklevel=2)
+    return [rec for rec, _ in records]
 
 
 def _agent_scores(

@@ -21,7 +21,8 @@ rule-based actions); the token counts are those spent on that step.
 ``{"id": "p3", "title": "...", "text": "..."}``. Steps refer to passages by id only, so a
 trace stays small however often a passage comes back.
 
-:func:`read_jsonl` reads either file back, tolerating a last line cut by a kill.
+:func:`read_jsonl` reads either file back, tolerating a last line cut by a kill; it is the one
+reader of a run folder's JSONL files (``episodes.jsonl`` too), with a policy for a bad line.
 """
 
 from __future__ import annotations
@@ -217,26 +218,88 @@ def _null(constant: str) -> None:
     return None
 
 
-def read_jsonl(path: str | Path) -> tuple[list[tuple[Any, int]], list[str]]:
-    """``([(record, line number)], warnings)`` of a JSONL file, never raising on its content:
-    a line that is not JSON is skipped with a warning naming the file and line (a last line
-    cut by a kill among them). ``NaN`` and infinities read as ``None``. A missing file gives
-    ``([], [])``."""
+#: what :func:`read_jsonl` does with a line it cannot read: skip it (with a problem), raise
+#: :class:`BadLine`, or raise and repair a last line cut by a kill
+POLICIES = ("skip", "strict", "repair")
+
+
+class BadLine(ValueError):
+    """A line of a JSONL file that is not the record expected (:func:`read_jsonl`)."""
+
+    def __init__(self, path: Path, line: int, text: bytes, expected: str, why: str) -> None:
+        super().__init__(f"{path}:{line}: expected {expected}, got {text[:80]!r} ({why})")
+        self.path, self.line = path, line
+
+
+def read_jsonl(
+    path: str | Path,
+    policy: str = "skip",
+    keys: Sequence[str] = (),
+    what: str = "JSON",
+) -> tuple[list[tuple[Any, int]], list[str]]:
+    """``([(record, line number)], problems)`` of a JSONL file (a missing file gives
+    ``([], [])``). A record is one JSON value a line; with ``keys``, a JSON object holding them
+    (``what`` names it in messages).
+
+    A last line without its newline was cut by a kill when it is not a record: it is skipped
+    with a problem naming the file and line, under every policy. Any other line that is not a
+    record is, by ``policy``:
+
+    - ``"skip"`` (reports and viewers): skipped with a problem; ``NaN`` and infinities read as
+      ``None``;
+    - ``"strict"`` (the file is read, never changed): a :class:`BadLine` naming it;
+    - ``"repair"`` (a run that appends to the file next): a :class:`BadLine` too; and a cut
+      last line is removed from the file, a whole one that lacks only its newline gets it.
+
+    >>> import tempfile
+    >>> path = Path(tempfile.mkdtemp()) / "x.jsonl"
+    >>> _ = path.write_text('{"a": 1}\\n{"a": ')
+    >>> records, problems = read_jsonl(path, "repair", keys=["a"])
+    >>> records, path.read_text(), problems[0].endswith("removed it from the file (6 bytes)")
+    ([({'a': 1}, 1)], '{"a": 1}\\n', True)
+    """
+    if policy not in POLICIES:
+        from rag_gym._names import unknown_name
+
+        raise unknown_name("JSONL policy", policy, POLICIES)
     path = Path(path)
     if not path.is_file():
         return [], []
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    tail = lines[-1] if lines[-1].strip() else b""  # a last line without its newline
+    expected = what if not keys else f"{what} with {', '.join(map(repr, keys))}"
     records: list[tuple[Any, int]] = []
     problems: list[str] = []
-    with open(path, "rb") as f:
-        data = f.read()
-    lines = data.split(b"\n")
-    last = len(lines) if lines[-1].strip() else len(lines) - 1
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            records.append((json.loads(line, parse_constant=_null), i))
+            rec = json.loads(line, parse_constant=_null if policy == "skip" else None)
+            ok = not keys or (isinstance(rec, dict) and set(keys) <= rec.keys())
+            why = "" if ok else f"not {expected}"
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            why = "cut off (the run was stopped while writing it)" if i == last else str(exc)
-            problems.append(f"{path}:{i}: skipped a line that is not JSON: {why}")
+            ok, why = False, str(exc)
+        if i == len(lines) and tail:
+            if ok:
+                records.append((rec, i))
+                if policy == "repair":
+                    with open(path, "ab") as f:
+                        f.write(b"\n")
+            else:
+                problem = (
+                    f"{path}:{i}: skipped it: the last line was cut off (the run was stopped "
+                    "while writing it)"
+                )
+                if policy == "repair":
+                    with open(path, "r+b") as f:
+                        f.truncate(len(data) - len(tail))
+                    problem += f"; removed it from the file ({len(tail)} bytes)"
+                problems.append(problem)
+        elif ok:
+            records.append((rec, i))
+        elif policy == "skip":
+            problems.append(f"{path}:{i}: skipped a line that is not {expected}: {why}")
+        else:
+            raise BadLine(path, i, line, expected, why)
     return records, problems

@@ -228,7 +228,7 @@ def test_a_lone_surrogate_in_the_data_file_is_refused_naming_the_record(tmp_path
 
 
 def test_sigterm_during_the_final_write_leaves_a_leaderboard_and_a_resume(tmp_path, monkeypatch):
-    import rag_gym.evaluate as ev
+    from rag_gym.evaluate import leaderboard as ev  # write_run's module
 
     factory = lambda n, env: make_agent(n, seed=1)  # noqa: E731
     write_plots = ev.write_plots

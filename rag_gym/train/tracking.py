@@ -4,15 +4,11 @@ run writes at its end."""
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-
-def run_name(env_id: str, exp_name: str, seed: int) -> str:
-    """CleanRL's run name: ``{env_id}__{exp_name}__{seed}__{unix time}`` (``/`` becomes ``-``)."""
-    return f"{env_id.replace('/', '-')}__{exp_name}__{seed}__{int(time.time())}"
+from rag_gym._names import run_name
 
 
 def run_dir_for(cfg: Any, run_dir: str | Path | None = None) -> Path:

@@ -51,8 +51,9 @@ def train(
     _, peft = _require_trl()
     import torch
 
+    from rag_gym._names import run_name
     from rag_gym.train.models import load_policy
-    from rag_gym.train.tracking import learning_curve, run_name
+    from rag_gym.train.tracking import learning_curve
 
     torch.manual_seed(cfg.seed)
     if model is None:
