@@ -304,24 +304,21 @@ def evaluate(
                 )
             # the run's own settings, but for options given here (evaluate checks they match)
             fields = {o: f for o, (_, f) in OPTION_FIELDS["evaluate"].items()}
-            given_ = {
+            overrides = {
                 fields[o]: v
                 for o, v in ctx.params.items()
                 if o in fields and o not in ("out", "run_name") and given(o)
             }
-            if "agents" in given_:
-                given_["agents"] = agent_names
-            config = EvalConfig.from_run(
-                resume, out_dir=str(resume.parent), run_name=resume.name, **given_
+            if "agents" in overrides:
+                overrides["agents"] = agent_names
+            env_options = {"data_path": "data_path", "corpus": "corpus", "index": "index", "k": "k"}
+            env_options["retriever"] = "index"  # the deprecated alias of --index
+            config = EvalConfig.resumed(
+                resume,
+                env_kwargs=extra if given("env_kwargs") else None,
+                env_options={key: options[key] for o, key in env_options.items() if given(o)},
+                **overrides,
             )
-            names = {"data_path": "data_path", "corpus": "corpus", "index": "index", "k": "k"}
-            names["retriever"] = "index"  # the deprecated alias of --index
-            if given("env_kwargs") or any(given(o) for o in names):
-                base = extra if given("env_kwargs") else config.env_kwargs
-                config.env_kwargs = {
-                    **base,
-                    **{key: options[key] for o, key in names.items() if given(o)},
-                }
             lm = lm if given("lm") else config.lm_spec or lm
         elif from_run is not None:
             config = EvalConfig.from_run(from_run, out_dir=str(out), run_name=run_name)

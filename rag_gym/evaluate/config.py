@@ -95,6 +95,28 @@ class EvalConfig:
         saved["agents"] = tuple(saved["agents"])
         return cls(**{**saved, **overrides})
 
+    @classmethod
+    def resumed(
+        cls,
+        run_dir: str | Path,
+        env_kwargs: dict[str, Any] | None = None,
+        env_options: dict[str, Any] | None = None,
+        **overrides: Any,
+    ) -> EvalConfig:
+        """The config of the stopped run in ``run_dir``, to go on with it: the run's own
+        settings but for ``overrides`` (fields given again, which :func:`evaluate
+        <rag_gym.evaluate.runner.evaluate>` checks against the run's protocol). ``env_kwargs``
+        replaces the run's env kwargs, and ``env_options`` (``data_path``, ``corpus``,
+        ``index``, ``k``) are set on them."""
+        run_dir = Path(run_dir)
+        config = cls.from_run(
+            run_dir, out_dir=str(run_dir.parent), run_name=run_dir.name, **overrides
+        )
+        if env_kwargs is not None or env_options:
+            base = config.env_kwargs if env_kwargs is None else env_kwargs
+            config.env_kwargs = {**base, **(env_options or {})}
+        return config
+
 
 @dataclass
 class EvalResult:
