@@ -158,7 +158,6 @@ OPTION_FIELDS: dict[str, dict[str, tuple[type, str]]] = {
                 "step_cost": "step_cost",
                 "refusal": "refusal",
                 "refusal_verifier": "refusal_verifier",
-                "eval_n": "eval_n",
                 "test_n": "test_n",
             }.items()
         },
@@ -1306,7 +1305,7 @@ def train_pipeline(
     eval_n: Annotated[
         int,
         typer.Option(help="Validation questions for each stage's EM (transformers; 0: none)."),
-    ] = _PIPELINE.eval_n,
+    ] = 0,
     test_n: Annotated[
         int, typer.Option(help="Test questions for the final llama.cpp evaluation (0: none).")
     ] = _PIPELINE.test_n,
@@ -1330,7 +1329,7 @@ def train_pipeline(
                 **_fields("train pipeline", SFTConfig, ctx.params),
                 "env_kwargs": _json_option(env_kwargs, "--env-kwargs"),
                 "n_demos": demos or None,  # 0: the whole split
-                "eval_n": pipeline.eval_n,
+                "eval_n": eval_n,
                 "eval_before": False,
                 "run_dir": str(root / "sft"),
             }

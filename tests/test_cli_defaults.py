@@ -55,7 +55,10 @@ OWN = {
         "out",
         "run_name",
     },
-    "train pipeline": {"ctx", "env_kwargs", "out", "run_name"},
+    # --eval-n: validation figures for each stage, off by default (the pipeline's figure is its
+    # --test-n test); SFTConfig.eval_n is a standalone SFT run's, and examples/
+    # train_synthhop_agent.py parses SFTConfig and PipelineConfig into one command line
+    "train pipeline": {"ctx", "env_kwargs", "eval_n", "out", "run_name"},
 }
 
 
@@ -120,9 +123,11 @@ def test_the_grpo_defaults_that_differed_are_one():
 
 
 def test_the_pipeline_evaluates_no_stage_by_default():
-    assert PipelineConfig().eval_n == 0
-    with pytest.raises(ValueError, match="eval_n"):
-        PipelineConfig(eval_n=-1)
+    params = inspect.signature(cli.train_pipeline).parameters
+    assert params["eval_n"].default == 0
+    # one command line parses both configs (examples/train_synthhop_agent.py): no field twice
+    names = [f.name for cls in (SFTConfig, PipelineConfig) for f in dataclasses.fields(cls)]
+    assert len(names) == len(set(names))
 
 
 def test_options_set_their_fields(tmp_path, monkeypatch):
@@ -182,7 +187,7 @@ def test_options_set_their_fields(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     sft_cfg, pipe = seen["pipeline"]
     assert (sft_cfg.learning_rate, sft_cfg.eval_n, sft_cfg.eval_before) == (0.25, 2, False)
-    assert (pipe.grpo_learning_rate, pipe.grpo_steps, pipe.eval_n) == (0.5, 3, 2)
+    assert (pipe.grpo_learning_rate, pipe.grpo_steps) == (0.5, 3)
     assert sft_cfg.run_dir == str(tmp_path / "p" / "sft")
 
 

@@ -53,9 +53,6 @@ class PipelineConfig:
     """its sufficiency verifier (``EnvGRPOConfig.refusal_verifier``)"""
     test_n: int = 200
     """test questions for the final llama.cpp evaluation (0: skip)"""
-    eval_n: int = 0
-    """validation questions for each stage's EM, in transformers (0: none; the pipeline's
-    figure is the ``test_n`` test)"""
 
     def __post_init__(self) -> None:
         from rag_gym.envs.base import check_int
@@ -64,7 +61,6 @@ class PipelineConfig:
         check_int("num_generations", self.num_generations, 2)
         check_int("prompts_per_step", self.prompts_per_step, 1)
         check_int("test_n", self.test_n, 0)
-        check_int("eval_n", self.eval_n, 0)
         if self.algorithm not in ("grpo", "dapo"):
             raise ValueError(f"expected algorithm to be 'grpo' or 'dapo', got {self.algorithm!r}")
         if not self.grpo_learning_rate > 0:
