@@ -51,7 +51,13 @@ _ALIASES = {
 #: ...})`` keeps the hard world (Gymnasium merges ``gym.make`` keyword arguments one level deep).
 _WITH_DEFAULTS: dict[str, tuple[str, dict[str, Any]]] = {
     "synthhophard": ("synthhop", {"preset": "hard"}),
+    # the open-domain sets in FlashRAG's JSONL (``subset``: their hub name)
+    "nq": ("flashrag", {"subset": "nq"}),
+    "triviaqa": ("flashrag", {"subset": "triviaqa"}),
+    "popqa": ("flashrag", {"subset": "popqa"}),
 }
+#: the names of :data:`_WITH_DEFAULTS`, as they are written
+_DEFAULT_NAMES = ("synthhop-hard", "nq", "triviaqa", "popqa")
 
 
 def _key(name: str) -> str:
@@ -71,7 +77,7 @@ def canonical_name(name: str) -> str:
     if key in _WITH_DEFAULTS:
         return _WITH_DEFAULTS[key][0]
     if key not in DATASETS:
-        raise unknown_name("dataset", name, [*DATASETS, "synthhop-hard"], _ALIASES)
+        raise unknown_name("dataset", name, [*DATASETS, *_DEFAULT_NAMES], _ALIASES)
     return key
 
 
@@ -79,8 +85,8 @@ def dataset_defaults(name: str) -> dict[str, Any]:
     """The loader options ``name`` stands for (``{"preset": "hard"}`` for ``synthhop-hard``),
     which a dataset's own keyword arguments override one by one.
 
-    >>> dataset_defaults("synthhop-hard"), dataset_defaults("synthhop")
-    ({'preset': 'hard'}, {})
+    >>> dataset_defaults("synthhop-hard"), dataset_defaults("synthhop"), dataset_defaults("NQ")
+    ({'preset': 'hard'}, {}, {'subset': 'nq'})
     """
     canonical_name(name)  # a typed error for an unknown name
     return dict(_WITH_DEFAULTS.get(_key(name), ("", {}))[1])
@@ -93,8 +99,9 @@ def load(
 
     Args:
         name: one of :data:`DATASETS` (``"synthhop"``, ``"hotpotqa"``, ``"2wikimultihopqa"``,
-            ``"musique"``, ``"bamboogle"``, ``"flashrag"``), or ``"synthhop-hard"`` (SynthHop
-            with ``preset="hard"`` unless ``kwargs`` name another).
+            ``"musique"``, ``"bamboogle"``, ``"flashrag"``), ``"synthhop-hard"`` (SynthHop
+            with ``preset="hard"`` unless ``kwargs`` name another), or ``"nq"``,
+            ``"triviaqa"``, ``"popqa"`` (FlashRAG's JSONL with that ``subset``).
         split: the split; for file-based loads a label (the file *is* the split), for SynthHop
             and the hub the split to take.
         path: a local file in the dataset's official format, or a folder of such files (read

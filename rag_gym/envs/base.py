@@ -361,8 +361,10 @@ class QAEnv(gym.Env):
             )
         if not any(ex.passages for ex in examples):
             raise ValueError(
-                f"{self.dataset} has no passages of its own; pass corpus='path/to/corpus.jsonl' "
-                "(a JSONL corpus of {id, contents} or {id, title, text} records)"
+                f"{self.dataset} has no passages of its own: give a corpus to search, as "
+                "corpus='path/to/corpus.jsonl' (a JSONL corpus of {id, contents} or {id, title, "
+                "text} records), index='path/to/index' (rag-gym index build) or "
+                "retriever='http://host:port' (rag-gym serve)"
             )
         pooled, examples = pooled_corpus(examples, name=f"{self.dataset}-{self.split}")
         return _SharedData(examples, pooled, corpus_mode or "pool", BM25Retriever(pooled))

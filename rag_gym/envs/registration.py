@@ -12,7 +12,10 @@ have a native vector entry point (:class:`~rag_gym.envs.vector.SearchVectorEnv`,
 one batched ``retrieve`` per step): ``gym.make_vec(id, num_envs=N,
 vectorization_mode="vector_entry_point")``. Ids of
 real datasets need a local file (``data_path=...``) unless the dataset is on the hub (HotpotQA);
-Bamboogle also needs ``corpus=...``.
+Bamboogle, NQ, TriviaQA and PopQA have no passages of their own and also need a corpus to search:
+``corpus=`` (a JSONL file), ``index=`` (a saved index) or ``retriever=`` (a server URL). Any id
+searches such a shared corpus instead of its questions' own paragraphs when given one (the
+open-domain setting).
 """
 
 from __future__ import annotations
@@ -85,6 +88,24 @@ _DATASETS = [
         {"dataset": "bamboogle", "split": "test"},
         False,
         "Bamboogle over a corpus you give (data_path=, corpus=)",
+    ),
+    (
+        "NQ",
+        {"dataset": "nq", "split": "test"},
+        False,
+        "Natural Questions, FlashRAG JSONL, over a corpus you give (data_path=, corpus=)",
+    ),
+    (
+        "TriviaQA",
+        {"dataset": "triviaqa", "split": "test"},
+        False,
+        "TriviaQA, FlashRAG JSONL, over a corpus you give (data_path=, corpus=)",
+    ),
+    (
+        "PopQA",
+        {"dataset": "popqa", "split": "test"},
+        False,
+        "PopQA, FlashRAG JSONL, over a corpus you give (data_path=, corpus=)",
     ),
 ]
 

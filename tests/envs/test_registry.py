@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import warnings
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -24,8 +25,30 @@ REAL = {
 }
 
 
+#: the open-domain sets: FlashRAG JSONL questions over a corpus of their own
+OPEN = ("NQ", "TriviaQA", "PopQA")
+
+
+def flashrag_fixture(tmp_path_factory) -> dict:
+    """A FlashRAG-format question file (``{id, question, golden_answers}``) and the corpus that
+    answers it, written from the small SynthHop world: ``data_path=`` and ``corpus=``."""
+    from rag_gym.data.synthhop import world_for
+
+    world = world_for(**SMALL_WORLD)
+    folder = tmp_path_factory.mktemp("flashrag")
+    rows = [
+        {"id": ex.id, "question": ex.question, "golden_answers": list(ex.answers)}
+        for ex in world.questions["test"]
+    ]
+    (folder / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    world.corpus.to_jsonl(folder / "corpus.jsonl")
+    return {"data_path": str(folder / "test.jsonl"), "corpus": str(folder / "corpus.jsonl")}
+
+
 def make_kwargs(env_id: str, tmp_path_factory) -> dict:
     stem = env_id.split("/")[1].split("-")[0]
+    if stem in OPEN:
+        return flashrag_fixture(tmp_path_factory)
     if stem == "SynthHop":
         preset = "hard" if "-Hard-" in env_id else "default"
         return {"dataset_kwargs": {"preset": preset, **SMALL_WORLD}}
@@ -41,9 +64,10 @@ def make_kwargs(env_id: str, tmp_path_factory) -> dict:
 
 def test_registry_is_complete():
     stems = ["SynthHop", "SynthHop-Hard", "HotpotQA", "2WikiMultiHopQA", "MuSiQue"]
-    assert env_ids("search") == [f"rag_gym/{s}-v0" for s in [*stems, "Bamboogle"]]
-    assert env_ids("tree") == [f"rag_gym/{s}-Tree-v0" for s in [*stems, "Bamboogle"]]
-    # Bamboogle has no passages of its own, so no reader env
+    corpus_only = ["Bamboogle", *OPEN]
+    assert env_ids("search") == [f"rag_gym/{s}-v0" for s in [*stems, *corpus_only]]
+    assert env_ids("tree") == [f"rag_gym/{s}-Tree-v0" for s in [*stems, *corpus_only]]
+    # Bamboogle and the open-domain sets have no passages of their own, so no reader env
     assert env_ids("reader") == [f"rag_gym/{s}-Reader-v0" for s in stems]
     steps = {"search": 20, "tree": 5, "reader": None}
     for kind, expected in steps.items():
@@ -197,3 +221,20 @@ def test_data_config_is_shared_by_every_env_class():
         SearchEnv({"dataset": "synthhop"})
     with pytest.raises(ValueError, match="expected no index argument for a ReaderEnv"):
         ReaderEnv(data, index="some/dir")
+
+
+@pytest.mark.parametrize("stem", OPEN)
+def test_open_domain_ids_read_flashrag_and_name_the_corpus_they_need(stem, tmp_path_factory):
+    kwargs = flashrag_fixture(tmp_path_factory)
+    env = gym.make(f"rag_gym/{stem}-v0", **kwargs)
+    assert env.unwrapped.corpus_mode == "corpus" and env.unwrapped.split == "test"
+    _, info = env.reset(seed=0)
+    rows = [json.loads(line) for line in Path(kwargs["data_path"]).read_text().splitlines()]
+    row = next(r for r in rows if r["id"] == info["question_id"])
+    assert info["question"] == row["question"]
+    assert list(env.unwrapped.current_example.answers) == row["golden_answers"]
+    env.close()
+    with pytest.raises(ValueError, match="give a corpus to search") as caught:
+        gym.make(f"rag_gym/{stem}-v0", data_path=kwargs["data_path"])
+    for way in ("corpus=", "index=", "retriever="):
+        assert way in str(caught.value)
