@@ -8,7 +8,7 @@ what each layer owns):
 ====================  ===============================================================
 layer                 modules
 ====================  ===============================================================
-foundation            ``_names``, ``metrics``, ``stats``, ``traces``: pure functions, no
+foundation            ``_names``, ``health``, ``metrics``, ``stats``, ``traces``: pure functions, no
                       rag_gym import
 data                  ``data``
 retrieval             ``retrieval`` (``server``, ``http`` and ``persist`` included)
@@ -50,7 +50,7 @@ from pathlib import Path
 import pytest
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("_names", "metrics", "stats", "traces"),
+    ("_names", "health", "metrics", "stats", "traces"),
     ("data",),
     ("retrieval",),
     ("envs",),

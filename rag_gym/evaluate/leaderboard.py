@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rag_gym import metrics
+from rag_gym import health, metrics
 from rag_gym.evaluate.run_folder import atomic_write, load_episodes, order_traces, protocol_text
 from rag_gym.stats import bootstrap_ci
 
@@ -36,6 +36,12 @@ COLUMNS = (
     ("refusal_answerable", "refuse|ans.", "{:.2f}"),
     ("tokens", "tokens/ep", "{:.1f}"),
     ("seconds", "s/ep", "{:.3f}"),
+    ("health_repeated_query", "repeated query", "{:.2f}"),
+    ("health_unparsable", "unparsable", "{:.2f}"),
+    ("health_truncated", "truncated", "{:.2f}"),
+    ("health_answered_unsearched", "answered unsearched", "{:.2f}"),
+    ("health_over_long", "over-long", "{:.2f}"),
+    ("health_refused_with_gold", "refused with gold", "{:.2f}"),
     ("bad_replies", "bad replies", "{}"),
     ("errors", "errors", "{}"),
     ("episodes", "episodes", "{}"),
@@ -99,6 +105,7 @@ def summarise(agent: str, episodes: list[dict[str, Any]], seconds: float) -> dic
         if episodes
         else 0.0,
         "seconds": seconds / max(len(episodes), 1),
+        **{f"health_{k}": v for k, v in health.rates(e.get("health") for e in episodes).items()},
         "bad_replies": sum(e.get("bad_replies", 0) for e in episodes),
         "errors": sum(e["error"] is not None for e in episodes),
         "episodes": len(episodes),

@@ -14,7 +14,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from rag_gym import metrics, traces
+from rag_gym import health, metrics, traces
 from rag_gym.agents.base import Agent
 
 #: the env id suffix of each agent kind ("text" agents play the search env through TextActions)
@@ -333,6 +333,15 @@ class EpisodeScheduler:
             missing = [g for g in rec["gold_ids"] if g not in running.passages]
             running.passages.update(traces.passages_of({}, _corpus_of(env), missing))
             rec["trace"] = {"steps": running.steps, "passages": running.passages}
+            if error is None:
+                budget = getattr(getattr(self.agent, "config", None), "max_tokens", None)
+                rec["health"] = health.episode_flags(
+                    running.steps,
+                    rec["actions"][-1] if rec["actions"] else None,
+                    rec["truncated"] and not rec["terminated"],
+                    rec["gold_ids"],
+                    budget if isinstance(budget, int) else None,
+                )
         self._record(running.order, rec)
 
     def step(self, slot: int, action: Any) -> None:

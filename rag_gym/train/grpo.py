@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rag_gym import health
 from rag_gym.train.episodes import (
     TextEnvSpec,
     default_tags,
@@ -479,6 +480,13 @@ class EnvRollout:
             "episode/groups_flat": float(len(flat_groups)),
             "episode/rollout_seconds": time.perf_counter() - started,
             **refusal_rates(episodes),
+            **{
+                f"health/{flag}": rate
+                for flag, rate in health.rates(
+                    _health_flags(e, self.engine.max_turn_tokens) for e in episodes
+                ).items()
+                if rate == rate  # nan: not known for this batch
+            },
         }
         return {
             "prompt_ids": [e.prompt_ids for e in episodes],
@@ -489,6 +497,19 @@ class EnvRollout:
             "reward_terms": [dict(e.reward_terms) for e in episodes],
             "num_searches": [e.num_searches for e in episodes],
         }
+
+
+def _health_flags(episode: Episode, max_turn_tokens: int | None) -> dict[str, bool | None]:
+    """:func:`rag_gym.health.episode_flags` of a rollout: an episode that did not end with an
+    answer or a refusal was cut (by the env's step limit, the token budget or the turns)."""
+    ended = episode.info.get("action_type")
+    return health.episode_flags(
+        episode.trace.get("steps", []),
+        ended,
+        ended not in ("ANSWER", "REFUSE"),
+        episode.trace.get("gold_ids", []),
+        max_turn_tokens,
+    )
 
 
 def refusal_rates(episodes: Sequence[Episode]) -> dict[str, float]:

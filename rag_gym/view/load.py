@@ -84,6 +84,7 @@ EPISODE_FIELDS = (
     "steps",
     "reward",
     "error",
+    "health",
 )
 
 

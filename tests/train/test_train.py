@@ -245,6 +245,12 @@ def test_dynamic_sampling_refills_groups_whose_returns_agree(tokenizer):
     # question 1's group is varied already (right, wrong); question 0's too, with HalfWrong
     assert rollout.last_stats["episode/groups_flat"] == 0
     assert out["episode_return"] == [1.0, 0.0, 1.0, 0.0]
+    # the batch's trajectory health is logged: every episode searched, then answered
+    from rag_gym.health import FLAGS
+
+    assert {f"health/{flag}" for flag in FLAGS} <= rollout.last_stats.keys()
+    assert rollout.last_stats["health/answered_unsearched"] == 0.0
+    assert rollout.last_stats["health/truncated"] == 0.0
 
     rollout.generator_for = lambda trainer, episodes: Scripted(tokenizer, answers)
     out = rollout([examples[0].id] * 2, Trainer())  # all right: flat

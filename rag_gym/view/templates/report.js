@@ -154,7 +154,12 @@
       el("p", {}, el("b", {}, "prediction: "), e.refused ? el("span", { class: "badge" }, "refused") : (e.prediction || "-"), " ",
         el("span", { class: "badge " + (isCorrect(e) ? "ok" : "bad") }, isCorrect(e) ? "correct" : "wrong"),
         " EM " + fmt(e.em, 2) + " · F1 " + fmt(e.f1, 2) + " · reward " + fmt(e.reward, 2) + " · " + fmt(e.tokens) + " tokens"),
+      healthOf(e),
       e.error ? el("p", { class: "badge bad" }, e.error) : null);
+  }
+  function healthOf(e) {
+    const flagged = Object.entries(e.health || {}).filter(([, v]) => v === true).map(([k]) => k.replace(/_/g, " "));
+    return flagged.length ? el("p", { class: "health" }, el("b", {}, "health: "), flagged.map(k => el("span", { class: "badge bad" }, k))) : null;
   }
   function stepsOrIds(e) {
     if (e.trace) return renderSteps(e.trace, e.gold_ids);
