@@ -81,19 +81,14 @@ def test_rates_leave_out_unknown_and_failed_episodes():
 
 def test_evaluate_records_the_flags_and_the_leaderboard_rates(tmp_path):
     from rag_gym.baselines import make_agent
-    from rag_gym.evaluate import EvalConfig, evaluate
+    from rag_gym.evaluate import evaluate
     from rag_gym.view import build_report
-    from tests.conftest import SMALL_WORLD, EchoLM
+    from tests.conftest import EchoLM
+    from tests.test_evaluate import config
 
-    config = EvalConfig(
-        n=6,
-        seed=1,
-        agents=("naive_rag", "random"),
-        env_kwargs={"dataset_kwargs": SMALL_WORLD},
-        out_dir=str(tmp_path),
-        run_name="run",
+    result = evaluate(
+        config(tmp_path, n=6), lambda name, env: make_agent(name, lm=EchoLM(reply="x"), seed=1)
     )
-    result = evaluate(config, lambda name, env: make_agent(name, lm=EchoLM(reply="x"), seed=1))
     episodes = [json.loads(line) for line in (tmp_path / "run" / "episodes.jsonl").open()]
     assert all(set(e["health"]) == set(FLAGS) for e in episodes)
     naive = [e for e in episodes if e["agent"] == "naive_rag"]
