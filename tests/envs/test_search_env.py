@@ -284,7 +284,9 @@ def test_render_ansi():
 
 @pytest.mark.shared_data
 def test_bamboogle_needs_a_corpus():
-    with pytest.raises(ValueError, match=r"pass corpus='path/to/corpus\.jsonl'"):
+    with pytest.raises(
+        ValueError, match=r"give a corpus to search, as corpus='path/to/corpus\.jsonl'"
+    ):
         gym.make("rag_gym/Bamboogle-v0", data_path=str(shared_file("bamboogle/bamboogle.jsonl")))
 
 
