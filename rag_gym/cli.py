@@ -302,12 +302,10 @@ def evaluate(
                     f"got {named}: drop them"
                 )
             # the run's own settings, but for options given here (evaluate checks they match)
-            fields = {o: f for o, (_, f) in OPTION_FIELDS["evaluate"].items()}
-            overrides = {
-                fields[o]: v
-                for o, v in ctx.params.items()
-                if o in fields and o not in ("out", "run_name") and given(o)
+            given_ = {
+                o: v for o, v in ctx.params.items() if given(o) and o not in ("out", "run_name")
             }
+            overrides = _fields("evaluate", EvalConfig, given_)
             if "agents" in overrides:
                 overrides["agents"] = agent_names
             env_options = {"data_path": "data_path", "corpus": "corpus", "index": "index", "k": "k"}
@@ -324,15 +322,12 @@ def evaluate(
             lm = config.lm_spec or lm
         else:
             config = EvalConfig(
-                env_id=env,
-                split=split,
-                n=n,
-                seed=seed,
-                agents=agent_names,
-                env_kwargs=env_kwargs_,
-                batch_size=batch_size,
-                out_dir=str(out),
-                run_name=run_name,
+                **{
+                    **_fields("evaluate", EvalConfig, ctx.params),
+                    "agents": agent_names,
+                    "env_kwargs": env_kwargs_,
+                    "out_dir": str(out),
+                }
             )
         check_run_dir(config, resume=resume is not None, overwrite=overwrite)
     except (TypeError, ValueError, OSError) as exc:

@@ -205,13 +205,19 @@ def trim_cut_line(path: Path) -> bool:
         ok = True
     except (json.JSONDecodeError, UnicodeDecodeError):
         ok = False
+    _mend_last_line(path, cut, whole=ok)
+    return not ok
+
+
+def _mend_last_line(path: Path, start: int, whole: bool) -> None:
+    """Mend the last line of ``path``, which lacks its newline and starts at byte ``start``: a
+    ``whole`` record gets the newline; a line cut by a kill is removed."""
     with open(path, "r+b") as f:
-        if ok:
+        if whole:
             f.seek(0, os.SEEK_END)
             f.write(b"\n")
         else:
-            f.truncate(cut)
-    return not ok
+            f.truncate(start)
 
 
 def _null(constant: str) -> None:
@@ -281,19 +287,16 @@ def read_jsonl(
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             ok, why = False, str(exc)
         if i == len(lines) and tail:
+            if policy == "repair":
+                _mend_last_line(path, len(data) - len(tail), whole=ok)
             if ok:
                 records.append((rec, i))
-                if policy == "repair":
-                    with open(path, "ab") as f:
-                        f.write(b"\n")
             else:
                 problem = (
                     f"{path}:{i}: skipped it: the last line was cut off (the run was stopped "
                     "while writing it)"
                 )
                 if policy == "repair":
-                    with open(path, "r+b") as f:
-                        f.truncate(len(data) - len(tail))
                     problem += f"; removed it from the file ({len(tail)} bytes)"
                 problems.append(problem)
         elif ok:

@@ -50,14 +50,12 @@ _ALIASES = {
 #: rather than replace: ``gym.make("rag_gym/SynthHop-Hard-v0", dataset_kwargs={"n_questions":
 #: ...})`` keeps the hard world (Gymnasium merges ``gym.make`` keyword arguments one level deep).
 _WITH_DEFAULTS: dict[str, tuple[str, dict[str, Any]]] = {
-    "synthhophard": ("synthhop", {"preset": "hard"}),
+    "synthhop-hard": ("synthhop", {"preset": "hard"}),
     # the open-domain sets in FlashRAG's JSONL (``subset``: their hub name)
     "nq": ("flashrag", {"subset": "nq"}),
     "triviaqa": ("flashrag", {"subset": "triviaqa"}),
     "popqa": ("flashrag", {"subset": "popqa"}),
 }
-#: the names of :data:`_WITH_DEFAULTS`, as they are written
-_DEFAULT_NAMES = ("synthhop-hard", "nq", "triviaqa", "popqa")
 
 
 def _key(name: str) -> str:
@@ -67,6 +65,10 @@ def _key(name: str) -> str:
     return _ALIASES.get(key, key)
 
 
+#: :data:`_WITH_DEFAULTS` by the key :func:`_key` makes of a name
+_DEFAULTS_BY_KEY = {_key(name): value for name, value in _WITH_DEFAULTS.items()}
+
+
 def canonical_name(name: str) -> str:
     """The registered dataset name for ``name`` (case-insensitive, common aliases accepted).
 
@@ -74,10 +76,10 @@ def canonical_name(name: str) -> str:
     ('synthhop', 'hotpotqa')
     """
     key = _key(name)
-    if key in _WITH_DEFAULTS:
-        return _WITH_DEFAULTS[key][0]
+    if key in _DEFAULTS_BY_KEY:
+        return _DEFAULTS_BY_KEY[key][0]
     if key not in DATASETS:
-        raise unknown_name("dataset", name, [*DATASETS, *_DEFAULT_NAMES], _ALIASES)
+        raise unknown_name("dataset", name, [*DATASETS, *_WITH_DEFAULTS], _ALIASES)
     return key
 
 
@@ -89,7 +91,7 @@ def dataset_defaults(name: str) -> dict[str, Any]:
     ({'preset': 'hard'}, {}, {'subset': 'nq'})
     """
     canonical_name(name)  # a typed error for an unknown name
-    return dict(_WITH_DEFAULTS.get(_key(name), ("", {}))[1])
+    return dict(_DEFAULTS_BY_KEY.get(_key(name), ("", {}))[1])
 
 
 def load(
