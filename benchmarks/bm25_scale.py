@@ -3,6 +3,7 @@
     python benchmarks/bm25_scale.py --sizes 1000000                      # SynthHop, 1M passages
     python benchmarks/bm25_scale.py --sizes 1000000 21000000 --memory 8GB  # the 21M targets
     python benchmarks/bm25_scale.py --corpus wiki-18.jsonl --queries-file questions.jsonl
+    python benchmarks/bm25_scale.py --sizes 1000000 --against HEAD~1 --no-tantivy  # a change's cost
 
 For each corpus (a SynthHop "hard" world of each ``--sizes``, written as ``{id, contents}``
 JSONL, or the ``--corpus`` file), each step in a fresh process so that memory figures do not mix:
@@ -24,6 +25,12 @@ JSONL, or the ``--corpus`` file), each step in a fresh process so that memory fi
   rag-gym's tokenizer drops (bm25s's English list), so both engines score the same words; and it
   searches with ``count=False``: tantivy-py counts every match by default, which puts a counting
   collector beside the top-k one and turns off tantivy's block-max WAND pruning.
+
+With ``--against REV``, the serve step also runs on the same index with the ``rag_gym`` package
+of git revision ``REV`` (extracted to a temporary folder and put first on ``PYTHONPATH``),
+alternating with this tree's (``--against-rounds`` times each, the best of each kept): every
+figure is printed for both with this tree's ratio to ``REV``'s, and both must return the same
+top-k. The index is built once, by this tree.
 
 The targets print MET or MISSED at the end. Other processes slow everything down; the load
 average is printed at the start and the end, and every ratio is measured within one run.
@@ -114,7 +121,10 @@ def load_queries(path: str, n: int) -> list[str]:
 
 
 def cell_serve(args, out: dict) -> None:
+    import rag_gym
     from rag_gym.retrieval import BM25Retriever
+
+    out["package"] = str(Path(rag_gym.__file__).parent)
 
     before = rss()["VmRSS"]
     t0 = time.perf_counter()
@@ -248,7 +258,9 @@ CELLS = {
 }
 
 
-def run_cell(cell: str, args, **paths) -> dict:
+def run_cell(cell: str, args, package: Path | None = None, **paths) -> dict:
+    """Run one cell in a fresh process; with ``package``, a folder holding another ``rag_gym``,
+    that one is imported instead of this tree's."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         result = Path(f.name)
     cmd = [sys.executable, __file__, "--cell", cell, "--result", str(result)]
@@ -256,7 +268,13 @@ def run_cell(cell: str, args, **paths) -> dict:
         cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     for name, value in paths.items():
         cmd += [f"--{name.replace('_', '-')}", str(value)]
-    proc = subprocess.run(cmd, check=False)
+    env = None
+    if package is not None:
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(package), os.environ.get("PYTHONPATH", "")]),
+        }
+    proc = subprocess.run(cmd, check=False, env=env)
     try:
         out = json.loads(result.read_text() or "{}")
     finally:
@@ -264,6 +282,54 @@ def run_cell(cell: str, args, **paths) -> dict:
     if proc.returncode != 0:
         print(f"  the {cell} step failed (exit {proc.returncode})")
     return out
+
+
+def extract_revision(rev: str, into: Path) -> Path:
+    """The ``rag_gym`` package of git revision ``rev`` of this repository, written under
+    ``into``; a revision git does not know is an error naming it."""
+    repo = Path(__file__).resolve().parent.parent
+    archive = subprocess.run(
+        ["git", "-C", str(repo), "archive", "--format=tar", rev, "rag_gym"],
+        capture_output=True,
+        check=False,
+    )
+    if archive.returncode != 0:
+        raise SystemExit(f"--against {rev}: git cannot read it ({archive.stderr.decode().strip()})")
+    into.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return into
+
+
+def best_serve(runs: list[dict]) -> dict:
+    """The serve figures of several runs of one tree: the first run's, with each throughput the
+    best of the runs."""
+    runs = [r for r in runs if r]
+    if not runs:
+        return {}
+    out = dict(runs[0])
+    for key in ("batched_qps", "single_qps", "first_pass_qps"):
+        out[key] = max(r[key] for r in runs)
+    out["kernels_qps"] = {
+        name: max(r["kernels_qps"][name] for r in runs) for name in runs[0]["kernels_qps"]
+    }
+    return out
+
+
+def show_against(rev: str, now: dict, then: dict) -> None:
+    """Each throughput of this tree beside ``rev``'s, with the ratio."""
+    if not now or not then:
+        print(f"  against {rev}: incomplete (see above)")
+        return
+    rows = [
+        (key.removesuffix("_qps").replace("_", " "), now[key], then[key])
+        for key in ("batched_qps", "single_qps", "first_pass_qps")
+    ]
+    rows += [
+        (f"kernel {name}", q, then["kernels_qps"][name]) for name, q in now["kernels_qps"].items()
+    ]
+    print(f"  this tree against {rev} ({then['package']}), same index and queries, q/s:")
+    for name, a, b in rows:
+        print(f"    {name}: {a:,.0f} now, {b:,.0f} at {rev}: {a / b:.3f}x")
 
 
 def show(name: str, build: dict, serve: dict) -> None:
@@ -303,6 +369,10 @@ def main() -> None:
     parser.add_argument("--no-tantivy", action="store_true")
     parser.add_argument("--work-dir", default=tempfile.gettempdir())
     parser.add_argument("--keep", action="store_true", help="keep corpora and indexes")
+    parser.add_argument(
+        "--against", metavar="REV", help="also serve with git revision REV's rag_gym"
+    )
+    parser.add_argument("--against-rounds", type=int, default=2, help="serve runs of each tree")
     parser.add_argument("--cell", choices=sorted(CELLS), help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument("--size", type=int, help=argparse.SUPPRESS)
@@ -354,7 +424,26 @@ def main() -> None:
             }
             build = run_cell("build", args, index=work / "rag-gym", **common)
             serve = run_cell("serve", args, index=work / "rag-gym", **common) if build else {}
-            show("rag-gym", build, serve)
+            if args.against and serve:
+                package = extract_revision(args.against, work / "against")
+                then_top = work / "top-against.json"
+                nows, thens = [serve], []
+                for i in range(args.against_rounds):
+                    thens.append(
+                        run_cell(
+                            "serve",
+                            args,
+                            package,
+                            index=work / "rag-gym",
+                            **{**common, "topk_file": then_top},
+                        )
+                    )
+                    if i + 1 < args.against_rounds:
+                        nows.append(run_cell("serve", args, index=work / "rag-gym", **common))
+                serve, then = best_serve(nows), best_serve(thens)
+                same = then and then_top.read_text() == common["topk_file"].read_text()
+                show_against(args.against, serve, then)
+                print(f"  top-k identical to {args.against}'s: {'yes' if same else 'NO'}")
             if "kernels_qps" in serve:
                 kq = serve["kernels_qps"]
                 ratios = (

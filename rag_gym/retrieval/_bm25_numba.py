@@ -18,6 +18,8 @@ pruned kernel reuse them without clearing. Every kernel releases the GIL.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit
 
@@ -25,6 +27,91 @@ from rag_gym.retrieval.bm25_format import BLOCK, block_pointers
 
 STAMP_LIMIT = 2**31 - 8
 """Stamps are int32; the clock restarts (and the stamps are reset) before reaching this."""
+
+
+class Postings(NamedTuple):
+    """The index's arrays every top-``k`` kernel reads (numba types a named tuple by its fields'
+    types, so each kernel is compiled once per index layout)."""
+
+    data: np.ndarray
+    """bm25s's CSC columns: token ``t``'s contributions are ``data[indptr[t]:indptr[t + 1]]``,"""
+    indices: np.ndarray
+    """the passages they belong to (sorted within a column in a prunable index),"""
+    indptr: np.ndarray
+    """and each column's start."""
+    token_max: np.ndarray
+    """Each token's largest contribution (:func:`block_facts`)."""
+    id_rank: np.ndarray
+    """Each passage's rank by id: the tie-breaker."""
+    by_rank: np.ndarray
+    """The passages in id-rank order (``by_rank[id_rank[d]] == d``)."""
+
+
+class Blocks(NamedTuple):
+    """The block-max kernel's block arrays (:func:`compute_blocks`, :func:`block_min_rank`,
+    :func:`best_blocks`)."""
+
+    block: int
+    """Postings per block."""
+    block_ptr: np.ndarray
+    """Token ``t``'s blocks are ``block_ptr[t]:block_ptr[t + 1]``,"""
+    block_max: np.ndarray
+    """each with its largest contribution,"""
+    block_last: np.ndarray
+    """its last passage,"""
+    block_rank: np.ndarray
+    """and its passages' smallest id rank."""
+    best_block: np.ndarray
+    """Each token's first block holding its list's maximum."""
+
+
+class Bounds(NamedTuple):
+    """The block-max kernel's length, pair and superblock bounds for one batch of queries
+    (:func:`length_bounds`, :func:`pair_bounds`, :func:`super_blocks`; :func:`no_length_bounds`
+    switches them off, :func:`no_pair_bounds` and :func:`no_super_blocks` their parts)."""
+
+    doc_len: np.ndarray
+    """Each passage's BM25 length (empty: length bounds off)."""
+    block_minlen: np.ndarray
+    """Each block's shortest passage, clipped to :data:`LENGTH_CAP`."""
+    token_row: np.ndarray
+    """Each query token occurrence's length-table row (-1: none)."""
+    len_bound: np.ndarray
+    """``len_bound[row, L]``: the row's largest contribution to a passage at least ``L`` long."""
+    pair_bound: np.ndarray
+    """``pair_bound[row(a), row(b)]``: ``b``'s largest contribution to a passage holding ``a``
+    (-1: not computed; shape (0, 0): pair bounds off)."""
+    sb_off: np.ndarray
+    """Each row's first superblock (-1: none),"""
+    sb_max: np.ndarray
+    """and per superblock its largest contribution,"""
+    sb_last: np.ndarray
+    """last passage,"""
+    sb_rank: np.ndarray
+    """smallest id rank,"""
+    sb_minlen: np.ndarray
+    """and shortest passage."""
+
+
+class Queries(NamedTuple):
+    """A batch of queries: query ``q``'s token ids are ``tokens[token_ptr[q]:token_ptr[q + 1]]``,
+    its per-query constant ``base[q]`` (non-zero for bm25l and bm25+ only) and its excluded
+    positions ``excluded[excluded_ptr[q]:excluded_ptr[q + 1]]``."""
+
+    tokens: np.ndarray
+    token_ptr: np.ndarray
+    base: np.ndarray
+    excluded: np.ndarray
+    excluded_ptr: np.ndarray
+
+
+class TopK(NamedTuple):
+    """Where the kernels write: ``n[q]`` results of query ``q``, best first, in ``pos[q]``
+    (corpus positions) and ``scores[q]``."""
+
+    pos: np.ndarray
+    scores: np.ndarray
+    n: np.ndarray
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -77,11 +164,12 @@ def _push(hs, hr, hp, size, k, score, rank, pos) -> int:
 
 
 @njit(nogil=True, cache=True)
-def _pop_into(hs, hr, hp, size, out_pos, out_scores, q) -> None:
-    # pop the worst first, filling row q from the back: best first
+def _pop_into(hs, hr, hp, size, out, q) -> None:
+    # pop the worst first, filling row q of ``out`` (TopK) from the back: best first
+    out.n[q] = size
     for i in range(size - 1, -1, -1):
-        out_pos[q, i] = hp[0]
-        out_scores[q, i] = hs[0]
+        out.pos[q, i] = hp[0]
+        out.scores[q, i] = hs[0]
         hs[0] = hs[i]
         hr[0] = hr[i]
         hp[0] = hp[i]
@@ -108,29 +196,40 @@ def _fill_untouched(hs, hr, hp, size, k, b, by_rank, stamp, gone) -> int:
 
 
 @njit(nogil=True, cache=True)
-def top_k_dense(
-    data,
-    indices,
-    indptr,
-    id_rank,
-    tokens,
-    token_ptr,
-    base,
-    excluded,
-    excluded_ptr,
-    k,
-    scores,
-    out_pos,
-    out_scores,
-    out_n,
-) -> None:
-    """Top-``k`` of each query from its full score array (any index: no assumption on signs or
-    order). Query ``q``'s token ids are ``tokens[token_ptr[q]:token_ptr[q + 1]]``, its excluded
-    positions ``excluded[excluded_ptr[q]:excluded_ptr[q + 1]]``; ``out_n[q]`` results, best
-    first, go to ``out_pos[q]`` and ``out_scores[q]``. ``scores`` is scratch of corpus size."""
-    hs = np.empty(k, dtype=scores.dtype)
-    hr = np.empty(k, dtype=np.int64)
-    hp = np.empty(k, dtype=np.int64)
+def _new_heap(k, like):
+    # a k-slot heap of (score, id rank, position), scores of ``like``'s dtype
+    return np.empty(k, dtype=like.dtype), np.empty(k, dtype=np.int64), np.empty(k, dtype=np.int64)
+
+
+@njit(nogil=True, cache=True)
+def _open_query(stamp, clock, queries, q) -> int:
+    """A fresh stamp ``s`` for query ``q`` (``s + 1`` marks a passage gone), with ``q``'s
+    excluded passages marked gone; the clock restarts (every stamp reset) before it overflows."""
+    if clock[0] >= STAMP_LIMIT:
+        stamp[:] = -1
+        clock[0] = 0
+    s = clock[0]
+    clock[0] = s + 2
+    for j in range(queries.excluded_ptr[q], queries.excluded_ptr[q + 1]):
+        stamp[queries.excluded[j]] = s + 1
+    return s
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _rounding_margin(m, total):
+    # more than any float32 rounding of a sum of m + 1 terms whose magnitudes add up to ``total``
+    return (m + 2) * 2.0**-22 * total
+
+
+@njit(nogil=True, cache=True)
+def top_k_dense(index, queries, k, scores, out) -> None:
+    """Top-``k`` of each of ``queries`` (:class:`Queries`) from its full score array (any
+    ``index``, a :class:`Postings`: no assumption on signs or order), into ``out``
+    (:class:`TopK`). ``scores`` is scratch of corpus size."""
+    data, indices, indptr, id_rank = index.data, index.indices, index.indptr, index.id_rank
+    tokens, token_ptr, base = queries.tokens, queries.token_ptr, queries.base
+    excluded, excluded_ptr = queries.excluded, queries.excluded_ptr
+    hs, hr, hp = _new_heap(k, scores)
     for q in range(token_ptr.shape[0] - 1):
         scores[:] = 0
         for t in range(token_ptr[q], token_ptr[q + 1]):
@@ -148,8 +247,7 @@ def top_k_dense(
             if size == k and (v < hs[0] or (v == hs[0] and id_rank[d] > hr[0])):
                 continue
             size = _push(hs, hr, hp, size, k, v, id_rank[d], d)
-        out_n[q] = size
-        _pop_into(hs, hr, hp, size, out_pos, out_scores, q)
+        _pop_into(hs, hr, hp, size, out, q)
 
 
 @njit(nogil=True, cache=True)
@@ -237,28 +335,7 @@ def _exact(data, indices, indptr, tokens, t0, t1, d, zero):
 
 
 @njit(nogil=True, cache=True)
-def top_k_pruned(
-    data,
-    indices,
-    indptr,
-    token_max,
-    id_rank,
-    by_rank,
-    tokens,
-    token_ptr,
-    base,
-    excluded,
-    excluded_ptr,
-    k,
-    acc,
-    stamp,
-    cand,
-    count,
-    clock,
-    out_pos,
-    out_scores,
-    out_n,
-) -> None:
+def top_k_pruned(index, queries, k, acc, stamp, cand, count, clock, out) -> None:
     """:func:`top_k_dense`'s results, bit for bit, reading far fewer postings; needs every
     ``data`` value >= 0 and each posting list sorted by passage (bm25s's CSC layout).
 
@@ -273,21 +350,16 @@ def top_k_pruned(
     margin of ``delta``, larger than any float32 rounding of the sums, so a discarded passage
     scores strictly below ``k`` kept ones and cannot even tie with them.
     """
-    hs = np.empty(k, dtype=acc.dtype)
-    hr = np.empty(k, dtype=np.int64)
-    hp = np.empty(k, dtype=np.int64)
+    data, indices, indptr = index.data, index.indices, index.indptr
+    token_max, id_rank, by_rank = index.token_max, index.id_rank, index.by_rank
+    tokens, token_ptr, base = queries.tokens, queries.token_ptr, queries.base
+    hs, hr, hp = _new_heap(k, acc)
     kth = np.empty(k, dtype=acc.dtype)
     kth_docs = np.empty(k, dtype=np.int64)
     zero = np.zeros(1, dtype=acc.dtype)[0]
     for q in range(token_ptr.shape[0] - 1):
-        if clock[0] >= STAMP_LIMIT:
-            stamp[:] = -1
-            clock[0] = 0
-        hit = clock[0]
+        hit = _open_query(stamp, clock, queries, q)
         gone = hit + 1
-        clock[0] = hit + 2
-        for j in range(excluded_ptr[q], excluded_ptr[q + 1]):
-            stamp[excluded[j]] = gone
         t0, t1 = token_ptr[q], token_ptr[q + 1]
         m = t1 - t0
         # token occurrences by decreasing largest contribution (insertion sort: m is small)
@@ -302,7 +374,7 @@ def top_k_pruned(
         rest = 0.0
         for i in range(t0, t1):
             rest += token_max[tokens[i]]
-        delta = (m + 2) * 2.0**-22 * rest
+        delta = _rounding_margin(m, rest)
         admitting = True
         n_cand = 0
         theta = -np.inf
@@ -408,8 +480,7 @@ def top_k_pruned(
         if admitting:
             # every touched passage was a candidate; the rest score b exactly
             size = _fill_untouched(hs, hr, hp, size, k, b, by_rank, stamp, gone)
-        out_n[q] = size
-        _pop_into(hs, hr, hp, size, out_pos, out_scores, q)
+        _pop_into(hs, hr, hp, size, out, q)
 
 
 @njit(nogil=True, cache=True)
@@ -463,51 +534,31 @@ def warm_up(data, indices, indptr, id_rank, doc_len=None) -> None:
         return out
 
     d, ix, ip, rank = like(data, [1]), like(indices, [0]), like(indptr, [0, 1]), like(id_rank, [0])
-    token_max = np.zeros(1, dtype=np.float64)
-    index_facts(d, ix, ip, token_max)
+    index_facts(d, ix, ip, np.zeros(1, dtype=np.float64))
     tok, ptr, none = np.zeros(1, np.int64), np.array([0, 1], np.int64), np.zeros(2, np.int64)
     base = np.zeros(1, dtype=data.dtype)
-    out = (np.zeros((1, 1), np.int64), np.zeros((1, 1), data.dtype), np.zeros(1, np.int64))
+    out = TopK(np.zeros((1, 1), np.int64), np.zeros((1, 1), data.dtype), np.zeros(1, np.int64))
     scratch = new_scratch(1, data.dtype)
     blocks = compute_blocks(d, ix, ip)
     blocks["block_rank"] = block_min_rank(ix, ip, blocks, rank)
-    query = (
-        d,
-        ix,
-        ip,
-        blocks["token_max"],
-        blocks["block"],
-        blocks["block_ptr"],
-        blocks["block_max"],
-        blocks["block_last"],
-        blocks["block_rank"],
-        best_blocks(blocks),
-        rank,
-        rank,
-        tok,
-        ptr,
-        base,
-        none[:0],
-        none,
-        1,
-        scratch[1],
-        scratch[4],
-        *out,
+    blocks["best_block"] = best_blocks(blocks)
+    index = Postings(d, ix, ip, blocks["token_max"], rank, rank)
+    queries = Queries(tok, ptr, base, none[:0], none)
+    for_blocks = block_arrays(blocks)
+    top_k_blockmax(
+        index, for_blocks, no_length_bounds(data.dtype), queries, 1, scratch[1], scratch[4], out
     )
-    top_k_blockmax(*query, *no_length_bounds(data.dtype))
     lengths = like(doc_len, [1]) if doc_len is not None else np.ones(1, dtype=np.int32)
     state: dict = {}
     minlen, rows, table = length_bounds(tok, d, ix, ip, blocks, lengths, state)
     pairs = pair_bounds(tok, ptr, rows, d, ix, ip, state)
     supers = super_blocks(tok, rows, blocks, state)
-    top_k_blockmax(*query, lengths, minlen, rows, table, pairs, *supers)
-    blocks["best_block"] = best_blocks(blocks)
+    bounds = Bounds(lengths, minlen, rows, table, pairs, *supers)
+    top_k_blockmax(index, for_blocks, bounds, queries, 1, scratch[1], scratch[4], out)
     check_lists(tok, ip, ix, 1, blocks, np.zeros(1, np.uint8))
     check_lists(tok, ip, ix, 1, None, np.zeros(1, np.uint8))
-    top_k_pruned(
-        d, ix, ip, token_max, rank, rank, tok, ptr, base, none[:0], none, 1, *scratch, *out
-    )
-    top_k_dense(d, ix, ip, rank, tok, ptr, base, none[:0], none, 1, scratch[0], *out)
+    top_k_pruned(index, queries, 1, *scratch, out)
+    top_k_dense(index, queries, 1, scratch[0], out)
     full_scores(d, ix, ip, tok, np.zeros(1, dtype=data.dtype))
 
 
@@ -598,43 +649,93 @@ def _find_blocked(indices, lo, hi, block, b_lo, b_hi, block_last, d) -> int:
 
 
 @njit(nogil=True, cache=True)
-def top_k_blockmax(
-    data,
-    indices,
-    indptr,
-    token_max,
-    block,
-    block_ptr,
-    block_max,
-    block_last,
-    block_rank,
-    best_block,
-    id_rank,
-    by_rank,
-    tokens,
-    token_ptr,
-    base,
-    excluded,
-    excluded_ptr,
-    k,
-    stamp,
-    clock,
-    out_pos,
-    out_scores,
-    out_n,
-    doc_len,
-    block_minlen,
-    token_row,
-    len_bound,
-    pair_bound,
-    sb_off,
-    sb_max,
-    sb_last,
-    sb_rank,
-    sb_minlen,
-) -> None:
+def _distinct_tokens(tokens, t0, t1, token_row, use_len):
+    """The distinct tokens ``tok[:n_u]`` of the query ``tokens[t0:t1]``, each one's multiplicity
+    and length-table row (-1: its list's maximum bounds it), and each occurrence's index into
+    them: ``(tok, mult, occ, row, n_u)``."""
+    m = t1 - t0
+    tok = np.empty(m, dtype=np.int64)
+    mult = np.zeros(m, dtype=np.int64)
+    occ = np.empty(m, dtype=np.int64)
+    row = np.empty(m, dtype=np.int64)
+    n_u = 0
+    for i in range(m):
+        t = tokens[t0 + i]
+        u = 0
+        while u < n_u and tok[u] != t:
+            u += 1
+        if u == n_u:
+            tok[u] = t
+            row[u] = token_row[t0 + i] if use_len else -1
+            n_u += 1
+        mult[u] += 1
+        occ[i] = u
+    return tok, mult, occ, row, n_u
+
+
+@njit(nogil=True, cache=True)
+def _head_start(index, blocks, tok, occ, k, b, stamp, seen, hs, hr, hp) -> int:
+    """Push the k largest contributions of each list's best block (its first block holding the
+    list's maximum) onto the heap, each passage scored exactly (its contributions from the lists
+    ``tok``, in the query's order ``occ``, plus ``b``) and stamped ``seen``; passages stamped
+    gone (``seen + 1``) are skipped. Returns the heap's size."""
+    data, indices, indptr = index.data, index.indices, index.indptr
+    block, block_ptr, block_last = blocks.block, blocks.block_ptr, blocks.block_last
+    n_u = tok.shape[0]
+    contrib = np.zeros(n_u, dtype=hs.dtype)
+    hit = np.zeros(n_u, dtype=np.bool_)
+    zero = np.zeros(1, dtype=hs.dtype)[0]
+    gone = seen + 1
+    size = 0
+    taken = np.empty(block, dtype=np.bool_)
+    for u in range(n_u):
+        lo_b, hi_b = block_ptr[tok[u]], block_ptr[tok[u] + 1]
+        if lo_b == hi_b:
+            continue
+        start = indptr[tok[u]] + (blocks.best_block[tok[u]] - lo_b) * block
+        stop = min(start + block, indptr[tok[u] + 1])
+        taken[:] = False
+        for _ in range(min(k, stop - start)):
+            j = -1
+            for i in range(start, stop):
+                if not taken[i - start] and (j < 0 or data[i] > data[j]):
+                    j = i
+            taken[j - start] = True
+            d = indices[j]
+            if stamp[d] == gone or stamp[d] == seen:
+                continue
+            stamp[d] = seen
+            for v in range(n_u):
+                t = tok[v]
+                p = _find_blocked(
+                    indices,
+                    indptr[t],
+                    indptr[t + 1],
+                    block,
+                    block_ptr[t],
+                    block_ptr[t + 1],
+                    block_last,
+                    d,
+                )
+                if p >= 0:
+                    contrib[v] = data[p]
+                    hit[v] = True
+            s = zero
+            for i in range(occ.shape[0]):
+                if hit[occ[i]]:
+                    s += contrib[occ[i]]
+            for v in range(n_u):
+                hit[v] = False
+            size = _push(hs, hr, hp, size, k, s + b, index.id_rank[d], d)
+    return size
+
+
+@njit(nogil=True, cache=True)
+def top_k_blockmax(index, blocks, bounds, queries, k, stamp, clock, out) -> None:
     """:func:`top_k_dense`'s results, bit for bit, reading a fraction of the postings; needs
-    :func:`block_facts`'s arrays and an index it accepted (contributions >= 0, sorted lists).
+    ``blocks`` (:class:`Blocks`) and an ``index`` (:class:`Postings`) that :func:`block_facts`
+    accepted (contributions >= 0, sorted lists); ``bounds`` (:class:`Bounds`) are the length,
+    pair and superblock bounds of ``queries``' tokens, or none (:func:`no_length_bounds`).
 
     Document-at-a-time block-max MaxScore (Turtle & Flood 1995; Ding & Suel 2011; Mallia et al.
     2019). A repeated query token is one posting list whose bound counts it that many times.
@@ -687,43 +788,29 @@ def top_k_blockmax(
     ``sb_off`` each row's first), then over blocks (see the comments in the scan), so that a scan
     of thousands of tied passages costs a few checks per superblock, not one per block.
     """
-    hs = np.empty(k, dtype=out_scores.dtype)
-    hr = np.empty(k, dtype=np.int64)
-    hp = np.empty(k, dtype=np.int64)
-    zero = np.zeros(1, dtype=out_scores.dtype)[0]
+    data, indices, indptr = index.data, index.indices, index.indptr
+    token_max, id_rank, by_rank = index.token_max, index.id_rank, index.by_rank
+    block, block_ptr, block_max = blocks.block, blocks.block_ptr, blocks.block_max
+    block_last, block_rank = blocks.block_last, blocks.block_rank
+    doc_len, block_minlen, len_bound = bounds.doc_len, bounds.block_minlen, bounds.len_bound
+    sb_off, sb_max, sb_last = bounds.sb_off, bounds.sb_max, bounds.sb_last
+    sb_rank, sb_minlen = bounds.sb_rank, bounds.sb_minlen
+    token_ptr, base = queries.token_ptr, queries.base
+    hs, hr, hp = _new_heap(k, out.scores)
+    zero = np.zeros(1, dtype=out.scores.dtype)[0]
     big = np.iinfo(np.int64).max
     use_len = doc_len.shape[0] > 0
-    use_pair = use_len and pair_bound.shape[0] > 0
+    use_pair = use_len and bounds.pair_bound.shape[0] > 0
     cap = len_bound.shape[1] - 1
     for q in range(token_ptr.shape[0] - 1):
-        if clock[0] >= STAMP_LIMIT:
-            stamp[:] = -1
-            clock[0] = 0
-        seen = clock[0]
+        seen = _open_query(stamp, clock, queries, q)
         gone = seen + 1
-        clock[0] = seen + 2
-        for j in range(excluded_ptr[q], excluded_ptr[q + 1]):
-            stamp[excluded[j]] = gone
         t0, t1 = token_ptr[q], token_ptr[q + 1]
         m = t1 - t0
         b = base[q]
-        # distinct tokens (u), with their multiplicity, and each occurrence's u
-        tok = np.empty(m, dtype=np.int64)
-        mult = np.zeros(m, dtype=np.int64)
-        occ = np.empty(m, dtype=np.int64)
-        row = np.empty(m, dtype=np.int64)  # length-bound row, -1: the list's maximum
-        n_u = 0
-        for i in range(m):
-            t = tokens[t0 + i]
-            u = 0
-            while u < n_u and tok[u] != t:
-                u += 1
-            if u == n_u:
-                tok[u] = t
-                row[u] = token_row[t0 + i] if use_len else -1
-                n_u += 1
-            mult[u] += 1
-            occ[i] = u
+        tok, mult, occ, row, n_u = _distinct_tokens(
+            queries.tokens, t0, t1, bounds.token_row, use_len
+        )
         bound = np.empty(n_u, dtype=np.float64)
         for u in range(n_u):
             bound[u] = mult[u] * token_max[tok[u]]
@@ -734,7 +821,7 @@ def top_k_blockmax(
         for i in range(n_u):
             total += bound[ord_[i]]
             prefix[i] = total
-        delta = (m + 2) * 2.0**-22 * (total + abs(b))
+        delta = _rounding_margin(m, total + abs(b))
         margin = b + 2 * delta
         pos = np.empty(n_u, dtype=np.int64)
         end = np.empty(n_u, dtype=np.int64)
@@ -745,74 +832,34 @@ def top_k_blockmax(
             end[u] = indptr[tok[u] + 1]
             bcur[u] = block_ptr[tok[u]]
             bend[u] = block_ptr[tok[u] + 1]
-        contrib = np.zeros(n_u, dtype=out_scores.dtype)
+        contrib = np.zeros(n_u, dtype=out.scores.dtype)
         hit = np.zeros(n_u, dtype=np.bool_)
         ess = np.zeros(n_u, dtype=np.bool_)
         noness = np.zeros(n_u, dtype=np.bool_)
-        tmax = np.empty(n_u, dtype=out_scores.dtype)
+        tmax = np.empty(n_u, dtype=out.scores.dtype)
         for u in range(n_u):
             tmax[u] = token_max[tok[u]]  # a float32 maximum, so exact
-        lb = np.empty(n_u, dtype=out_scores.dtype)  # each list's bound at one length
+        lb = np.empty(n_u, dtype=out.scores.dtype)  # each list's bound at one length
         # pb[e, v]: v's bound on a passage holding e; this query uses pair bounds (and the
         # wide ranges) only where one of them is at most half its list's maximum
         pq = False
-        pb = np.empty((n_u if use_pair else 0, n_u), dtype=out_scores.dtype)
+        pb = np.empty((n_u if use_pair else 0, n_u), dtype=out.scores.dtype)
         if use_pair:
             for e in range(n_u):
                 for v in range(n_u):
-                    pb[e, v] = tmax[v] if e == v else _pair_at(pair_bound, row[e], row[v], tmax[v])
+                    pb[e, v] = (
+                        tmax[v] if e == v else _pair_at(bounds.pair_bound, row[e], row[v], tmax[v])
+                    )
                     if e != v and 2 * pb[e, v] <= tmax[v]:
                         pq = True
-        umax = np.empty(n_u, dtype=out_scores.dtype)  # the wide ranges' units of the lists
+        umax = np.empty(n_u, dtype=out.scores.dtype)  # the wide ranges' units of the lists
         ulast = np.empty(n_u, dtype=np.int64)
         urank = np.empty(n_u, dtype=np.int64)
         ulen = np.empty(n_u, dtype=np.int64)
         lrest = np.empty(n_u + 1, dtype=np.float64)
-        size = 0
         # a head start: the k largest contributions of each list's best block, scored exactly,
-        # set a k-th best score that lets the scan below skip from its first passage on (a
-        # passage scored here is "seen")
-        taken = np.empty(block, dtype=np.bool_)
-        for u in range(n_u):
-            lo_b, hi_b = block_ptr[tok[u]], block_ptr[tok[u] + 1]
-            if lo_b == hi_b:
-                continue
-            best_b = best_block[tok[u]]  # its first block holding the list's maximum
-            start = indptr[tok[u]] + (best_b - lo_b) * block
-            stop = min(start + block, end[u])
-            taken[:] = False
-            for _ in range(min(k, stop - start)):
-                j = -1
-                for i in range(start, stop):
-                    if not taken[i - start] and (j < 0 or data[i] > data[j]):
-                        j = i
-                taken[j - start] = True
-                d = indices[j]
-                if stamp[d] == gone or stamp[d] == seen:
-                    continue
-                stamp[d] = seen
-                for v in range(n_u):
-                    t = tok[v]
-                    p = _find_blocked(
-                        indices,
-                        indptr[t],
-                        indptr[t + 1],
-                        block,
-                        block_ptr[t],
-                        block_ptr[t + 1],
-                        block_last,
-                        d,
-                    )
-                    if p >= 0:
-                        contrib[v] = data[p]
-                        hit[v] = True
-                s = zero
-                for i in range(m):
-                    if hit[occ[i]]:
-                        s += contrib[occ[i]]
-                for v in range(n_u):
-                    hit[v] = False
-                size = _push(hs, hr, hp, size, k, s + b, id_rank[d], d)
+        # set a k-th best score that lets the scan below skip from its first passage on
+        size = _head_start(index, blocks, tok[:n_u], occ, k, b, stamp, seen, hs, hr, hp)
         theta = hs[0] if size == k else -np.inf
         ne = 0  # ord_[:ne] are the non-essential lists
         while size == k and ne < n_u and prefix[ne] + margin < theta:
@@ -820,7 +867,7 @@ def top_k_blockmax(
         if use_pair and not pq:
             # the wide ranges also where an essential list spans superblocks: a list of
             # templated passages tied at the k-th best score is then skipped a superblock at
-            # a time (at 21M SynthHop passages, 3x fewer seconds over its 4,000 questions)
+            # a time
             for i in range(ne, n_u):
                 u = ord_[i]
                 r = row[u]
@@ -1078,8 +1125,7 @@ def top_k_blockmax(
                 for j in range(indptr[tok[u]], indptr[tok[u] + 1]):
                     stamp[indices[j]] = gone
             size = _fill_untouched(hs, hr, hp, size, k, b, by_rank, stamp, gone)
-        out_n[q] = size
-        _pop_into(hs, hr, hp, size, out_pos, out_scores, q)
+        _pop_into(hs, hr, hp, size, out, q)
 
 
 LENGTH_CAP = 255
@@ -1294,9 +1340,9 @@ def _super_blocks(tokens, rows, blocks: dict, state: dict) -> None:
             state[name] = grown
 
 
-def no_length_bounds(dtype) -> tuple:
-    """:func:`top_k_blockmax`'s length-, pair- and superblock arguments, switched off."""
-    return (
+def no_length_bounds(dtype) -> Bounds:
+    """:func:`top_k_blockmax`'s length, pair and superblock bounds, switched off."""
+    return Bounds(
         np.zeros(0, dtype=np.int32),
         np.zeros(0, dtype=np.uint8),
         np.zeros(0, dtype=np.int64),
@@ -1467,6 +1513,19 @@ def _best_blocks(block_ptr, block_max, out) -> None:
             if block_max[c] > block_max[best]:
                 best = c
         out[t] = best
+
+
+def block_arrays(blocks: dict) -> Blocks:
+    """The block-max kernel's :class:`Blocks` from :func:`compute_blocks`'s dict, once
+    ``block_rank`` (:func:`block_min_rank`) and ``best_block`` (:func:`best_blocks`) are in it."""
+    return Blocks(
+        int(blocks["block"]),
+        blocks["block_ptr"],
+        blocks["block_max"],
+        blocks["block_last"],
+        blocks["block_rank"],
+        blocks["best_block"],
+    )
 
 
 def best_blocks(blocks: dict) -> np.ndarray:

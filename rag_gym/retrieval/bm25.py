@@ -373,55 +373,36 @@ class BM25Retriever:
         else:
             excluded = np.zeros(0, np.int64)
         self._check_lists(tokens)
-        lengths = self._length_bounds(tokens, token_ptr)
+        limits = self._length_bounds(tokens, token_ptr)
         out_pos = np.empty((n, k), dtype=np.int64)
         out_val = np.empty((n, k), dtype=self._data.dtype)
         out_n = np.empty(n, dtype=np.int64)
 
+        kernels = self._kernels
+        index = kernels.Postings(
+            self._data, self._indices, self._indptr, self._token_max, self._id_rank, self._by_rank
+        )
+        blocks = self._block_arrays() if self.kernel == "blockmax" else None
+
         def run(lo: int, hi: int) -> None:
             scratch = self._take_scratch()
-            arrays = (self._data, self._indices, self._indptr)
-            query = (
+            queries = kernels.Queries(
                 tokens,
                 token_ptr[lo : hi + 1],
                 base[lo:hi],
                 excluded,
                 excluded_ptr[lo : hi + 1],
             )
-            out = (out_pos[lo:hi], out_val[lo:hi], out_n[lo:hi])
+            out = kernels.TopK(out_pos[lo:hi], out_val[lo:hi], out_n[lo:hi])
             try:
-                if self.kernel == "blockmax":
-                    blocks = self._blocks
-                    self._kernels.top_k_blockmax(
-                        *arrays,
-                        self._token_max,
-                        int(blocks["block"]),
-                        blocks["block_ptr"],
-                        blocks["block_max"],
-                        blocks["block_last"],
-                        *self._block_extras(blocks),
-                        self._id_rank,
-                        self._by_rank,
-                        *query,
-                        k,
-                        scratch[1],
-                        scratch[4],
-                        *out,
-                        *lengths,
+                if blocks is not None:
+                    kernels.top_k_blockmax(
+                        index, blocks, limits, queries, k, scratch[1], scratch[4], out
                     )
                 elif self.kernel == "maxscore":
-                    self._kernels.top_k_pruned(
-                        *arrays,
-                        self._token_max,
-                        self._id_rank,
-                        self._by_rank,
-                        *query,
-                        k,
-                        *scratch,
-                        *out,
-                    )
+                    kernels.top_k_pruned(index, queries, k, *scratch, out)
                 else:
-                    self._kernels.top_k_dense(*arrays, self._id_rank, *query, k, scratch[0], *out)
+                    kernels.top_k_dense(index, queries, k, scratch[0], out)
             finally:
                 with self._lock:
                     self._scratch.append(scratch)
@@ -456,16 +437,20 @@ class BM25Retriever:
             out_ids[i] = self._ids.take(out_pos[row, :m])
             out_scores[i] = out_val[row, :m].astype(float).tolist()
 
-    def _block_extras(self, blocks: dict) -> tuple[np.ndarray, np.ndarray]:
-        """``blocks``' smallest id rank per block (the block-max kernel's exact tie skip; stored
-        in an index saved since it existed, else computed once from every posting) and each
-        token's best block (where its head start begins; computed once from the block maxima),
-        both kept in ``blocks``."""
-        rank = blocks.get("block_rank")
-        if rank is None:
-            rank = self._kernels.block_min_rank(self._indices, self._indptr, blocks, self._id_rank)
-            blocks["block_rank"] = rank
-        return rank, blocks["best_block"]
+    def _block_arrays(self):
+        """The block-max kernel's block arrays (a ``Blocks``), with each block's smallest id rank
+        (the kernel's exact tie skip; stored in an index saved since it existed, else computed
+        once from every posting and kept) and each token's best block (where its head start
+        begins; :meth:`_check_lists` fills it)."""
+        self._block_ranks(self._blocks)
+        return self._kernels.block_arrays(self._blocks)
+
+    def _block_ranks(self, blocks: dict) -> None:
+        """Compute ``blocks["block_rank"]`` once, where the index was saved without it."""
+        if blocks.get("block_rank") is None:
+            blocks["block_rank"] = self._kernels.block_min_rank(
+                self._indices, self._indptr, blocks, self._id_rank
+            )
 
     def _check_lists(self, tokens: np.ndarray) -> None:
         """Check the posting lists of ``tokens`` (columns) that no query has read yet, before a
@@ -506,7 +491,7 @@ class BM25Retriever:
             return kernels.no_length_bounds(self._data.dtype)
         arrays = (self._data, self._indices, self._indptr)
         if self.pair_bounds:
-            self._block_extras(self._blocks)  # the block ranks, which the superblocks keep
+            self._block_ranks(self._blocks)  # the block ranks, which the superblocks keep
         with self._lock:
             minlen, rows, table = kernels.length_bounds(
                 tokens, *arrays, self._blocks, self._doc_len, self._lengths
@@ -517,7 +502,7 @@ class BM25Retriever:
             else:
                 pairs = kernels.no_pair_bounds(self._data.dtype)
                 supers = kernels.no_super_blocks(self._data.dtype)
-        return self._doc_len, minlen, rows, table, pairs, *supers
+        return kernels.Bounds(self._doc_len, minlen, rows, table, pairs, *supers)
 
     def _take_scratch(self) -> tuple:
         # one scratch set per concurrent batch part, kept for the next call (no re-zeroing)
