@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Annotated, Any
@@ -13,6 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from rag_gym.evaluate import EvalConfig
+from rag_gym.evaluate.suite import SuiteConfig
 from rag_gym.train.grpo import EnvGRPOConfig
 from rag_gym.train.pipeline import PipelineConfig
 from rag_gym.train.sft import SFTConfig
@@ -74,6 +76,8 @@ OPTION_FIELDS: dict[str, dict[str, tuple[type, str]]] = {
         "batch_size": (EvalConfig, "batch_size"),
         "out": (EvalConfig, "out_dir"),
         "run_name": (EvalConfig, "run_name"),
+        "data_root": (SuiteConfig, "data_root"),
+        "datasets": (SuiteConfig, "datasets"),
     },
     "train sft": {
         name: (SFTConfig, field)
@@ -211,7 +215,10 @@ def evaluate(
         ),
     ] = None,
     retriever: Annotated[
-        str | None, typer.Option(hidden=True, help="Deprecated alias of --index.")
+        str | None,
+        typer.Option(
+            help="A retrieval server's URL to search (rag-gym serve; Search-R1's /retrieve API)."
+        ),
     ] = None,
     k: Annotated[int | None, typer.Option(help="Passages per search (env default 3).")] = None,
     env_kwargs: Annotated[
@@ -249,11 +256,33 @@ def evaluate(
         str | None, typer.Option(help="Run folder name (default: unique, by start time).")
     ] = _EVAL.run_name,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+    suite: Annotated[
+        str | None,
+        typer.Option(
+            help="Run a suite instead of one env: a shipped suite (search_r1, multihop) or a suite "
+            "file, every dataset against one corpus (--corpus, --index or --retriever)."
+        ),
+    ] = None,
+    data_root: Annotated[
+        Path, typer.Option(help="With --suite: the folder its datasets' files are under.")
+    ] = Path("."),
+    datasets: Annotated[
+        str | None,
+        typer.Option(help="With --suite: the comma-separated columns to run (default: all)."),
+    ] = None,
+    prompt: Annotated[
+        Path | None,
+        typer.Option(
+            help="A prompt template file ({question} marks the question) for search_r1 agents: "
+            "the prompt a checkpoint was trained on."
+        ),
+    ] = None,
 ) -> None:
     """Run agents on an env's sampled questions; print and save a leaderboard, plots and the protocol.
 
     Episodes are saved as they end; a stopped run (Ctrl-C, SIGTERM, a crash) goes on with
-    --resume RUN."""
+    --resume RUN. With --suite, each of the suite's datasets is such a run, and one table of
+    every dataset and their average is printed (docs/leaderboards.md)."""
     import shlex
     import warnings
 
@@ -275,7 +304,16 @@ def evaluate(
     def given(name: str) -> bool:  # typer vendors click: compare the enum member by name
         return getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"
 
+    if suite is not None or any(
+        folder is not None and (folder / "suite.json").is_file() for folder in (from_run, resume)
+    ):
+        _evaluate_suite(ctx, given)
+        return
+    prompt_text = _read_prompt(prompt)
     extra = _json_option(env_kwargs, "--env-kwargs")
+    server = None
+    if retriever is not None and retriever.startswith(("http://", "https://")):
+        server, retriever = retriever, None
     if retriever is not None:
         typer.secho(
             "warning: --retriever is deprecated: use --index DIR (a saved index directory, the "
@@ -287,6 +325,7 @@ def evaluate(
             _fail(f"expected one index directory, got --index {index} and --retriever {retriever}")
         index = retriever
     options = {"data_path": data_path, "corpus": corpus, "index": index, "k": k}
+    options["retriever"] = server
     env_kwargs_ = {**extra, **{key: val for key, val in options.items() if val is not None}}
     agent_names = tuple(a.strip() for a in agents.split(",") if a.strip())
     try:
@@ -309,7 +348,7 @@ def evaluate(
             if "agents" in overrides:
                 overrides["agents"] = agent_names
             env_options = {"data_path": "data_path", "corpus": "corpus", "index": "index", "k": "k"}
-            env_options["retriever"] = "index"  # the deprecated alias of --index
+            env_options["retriever"] = "retriever" if server is not None else "index"
             config = EvalConfig.resumed(
                 resume,
                 env_kwargs=extra if given("env_kwargs") else None,
@@ -373,7 +412,9 @@ def evaluate(
             with sigterm_as_interrupt():
                 result = run(
                     config,
-                    lambda name, e: make_agent(name, lm=backend, seed=config.seed, env=e),
+                    lambda name, e: make_agent(
+                        name, lm=backend, seed=config.seed, env=e, prompt=prompt_text
+                    ),
                     progress=tick,
                     lm_description=backend.describe() if backend else None,
                     command=" ".join(["rag-gym", *sys.argv[1:]]),
@@ -452,6 +493,166 @@ def view(
     typer.echo(f"report: {path}")
     if serve:
         serve_report(path, port)
+
+
+def _read_prompt(path: Path | None) -> str | None:
+    """The prompt template file's text; an unreadable file or one without ``{question}`` ends
+    the command with the reason."""
+    if path is None:
+        return None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        _fail(f"cannot read --prompt {path}: {exc}")
+    if "{question}" not in text:
+        _fail(f"expected --prompt {path} to hold {{question}} where the question goes, got none")
+    return text
+
+
+def _evaluate_suite(ctx: typer.Context, given: Callable[[str], bool]) -> None:
+    """``rag-gym evaluate --suite``: every dataset of a suite against one corpus, one table."""
+    import shlex
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    import rag_gym  # noqa: F401  (registers the envs)
+    from rag_gym.baselines import make_agent, needs_lm
+    from rag_gym.evaluate import RunInterrupted, sigterm_as_interrupt
+    from rag_gym.evaluate.suite import SuiteConfig, SuiteError, cell_text, load_suite, run_suite
+
+    p = ctx.params
+    single = ("env", "split", "data_path", "k", "env_kwargs", "judge", "track")
+    if p["suite"] is not None:
+        wrong = [o for o in single if given(o)]
+        if wrong:
+            _fail(
+                f"--{wrong[0].replace('_', '-')} has no meaning with --suite: the suite names its "
+                "datasets, splits, k and metric (edit a copy of the suite file to change them)"
+            )
+    resume, from_run = p["resume"], p["from_run"]
+    try:
+        if resume is not None or from_run is not None:
+            if p["suite"] is not None and given("suite"):
+                raise SuiteError(
+                    "expected --suite or a saved suite run (--resume/--from-run), got both"
+                )
+            source = resume if resume is not None else from_run
+            if resume is not None:
+                overrides = {"out_dir": str(resume.parent), "run_name": resume.name}
+            else:
+                overrides = {"out_dir": str(p["out"]), "run_name": p["run_name"]}
+            config = SuiteConfig.from_run(source, **overrides)
+            if from_run is not None:
+                from rag_gym.evaluate.suite import check_pins
+
+                check_pins(config, from_run)
+        else:
+            retriever = p["retriever"]
+            names = (
+                None
+                if p["datasets"] is None
+                else tuple(x.strip() for x in p["datasets"].split(",") if x.strip())
+            )
+            prompt = _read_prompt(p["prompt"])
+            config = SuiteConfig(
+                suite=load_suite(p["suite"]),
+                agents=tuple(a.strip() for a in p["agents"].split(",") if a.strip()),
+                corpus=p["corpus"],
+                index=p["index"],
+                retriever=retriever,
+                data_root=str(p["data_root"]),
+                datasets=names,
+                n=p["n"] if given("n") else None,
+                seed=p["seed"],
+                batch_size=p["batch_size"],
+                prompt=prompt,
+                prompt_file=None if p["prompt"] is None else str(p["prompt"]),
+                out_dir=str(p["out"]),
+                run_name=p["run_name"],
+            )
+        from rag_gym.evaluate.config import EvalConfig
+
+        EvalConfig(agents=config.agents)  # the agent names, checked before anything slow
+    except (SuiteError, TypeError, ValueError, OSError) as exc:
+        _fail(str(exc))
+    lm = config.lm_spec or p["lm"] if not given("lm") else p["lm"]
+    backend = None
+    try:
+        from rag_gym.generation.backends import make_lm
+
+        if any(needs_lm(a) for a in config.agents):
+            backend = make_lm(lm, seed=config.seed)
+            config.lm_spec = lm
+    except (ImportError, FileNotFoundError, TypeError, ValueError) as exc:
+        _fail(str(exc))
+    console = Console(stderr=True)
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        disable=not p["progress"],
+    ) as bar:
+        tasks: dict[str, int] = {}
+        column = {"name": ""}
+
+        def started(dataset) -> None:
+            column["name"] = dataset.name
+
+        def tick(agent: str, done: int, total: int) -> None:
+            key = f"{column['name']} · {agent}"
+            if key not in tasks:
+                tasks[key] = bar.add_task(key, total=total)
+            bar.update(tasks[key], completed=done)
+
+        try:
+            with sigterm_as_interrupt():
+                result = run_suite(
+                    config,
+                    lambda name, e: make_agent(
+                        name, lm=backend, seed=config.seed, env=e, prompt=config.prompt
+                    ),
+                    progress=tick,
+                    column_started=started,
+                    lm_description=backend.describe() if backend else None,
+                    command=" ".join(["rag-gym", *sys.argv[1:]]),
+                    resume=resume is not None,
+                    overwrite=p["overwrite"],
+                )
+        except RunInterrupted as exc:
+            bar.stop()
+            suite_dir = exc.run_dir.parent
+            typer.secho(
+                f"interrupted ({exc.reason}) in {exc.run_dir}; finished episodes are saved",
+                fg=typer.colors.YELLOW,
+                err=True,
+            )
+            typer.echo(
+                f"resume with: {shlex.join(['rag-gym', 'evaluate', '--resume', str(suite_dir)])}",
+                err=True,
+            )
+            raise typer.Exit(143 if exc.reason == "SIGTERM" else 130) from None
+        except KeyboardInterrupt:
+            typer.secho("interrupted before the run folder was written", err=True)
+            raise typer.Exit(130) from None
+        except (SuiteError, TypeError, ValueError, OSError, ImportError) as exc:
+            _fail("\n".join([str(exc), *getattr(exc, "__notes__", [])]))
+    names = [d.name for d in config.selected] + ["average"]
+    table = Table(
+        title=f"{config.suite.name} suite · {config.suite.metric.upper()} · k = "
+        f"{config.suite.k} · seed {config.seed} · mean (95% interval)"
+    )
+    table.add_column("agent", justify="left")
+    for name in names:
+        n = next((r[name]["n"] for r in result.table.values() if name in r), None)
+        table.add_column(name if n is None else f"{name} ({n})", justify="right")
+    for agent, row in result.table.items():
+        table.add_row(agent, *(cell_text(row.get(name)) for name in names))
+    _console().print(table)
+    typer.echo(f"results: {result.run_dir} (suite.md, suite.csv, suite.json)")
 
 
 def _num(value: float) -> float:
@@ -619,10 +820,15 @@ def index_build(
         str | None, typer.Option(help="Corpus JSONL ({id, contents} or {id, title, text}).")
     ] = None,
     dataset: Annotated[
-        str | None, typer.Option(help="Or a dataset name: its split's pooled passages.")
+        str | None,
+        typer.Option(
+            help="Or dataset names, comma-separated: their split's passages pooled into one "
+            "corpus (a suite's shared corpus from the samples' paragraphs)."
+        ),
     ] = None,
     data_path: Annotated[
-        str | None, typer.Option(help="The dataset file (with --dataset).")
+        str | None,
+        typer.Option(help="The dataset files (with --dataset), comma-separated, one a dataset."),
     ] = None,
     split: Annotated[str, typer.Option(help="The split (with --dataset).")] = "validation",
     synthhop: Annotated[str | None, typer.Option(help="Or a SynthHop preset: its world.")] = None,
@@ -696,9 +902,21 @@ def index_build(
         if corpus is not None:
             passages = Corpus.from_jsonl(corpus)
         elif dataset is not None:
-            passages, _ = pooled_corpus(
-                load(dataset, split, path=data_path), name=f"{dataset}-{split}"
+            names = [x.strip() for x in dataset.split(",")]
+            paths: list[str | None] = (
+                [None] * len(names)
+                if data_path is None
+                else [x.strip() for x in data_path.split(",")]
             )
+            if len(paths) != len(names):
+                _fail(
+                    f"expected one --data-path a --dataset, got {len(names)} datasets and "
+                    f"{len(paths)} paths"
+                )
+            examples = [
+                ex for n, p in zip(names, paths, strict=True) for ex in load(n, split, path=p)
+            ]
+            passages, _ = pooled_corpus(examples, name=f"{'+'.join(names)}-{split}")
         else:
             from rag_gym.data.synthhop import world_for
 

@@ -79,6 +79,32 @@ def bootstrap_ci(
     return float(low), float(high)
 
 
+def macro_average_ci(
+    groups: Sequence[Sequence[float] | np.ndarray],
+    confidence: float = 0.95,
+    n_resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """The percentile-bootstrap interval of the average of the groups' means (a table's
+    "average" column over datasets): each group's questions are resampled within the group, so
+    every resample keeps each dataset's weight.
+
+    >>> low, high = macro_average_ci([[1, 1, 0, 1], [0, 0, 1, 0, 0, 0]])
+    >>> low < (0.75 + 1 / 6) / 2 < high
+    True
+    """
+    _check(confidence, n_resamples)
+    if not groups:
+        raise ValueError("expected at least one group of scores, got none")
+    means = np.zeros(n_resamples, dtype=np.float64)
+    for i, group in enumerate(groups):
+        means += _resampled_means(_scores(group, f"groups[{i}]"), n_resamples, seed + i)
+    means /= len(groups)
+    alpha = (1.0 - confidence) / 2.0
+    low, high = np.quantile(means, [alpha, 1.0 - alpha])
+    return float(low), float(high)
+
+
 @dataclass(frozen=True)
 class PairedDifference:
     """The mean of ``a - b`` over shared questions and its bootstrap interval."""

@@ -43,6 +43,8 @@ OWN = {
         "resume",
         "overwrite",
         "progress",
+        "suite",  # the suite file, read into SuiteConfig.suite
+        "prompt",  # a file, read into the prompt text
     },
     "train sft": {"ctx", "env_kwargs", "out", "run_name"},
     "train grpo": {

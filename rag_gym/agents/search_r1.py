@@ -23,6 +23,7 @@ Tag presets: ``search_r1`` (default), ``eval_rar``, ``evo_rag``, ``when_to_searc
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,10 @@ class SearchR1Agent(LLMAgent):
         max_turns: model turns per episode at most (the trainers' ``max_turns``); after them the
             episode is ended with the answer :data:`GIVE_UP`, counted as a bad reply. An episode
             whose prompt fills the model's context window ends the same way.
+        prompt: a prompt template instead of the trainers' prompt: the episode's first (user)
+            message, with ``{question}`` replaced by the question; for a checkpoint trained on
+            another project's prompt, which the user supplies. Its SHA-256 is in
+            :meth:`describe`.
     """
 
     name = "search_r1"
@@ -92,8 +97,15 @@ class SearchR1Agent(LLMAgent):
         tags: str | TagSet = "search_r1",
         max_tokens: int | None = None,
         max_turns: int = 8,
+        prompt: str | None = None,
     ) -> None:
         super().__init__(lm, max_tokens=max_tokens)
+        if prompt is not None and (not isinstance(prompt, str) or "{question}" not in prompt):
+            raise ValueError(
+                "expected the prompt template to be a string holding {question} where the "
+                f"question goes, got {prompt!r:.80}"
+            )
+        self.prompt = prompt
         self.tags = tag_set(tags)
         if self.tags.search is None or self.tags.answer is None:
             raise ValueError(
@@ -108,7 +120,12 @@ class SearchR1Agent(LLMAgent):
         self._render = getattr(lm, "chat_prompt", None)
 
     def start(self, obs: Any, info: dict[str, Any]) -> dict[str, Any]:
-        messages = start_messages(self.tags, info["question"])
+        if self.prompt is None:
+            messages = start_messages(self.tags, info["question"])
+        else:
+            messages = [
+                {"role": "user", "content": self.prompt.replace("{question}", info["question"])}
+            ]
         head = None
         if self._render is not None:
             try:
@@ -161,7 +178,10 @@ class SearchR1Agent(LLMAgent):
         return actions
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "tags": self.tags.name, "max_turns": self.max_turns}
+        out = {**super().describe(), "tags": self.tags.name, "max_turns": self.max_turns}
+        if self.prompt is not None:
+            out["prompt_sha256"] = hashlib.sha256(self.prompt.encode("utf-8")).hexdigest()
+        return out
 
 
 def completion_text(turns: list[list[str]], obs_template: str = OBS_TEMPLATE) -> str:

@@ -88,8 +88,12 @@ def agent_class(name: str) -> type[Agent]:
     return getattr(importlib.import_module(module), cls)
 
 
-def make_agent(name: str, lm: Any = None, seed: int = 0, env: Any = None) -> Agent:
-    """Build the agent ``name``; LLM agents need ``lm``; the oracle reads ``env``'s corpus."""
+def make_agent(
+    name: str, lm: Any = None, seed: int = 0, env: Any = None, prompt: str | None = None
+) -> Agent:
+    """Build the agent ``name``; LLM agents need ``lm``; the oracle reads ``env``'s corpus.
+    ``prompt`` (a template with ``{question}``) goes to the agents that take one (``search_r1``
+    and its checkpoints); the others keep their own prompts."""
     klass = agent_class(name)
     if not needs_lm(name):
         return klass(seed=seed)
@@ -105,7 +109,16 @@ def make_agent(name: str, lm: Any = None, seed: int = 0, env: Any = None) -> Age
 
         path = checkpoint_path(checkpoint)
         # the tag preset it was trained with (evo_rag for a refusing policy), else the default
-        agent = klass(lm.with_adapter(path), tags=checkpoint_tags(path) or "search_r1")
+        extra = {"prompt": prompt} if prompt is not None and _takes_prompt(klass) else {}
+        agent = klass(lm.with_adapter(path), tags=checkpoint_tags(path) or "search_r1", **extra)
         agent.name = name
         return agent
+    if prompt is not None and _takes_prompt(klass):
+        return klass(lm, prompt=prompt)
     return klass(lm)
+
+
+def _takes_prompt(klass: type) -> bool:
+    import inspect
+
+    return "prompt" in inspect.signature(klass.__init__).parameters

@@ -1,0 +1,250 @@
+"""Suites (``rag-gym evaluate --suite``): the suite files, one corpus for every dataset, the pinned
+protocol, the table with its intervals, re-running a saved suite run, and the prompt template."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import rag_gym  # noqa: F401
+from rag_gym.agents.search_r1 import SearchR1Agent
+from rag_gym.baselines import make_agent
+from rag_gym.cli import app
+from rag_gym.evaluate.suite import (
+    SuiteConfig,
+    SuiteError,
+    load_suite,
+    parse_suite,
+    run_suite,
+    suite_names,
+)
+from rag_gym.stats import macro_average_ci
+from tests.conftest import EchoLM
+
+runner = CliRunner()
+
+FACTS = {
+    "Where was Ada Vell born?": ("Ada Vell", "Ada Vell is a painter born in Oslo.", "Oslo"),
+    "What does Bo Rinn play?": ("Bo Rinn", "Bo Rinn plays the cello in Bergen.", "cello"),
+    "Who founded Kelmar Press?": (
+        "Kelmar Press",
+        "Kelmar Press was founded by Ida Holm.",
+        "Ida Holm",
+    ),
+    "Which river runs through Tavik?": ("Tavik", "The river Lune runs through Tavik.", "Lune"),
+    "What colour is the Orrin flag?": ("Orrin", "The Orrin flag is green and white.", "green"),
+    "When did Mira Sol retire?": (
+        "Mira Sol",
+        "Mira Sol retired in 1998 after a long career.",
+        "1998",
+    ),
+}
+QUESTIONS = list(FACTS)
+
+
+def _write_world(root: Path) -> Path:
+    """Two FlashRAG-format datasets (three questions each) and the corpus that answers them."""
+    (root / "nq").mkdir(parents=True)
+    (root / "tq").mkdir()
+    for folder, questions in (("nq", QUESTIONS[:3]), ("tq", QUESTIONS[3:])):
+        with open(root / folder / "test.jsonl", "w") as f:
+            for i, q in enumerate(questions):
+                rec = {"id": f"{folder}-{i}", "question": q, "golden_answers": [FACTS[q][2]]}
+                f.write(json.dumps(rec) + "\n")
+    corpus = root / "corpus.jsonl"
+    with open(corpus, "w") as f:
+        for i, (title, text, _) in enumerate(FACTS.values()):
+            f.write(json.dumps({"id": f"p{i}", "contents": f"{title}\n{text}"}) + "\n")
+        for i in range(20):  # distractors
+            f.write(
+                json.dumps({"id": f"d{i}", "contents": f"Filler {i}\nNothing about {i}."}) + "\n"
+            )
+    return corpus
+
+
+SUITE = {
+    "name": "tiny",
+    "description": "two FlashRAG-format datasets over one corpus",
+    "k": 2,
+    "metric": "em",
+    "datasets": [
+        {"name": "NQ", "env": "rag_gym/NQ-v0", "split": "test", "data": "nq/test.jsonl"},
+        {"name": "TQ", "env": "rag_gym/TriviaQA-v0", "split": "test", "data": "tq/test.jsonl"},
+    ],
+}
+
+
+def _suite_file(root: Path, **changes) -> Path:
+    path = root / "tiny.json"
+    path.write_text(json.dumps({**SUITE, **changes}))
+    return path
+
+
+class KnowsSome(EchoLM):
+    """A scripted search_r1 policy: searches the question, then answers it right when it is in
+    ``known``, wrong otherwise; the question is read from the first message of the prompt."""
+
+    def __init__(self, known):
+        super().__init__(reply=self._reply)
+        self.known = known
+
+    def chat_prompt(self, messages):
+        return "".join(f"<{m['role']}>{m['content']}</{m['role']}>" for m in messages) + "<a>"
+
+    def _reply(self, prompt):
+        question = next(q for q in FACTS if q in prompt)
+        if "<information>" not in prompt:
+            return f"<search>{question}</search>"
+        return f"<answer>{FACTS[question][2] if question in self.known else 'nobody'}</answer>"
+
+
+def test_shipped_suites_load_and_name_registered_envs():
+    import gymnasium as gym
+
+    assert {"search_r1", "multihop"} <= set(suite_names())
+    search_r1 = load_suite("search_r1")
+    assert [d.name for d in search_r1.datasets] == [
+        "NQ", "TriviaQA", "PopQA", "HotpotQA", "2Wiki", "MuSiQue", "Bamboogle"
+    ]  # fmt: skip
+    assert search_r1.k == 3 and search_r1.metric == "em"
+    for suite in map(load_suite, suite_names()):
+        for d in suite.datasets:
+            assert d.env_id in gym.registry, d.env_id
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{not json", "not valid JSON"),
+        (json.dumps({**SUITE, "colour": 1}), "unknown fields ['colour']"),
+        (json.dumps({**SUITE, "k": 0}), "expected k to be an integer >= 1"),
+        (json.dumps({**SUITE, "metric": "bleu"}), "expected metric to be one of"),
+        (json.dumps({**SUITE, "datasets": []}), "expected datasets to be a non-empty list"),
+        (
+            json.dumps({**SUITE, "datasets": [SUITE["datasets"][0], SUITE["datasets"][0]]}),
+            "distinct dataset names",
+        ),
+        (
+            json.dumps({**SUITE, "datasets": [{**SUITE["datasets"][0], "n": 0}]}),
+            "datasets[0].n",
+        ),
+    ],
+)
+def test_a_bad_suite_file_is_an_error_naming_the_field(text, message):
+    with pytest.raises(SuiteError, match=re.escape(message)):
+        parse_suite(text, "tiny.json")
+
+
+def test_run_suite_pins_the_protocol_and_reports_each_column_and_the_average(tmp_path):
+    corpus = _write_world(tmp_path)
+    suite = load_suite(_suite_file(tmp_path))
+    # right on two of NQ's three questions and one of TQ's three
+    lm = KnowsSome({QUESTIONS[0], QUESTIONS[1], QUESTIONS[4]})
+    config = SuiteConfig(
+        suite=suite,
+        agents=("search_r1", "random"),
+        corpus=str(corpus),
+        data_root=str(tmp_path),
+        out_dir=str(tmp_path / "runs"),
+        run_name="s",
+    )
+    result = run_suite(config, lambda name, env: make_agent(name, lm=lm, env=env))
+    row = result.table["search_r1"]
+    assert row["NQ"]["mean"] == pytest.approx(2 / 3) and row["NQ"]["n"] == 3
+    assert row["TQ"]["mean"] == pytest.approx(1 / 3)
+    assert row["average"]["mean"] == pytest.approx(0.5) and row["average"]["n"] == 6
+    assert row["average"]["low"] <= 0.5 <= row["average"]["high"]
+    assert result.table["random"]["average"]["mean"] == 0.0
+    saved = json.loads((result.run_dir / "suite.json").read_text())
+    assert saved["corpus"]["sha256"] == hashlib.sha256(corpus.read_bytes()).hexdigest()
+    assert saved["suite"]["sha256"] == hashlib.sha256(suite.text.encode()).hexdigest()
+    assert saved["k"] == 2 and saved["answer_normaliser"]["function"].endswith("normalize_answer")
+    for column in ("NQ", "TQ"):
+        col = saved["columns"][column]
+        assert col["k"] == 2 and col["corpus_mode"] == "corpus" and col["corpus_size"] == 26
+        assert (result.run_dir / column / "protocol.json").is_file()
+        assert col["max_turns"]["search_r1"] == 8
+    md = (result.run_dir / "suite.md").read_text()
+    assert "| search_r1 | 0.667 (" in md and "NQ (3)" in md and "average (6)" in md
+
+
+def test_cli_suite_reruns_from_its_protocol_to_the_same_table(tmp_path):
+    corpus = _write_world(tmp_path)
+    suite = _suite_file(tmp_path)
+    args = ["evaluate", "--suite", str(suite), "--corpus", str(corpus), "--data-root"]
+    args += [str(tmp_path), "--agents", "random", "--out", str(tmp_path / "runs"), "--no-progress"]
+    first = runner.invoke(app, [*args, "--run-name", "a"])
+    assert first.exit_code == 0, first.output
+    rerun = ["evaluate", "--from-run", str(tmp_path / "runs" / "a"), "--out"]
+    again = runner.invoke(app, [*rerun, str(tmp_path / "runs"), "--run-name", "b", "--no-progress"])
+    assert again.exit_code == 0, again.output
+    a, b = (tmp_path / "runs" / x for x in "ab")
+    assert (a / "suite.md").read_text() == (b / "suite.md").read_text()
+    assert (a / "suite.csv").read_text() == (b / "suite.csv").read_text()
+    for column in ("NQ", "TQ"):
+        ids = [
+            json.loads((d / column / "protocol.json").read_text())["question_ids"] for d in (a, b)
+        ]
+        assert ids[0] == ids[1]
+    # a corpus that changed since the run is not the run's protocol
+    with open(corpus, "a") as f:
+        f.write(json.dumps({"id": "new", "contents": "New\nA new passage."}) + "\n")
+    changed = runner.invoke(
+        app,
+        ["evaluate", "--from-run", str(a), "--out", str(tmp_path / "runs"), "--run-name", "c"],
+    )
+    assert changed.exit_code == 2 and "the corpus is not the run's" in changed.output
+
+
+def test_cli_suite_names_missing_data_and_wrong_options(tmp_path):
+    corpus = _write_world(tmp_path)
+    (tmp_path / "tq" / "test.jsonl").unlink()
+    base = ["evaluate", "--suite", str(_suite_file(tmp_path)), "--agents", "random"]
+    base += ["--data-root", str(tmp_path), "--out", str(tmp_path / "runs"), "--no-progress"]
+    missing = runner.invoke(app, [*base, "--corpus", str(corpus)])
+    assert missing.exit_code == 2
+    assert "TQ: " in missing.output and "--datasets" in missing.output
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+    only = runner.invoke(app, [*base, "--corpus", str(corpus), "--datasets", "NQ"])
+    assert only.exit_code == 0, only.output
+    assert "NQ (3)" in only.output and "TQ" not in only.output
+    two = runner.invoke(app, [*base, "--corpus", str(corpus), "--index", str(tmp_path)])
+    assert two.exit_code == 2 and "exactly one of --corpus" in two.output
+    env = runner.invoke(app, [*base, "--corpus", str(corpus), "--env", "rag_gym/NQ-v0"])
+    assert env.exit_code == 2 and "--env has no meaning with --suite" in env.output
+    unknown = runner.invoke(app, [*base, "--corpus", str(corpus), "--datasets", "PopQA"])
+    assert unknown.exit_code == 2 and "expected datasets of the tiny suite" in unknown.output
+
+
+def test_prompt_template_is_the_first_message_and_recorded(tmp_path):
+    lm = KnowsSome(set(QUESTIONS))
+    template = "Answer, searching with <search> and </search>.\nQuestion: {question}\n"
+    agent = make_agent("search_r1", lm=lm, prompt=template)
+    assert isinstance(agent, SearchR1Agent)
+    agent.reset(slot=0)
+    agent.act("Question: Where was Ada Vell born?", {"question": QUESTIONS[0]})
+    expected = lm.chat_prompt(
+        [{"role": "user", "content": template.replace("{question}", QUESTIONS[0])}]
+    )
+    assert lm.calls[0] == [expected]
+    assert agent.describe()["prompt_sha256"] == hashlib.sha256(template.encode()).hexdigest()
+    # agents with prompts of their own keep them
+    assert not hasattr(make_agent("naive_rag", lm=lm, prompt=template), "prompt")
+    with pytest.raises(ValueError, match="holding \\{question\\}"):
+        SearchR1Agent(lm, prompt="no placeholder")
+    bad = tmp_path / "p.txt"
+    bad.write_text("no placeholder here")
+    out = runner.invoke(app, ["evaluate", "--prompt", str(bad), "--agents", "random"])
+    assert out.exit_code == 2 and "{question}" in out.output
+
+
+def test_macro_average_interval_keeps_each_group_weight():
+    low, high = macro_average_ci([[1.0] * 50, [0.0] * 5])
+    assert low == high == 0.5  # each group constant: every resample averages 1 and 0
+    with pytest.raises(ValueError, match="at least one group"):
+        macro_average_ci([])
