@@ -126,6 +126,8 @@ OPTION_FIELDS: dict[str, dict[str, tuple[type, str]]] = {
             "step_cost": "step_cost",
             "refusal": "refusal",
             "refusal_verifier": "refusal_verifier",
+            "judge": "judge",
+            "judge_weight": "judge_weight",
             "model": "model",
             "save_steps": "save_steps",
             "max_minutes": "max_minutes",
@@ -1407,6 +1409,16 @@ def train_grpo(
             "which pays for refusing before searching)."
         ),
     ] = _GRPO.refusal_verifier,
+    judge: Annotated[
+        str | None,
+        typer.Option(
+            help="An LLM judge's backend spec (llama_cpp, openai:model@url): its yes on an "
+            "answer the env scores below 1 is a reward term (JudgedAnswerReward)."
+        ),
+    ] = _GRPO.judge,
+    judge_weight: Annotated[
+        float, typer.Option(help="The judge term's weight.")
+    ] = _GRPO.judge_weight,
     dynamic_sampling: Annotated[
         str,
         typer.Option(

@@ -12,15 +12,22 @@
 Both take any :class:`~rag_gym.generation.LanguageModel` (an OpenAI-compatible server's model, or
 the embedded SmolLM2 for tests), decode greedily, and read a leading yes/no. A reply with
 neither, or a backend error, counts as "no" (and is counted in ``errors``), so a flaky judge
-never stops a training run.
+never stops a training run. Each counts its ``calls`` and the ``seconds`` they took.
+
+:class:`LLMAnswerJudge` also serves :class:`rag_gym.wrappers.JudgedAnswerReward` (the judge as a
+reward term during training) and keeps a cache of its verdicts, keyed by the question and the
+normalised prediction and gold answers (:func:`rag_gym.metrics.normalize_answer`): a GRPO group
+that writes the same answer several times asks once (``cache_hits``).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from rag_gym.generation.lm import GenerationConfig, LanguageModel
+from rag_gym.metrics import normalize_answer
 
 SUFFICIENCY_PROMPT = (
     "Question: {question}\n\nEvidence:\n{evidence}\n\n"
@@ -39,13 +46,19 @@ class _YesNoJudge:
         self.lm = lm
         self.config = GenerationConfig(max_tokens=max_tokens, temperature=0.0)
         self.errors = 0
+        self.calls = 0
+        self.seconds = 0.0
 
     def _ask(self, prompt: str) -> bool:
+        self.calls += 1
+        start = time.perf_counter()
         try:
             (gens,) = self.lm.generate([[{"role": "user", "content": prompt}]], self.config)
         except Exception:  # a judge failure must not end a training run
             self.errors += 1
             return False
+        finally:
+            self.seconds += time.perf_counter() - start
         reply = gens[0].text.strip().lower()
         if reply.startswith("yes"):
             return True
@@ -70,9 +83,38 @@ class LLMSufficiencyJudge(_YesNoJudge):
 
 
 class LLMAnswerJudge(_YesNoJudge):
-    """``judge(question, prediction, golds) -> bool``: does the prediction match a gold answer?"""
+    """``judge(question, prediction, golds) -> bool``: does the prediction match a gold answer?
+
+    ``cache``: keep each verdict (see the module doc); a backend error is not kept, so the same
+    answer is asked again."""
+
+    def __init__(self, lm: LanguageModel, max_tokens: int = 4, cache: bool = True) -> None:
+        super().__init__(lm, max_tokens=max_tokens)
+        self.cache: dict[tuple, bool] | None = {} if cache else None
+        self.cache_hits = 0
 
     def __call__(self, question: str, prediction: str, golds: Sequence[str]) -> bool:
-        return self._ask(
+        key = (
+            question,
+            normalize_answer(prediction),
+            tuple(sorted({normalize_answer(g) for g in golds})),
+        )
+        if self.cache is not None and key in self.cache:
+            self.cache_hits += 1
+            return self.cache[key]
+        errors = self.errors
+        verdict = self._ask(
             ANSWER_PROMPT.format(question=question, golds="; ".join(golds), prediction=prediction)
         )
+        if self.cache is not None and self.errors == errors:
+            self.cache[key] = verdict
+        return verdict
+
+    def stats(self) -> dict[str, float]:
+        """Calls to the backend, cache hits, errors and the seconds the calls took."""
+        return {
+            "calls": self.calls,
+            "cache_hits": self.cache_hits,
+            "errors": self.errors,
+            "seconds": round(self.seconds, 3),
+        }

@@ -38,6 +38,8 @@ def env_factory(
     step_cost: float = 0.0,
     refusal: float = 0.0,
     refusal_verifier: str = "answerable",
+    judge: str | None = None,
+    judge_weight: float = 1.0,
     **env_kwargs: Any,
 ) -> Callable[[], gym.Env]:
     """A function that builds the text-action env a policy trains in: ``gym.make`` with the
@@ -47,7 +49,10 @@ def env_factory(
     ``when_to_search`` preset brings its own). ``refusal_verifier`` names the refusal reward's
     sufficiency verifier (:data:`~rag_gym.wrappers.evo_rag.REFUSAL_VERIFIERS`): by default
     ``"answerable"``, the env's ground truth, because ``"evidence"`` (the evidence so far, as the
-    paper's LLM judge sees it) rewards refusing before searching."""
+    paper's LLM judge sees it) rewards refusing before searching. ``judge`` (a backend spec,
+    :func:`~rag_gym.generation.backends.make_lm`) adds :class:`~rag_gym.wrappers.JudgedAnswerReward`
+    with weight ``judge_weight``: one :class:`~rag_gym.generation.judges.LLMAnswerJudge`, built on
+    the first env and shared by every env of the factory with its cache."""
     for name, weight in (("step_cost", step_cost), ("refusal", refusal)):
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0:
             raise ValueError(f"expected {name} >= 0, got {weight!r}")
@@ -58,6 +63,9 @@ def env_factory(
 
     reward_kwargs = dict(reward_kwargs or {})
     refusal_verifier_name(refusal_verifier)
+    if judge is not None and (not isinstance(judge, str) or not judge):
+        raise ValueError(f"expected judge to be a backend spec such as 'llama_cpp', got {judge!r}")
+    judges: list[Any] = []  # the one judge, built on the first env
 
     def make() -> gym.Env:
         kwargs = {**env_kwargs, "split": split}
@@ -82,6 +90,15 @@ def env_factory(
             from rag_gym.wrappers.evo_rag import RefusalReward
 
             env = RefusalReward(env, weight=float(refusal), verifier=refusal_verifier)
+        if judge is not None:
+            from rag_gym.wrappers.judged import JudgedAnswerReward
+
+            if not judges:
+                from rag_gym.generation.backends import make_lm
+                from rag_gym.generation.judges import LLMAnswerJudge
+
+                judges.append(LLMAnswerJudge(make_lm(judge)))
+            env = JudgedAnswerReward(env, judges[0], weight=float(judge_weight))
         if isinstance(env.unwrapped, SearchEnv) and not text:
             env = TextActions(env, tags=tags or default_tags(reward_preset))
         return env
@@ -112,6 +129,11 @@ class TextEnvSpec:
     refusal_verifier: str = "answerable"
     """Its sufficiency verifier: ``"answerable"`` (the env's ground truth) or ``"evidence"`` (every
     gold passage retrieved so far); see :func:`env_factory`."""
+    judge: str | None = None
+    """An LLM judge's backend spec: its verdict on answers the env scores below 1 is a reward term
+    (:class:`~rag_gym.wrappers.JudgedAnswerReward`); ``None`` leaves it out."""
+    judge_weight: float = 1.0
+    """Its weight."""
     max_turns: int = 8
     """Model turns per episode at most."""
     max_turn_tokens: int = 128
@@ -139,6 +161,8 @@ class TextEnvSpec:
             step_cost=self.step_cost,
             refusal=self.refusal,
             refusal_verifier=self.refusal_verifier,
+            judge=self.judge,
+            judge_weight=self.judge_weight,
             **self.env_kwargs,
         )
 

@@ -121,6 +121,12 @@ class EnvGRPOConfig:
     ``"evidence"`` (:func:`rag_gym.wrappers.evo_rag.gold_coverage`: every gold passage retrieved so
     far, the paper's verifier made exact), under which a REFUSE before searching is +1 on every
     question, so a policy can earn the reward by refusing at once."""
+    judge: str | None = None
+    """An LLM judge's backend spec (``llama_cpp``, ``openai:model@url``…): its verdict on the
+    answers the env scores below 1 becomes a reward term (:class:`~rag_gym.wrappers.
+    JudgedAnswerReward`, with a cache); ``None`` leaves it out."""
+    judge_weight: float = 1.0
+    """The judge term's weight: a "yes" adds ``judge_weight × (1 − answer reward)``."""
     model: str = "embedded"
     """``embedded`` (SmolLM2-135M-Instruct), ``tiny`` (a random 2-layer model for smoke tests),
     a hub id or a directory."""
@@ -346,6 +352,8 @@ class EnvGRPOConfig:
             step_cost=self.step_cost,
             refusal=self.refusal,
             refusal_verifier=self.refusal_verifier,
+            judge=self.judge,
+            judge_weight=self.judge_weight,
             max_turns=self.max_turns,
             max_turn_tokens=self.max_turn_tokens,
             max_completion_tokens=self.max_completion_tokens,

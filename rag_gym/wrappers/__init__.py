@@ -22,6 +22,7 @@ from rag_gym.wrappers.evo_rag import (
     StepCost,
     TimeDynamicWeights,
 )
+from rag_gym.wrappers.judged import JudgedAnswerReward
 from rag_gym.wrappers.r2ag import (
     JointHitReward,
     MultiHitReward,
@@ -43,6 +44,7 @@ __all__ = [
     "DropBaseReward",
     "EvaluationReward",
     "JointHitReward",
+    "JudgedAnswerReward",
     "LWTSFormatReward",
     "LWTSSearchReward",
     "MultiHitReward",
