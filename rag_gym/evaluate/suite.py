@@ -34,7 +34,7 @@ from typing import Any
 
 from rag_gym import _names
 from rag_gym.evaluate.config import EvalConfig
-from rag_gym.evaluate.run_folder import atomic_write, check_out_dir, load_episodes, run_dir_of
+from rag_gym.evaluate.run_folder import atomic_write, check_out_dir, run_dir_of
 from rag_gym.metrics import normalize_answer
 
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
@@ -577,7 +577,12 @@ def _check_same(
         raise SuiteError(
             f"{run_dir}: the suite file changed since the run; resume with the saved one"
         )
-    if saved.get("corpus") != corpus:
+
+    def identity(pin: dict[str, Any] | None) -> tuple:  # a moved file is still the same corpus
+        pin = pin or {}
+        return pin.get("kind"), pin.get("sha256"), pin.get("url")
+
+    if identity(saved.get("corpus")) != identity(corpus):
         raise SuiteError(
             f"{run_dir}: the corpus is not the run's ({saved.get('corpus')} then, {corpus} now)"
         )
@@ -591,11 +596,3 @@ def check_pins(config: SuiteConfig, run_dir: str | Path) -> None:
     read, checksum for checksum."""
     saved = read_suite_protocol(run_dir)
     _check_same(saved, config, corpus_pin(config), data_pins(config), Path(run_dir))
-
-
-def load_columns(run_dir: Path, config: SuiteConfig) -> dict[str, list[dict[str, Any]]]:
-    """The episodes of each finished column of a suite run folder."""
-    return {
-        d.name: load_episodes(run_dir / column_folder(d.name) / "episodes.jsonl")
-        for d in config.selected
-    }
