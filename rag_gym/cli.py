@@ -1338,6 +1338,17 @@ def train_grpo(
     env_kwargs: Annotated[
         str | None, typer.Option(help="More gym.make kwargs as a JSON object.")
     ] = None,
+    data_path: Annotated[
+        str | None,
+        typer.Option(help="Dataset file or folder of a real-data env (the env's data_path)."),
+    ] = None,
+    split_by_id: Annotated[
+        bool,
+        typer.Option(
+            help="Split the data file by question id (50/10/40 train/validation/test) and train "
+            "on the train share, as train sft --split-by-id does."
+        ),
+    ] = False,
     tags: Annotated[
         str | None,
         typer.Option(
@@ -1465,9 +1476,14 @@ def train_grpo(
         if resume is not None:
             cfg, init, eval_n = resume_config(resume)
         else:
+            extra = _json_option(env_kwargs, "--env-kwargs")
+            if data_path is not None:
+                extra["data_path"] = data_path
+            if split_by_id:
+                extra["dataset_kwargs"] = {**extra.get("dataset_kwargs", {}), "split_by_id": True}
             cfg = EnvGRPOConfig(
                 **_fields("train grpo", EnvGRPOConfig, ctx.params),
-                env_kwargs=_json_option(env_kwargs, "--env-kwargs"),
+                env_kwargs=extra,
                 **_dynamic_sampling(dynamic_sampling),
                 run_dir=str(_run_dir(out, run_name, env, algorithm, seed)),
             )

@@ -49,6 +49,8 @@ OWN = {
     "train sft": {"ctx", "env_kwargs", "out", "run_name"},
     "train grpo": {
         "ctx",
+        "data_path",  # merged into env_kwargs, with split_by_id
+        "split_by_id",
         "init",
         "env_kwargs",
         "dynamic_sampling",
@@ -195,3 +197,26 @@ def test_options_set_their_fields(tmp_path, monkeypatch):
 
 def test_evaluate_config_defaults_are_the_main_commands():
     assert EvalConfig().agents == ("naive_rag", "random", "search_r1:synthhop")
+
+
+def test_train_grpo_data_path_and_split_by_id_go_into_the_env_kwargs(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    from rag_gym.train import grpo
+
+    seen = {}
+
+    def fake_train_from(cfg, init=None, eval_n=0):
+        seen["cfg"] = cfg
+        return {"before": None, "after": None, "checkpoint": None}
+
+    monkeypatch.setattr(grpo, "train_from", fake_train_from)
+    args = ["train", "grpo", "--env", "rag_gym/HotpotQA-v0", "--data-path", "d/hotpotqa"]
+    args += ["--split-by-id", "--env-kwargs", '{"answer_metric": "f1"}', "--out", str(tmp_path)]
+    out = CliRunner().invoke(cli.app, args)
+    assert out.exit_code == 0, out.output
+    assert seen["cfg"].env_kwargs == {
+        "answer_metric": "f1",
+        "data_path": "d/hotpotqa",
+        "dataset_kwargs": {"split_by_id": True},
+    }
