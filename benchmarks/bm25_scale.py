@@ -444,6 +444,7 @@ def main() -> None:
                 same = then and then_top.read_text() == common["topk_file"].read_text()
                 show_against(args.against, serve, then)
                 print(f"  top-k identical to {args.against}'s: {'yes' if same else 'NO'}")
+            show("rag-gym", build, serve)
             if "kernels_qps" in serve:
                 kq = serve["kernels_qps"]
                 ratios = (

@@ -201,7 +201,7 @@ def _new_heap(k, like):
     return np.empty(k, dtype=like.dtype), np.empty(k, dtype=np.int64), np.empty(k, dtype=np.int64)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, inline="always")
 def _open_query(stamp, clock, queries, q) -> int:
     """A fresh stamp ``s`` for query ``q`` (``s + 1`` marks a passage gone), with ``q``'s
     excluded passages marked gone; the clock restarts (every stamp reset) before it overflows."""
@@ -648,7 +648,7 @@ def _find_blocked(indices, lo, hi, block, b_lo, b_hi, block_last, d) -> int:
     return _find(indices, start, min(start + block, hi), d)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, inline="always")
 def _distinct_tokens(tokens, t0, t1, token_row, use_len):
     """The distinct tokens ``tok[:n_u]`` of the query ``tokens[t0:t1]``, each one's multiplicity
     and length-table row (-1: its list's maximum bounds it), and each occurrence's index into
@@ -673,18 +673,17 @@ def _distinct_tokens(tokens, t0, t1, token_row, use_len):
     return tok, mult, occ, row, n_u
 
 
-@njit(nogil=True, cache=True)
-def _head_start(index, blocks, tok, occ, k, b, stamp, seen, hs, hr, hp) -> int:
+@njit(nogil=True, cache=True, inline="always")
+def _head_start(index, blocks, tok, occ, k, b, stamp, seen, hs, hr, hp, contrib, hit, zero):
     """Push the k largest contributions of each list's best block (its first block holding the
     list's maximum) onto the heap, each passage scored exactly (its contributions from the lists
     ``tok``, in the query's order ``occ``, plus ``b``) and stamped ``seen``; passages stamped
-    gone (``seen + 1``) are skipped. Returns the heap's size."""
+    gone (``seen + 1``) are skipped. ``contrib`` and ``hit`` are scratch of ``tok``'s length
+    (``hit`` all false, and left so); ``zero`` is 0 in the scores' dtype. Returns the heap's
+    size."""
     data, indices, indptr = index.data, index.indices, index.indptr
     block, block_ptr, block_last = blocks.block, blocks.block_ptr, blocks.block_last
     n_u = tok.shape[0]
-    contrib = np.zeros(n_u, dtype=hs.dtype)
-    hit = np.zeros(n_u, dtype=np.bool_)
-    zero = np.zeros(1, dtype=hs.dtype)[0]
     gone = seen + 1
     size = 0
     taken = np.empty(block, dtype=np.bool_)
@@ -859,7 +858,9 @@ def top_k_blockmax(index, blocks, bounds, queries, k, stamp, clock, out) -> None
         lrest = np.empty(n_u + 1, dtype=np.float64)
         # a head start: the k largest contributions of each list's best block, scored exactly,
         # set a k-th best score that lets the scan below skip from its first passage on
-        size = _head_start(index, blocks, tok[:n_u], occ, k, b, stamp, seen, hs, hr, hp)
+        size = _head_start(
+            index, blocks, tok[:n_u], occ, k, b, stamp, seen, hs, hr, hp, contrib, hit, zero
+        )
         theta = hs[0] if size == k else -np.inf
         ne = 0  # ord_[:ne] are the non-essential lists
         while size == k and ne < n_u and prefix[ne] + margin < theta:
