@@ -107,7 +107,12 @@ def record_fixed_questions(
 
 
 def model_card(meta: dict[str, Any]) -> str:
-    """The model card (Markdown) of a checkpoint's ``rag_gym.json``."""
+    """The model card (Markdown) of a checkpoint's ``rag_gym.json`` (``agent``: the name
+    ``rag-gym evaluate`` plays it by, default ``search_r1:synthhop``)."""
+    agent = meta.get("agent", "search_r1:synthhop")
+    use_data = ""
+    if meta.get("env_id") and meta["env_id"] != "rag_gym/SynthHop-v0":
+        use_data = f" --env {meta['env_id']} --data-path DATA"
     lines = [
         f"# {meta.get('name', 'rag-gym search agent')}",
         "",
@@ -139,8 +144,8 @@ def model_card(meta: dict[str, Any]) -> str:
         "## Use",
         "",
         "```bash",
-        "rag-gym evaluate --agents search_r1:synthhop            # llama.cpp (adapter.gguf)",
-        "rag-gym evaluate --agents search_r1:synthhop --lm transformers   # PEFT adapter",
+        f"rag-gym evaluate --agents {agent}{use_data}            # llama.cpp (adapter.gguf)",
+        f"rag-gym evaluate --agents {agent}{use_data} --lm transformers   # PEFT adapter",
         "```",
         "",
     ]
