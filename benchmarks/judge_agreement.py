@@ -61,7 +61,9 @@ def main() -> None:
             disagree.append((verdict, e["question"], e["prediction"], e["answers"]))
     n = len(episodes)
     stats = judge.stats()
-    print(f"{n} answers from {args.run} ({len({e['agent'] for e in episodes})} agents); judge {args.judge}")
+    print(
+        f"{n} answers from {args.run} ({len({e['agent'] for e in episodes})} agents); judge {args.judge}"
+    )
     print("                 EM 1   EM 0")
     print(f"  judge yes   {cells[(True, True)]:6d} {cells[(True, False)]:6d}")
     print(f"  judge no    {cells[(False, True)]:6d} {cells[(False, False)]:6d}")
@@ -69,11 +71,15 @@ def main() -> None:
     print(f"agreement with EM: {agree / n:.3f} ({agree} of {n})")
     em1 = cells[(True, True)] + cells[(False, True)]
     if em1:
-        print(f"yes on EM-1 answers: {cells[(True, True)] / em1:.3f} ({cells[(True, True)]} of {em1})")
+        print(
+            f"yes on EM-1 answers: {cells[(True, True)] / em1:.3f} ({cells[(True, True)]} of {em1})"
+        )
     for name, counts in (("F1 > 0", partial), ("F1 = 0", none)):
         total = counts[True] + counts[False]
         if total:
-            print(f"yes on EM-0 answers with {name}: {counts[True] / total:.3f} ({counts[True]} of {total})")
+            print(
+                f"yes on EM-0 answers with {name}: {counts[True] / total:.3f} ({counts[True]} of {total})"
+            )
     calls = stats["calls"] or 1
     print(
         f"cost: {stats['calls']} calls, {stats['cache_hits']} cache hits, {stats['errors']} "
