@@ -30,8 +30,13 @@ STAMP_LIMIT = 2**31 - 8
 
 
 class Postings(NamedTuple):
-    """The index's arrays every top-``k`` kernel reads (numba types a named tuple by its fields'
-    types, so each kernel is compiled once per index layout)."""
+    """The index's arrays every top-``k`` kernel reads.
+
+    The kernels take this and the other argument groups below (:class:`Blocks`,
+    :class:`Bounds`, :class:`Queries`, :class:`TopK`) as plain tuples in their fields' order
+    (``tuple(Postings(...))``) and unpack them: numba's dispatcher types a plain tuple of arrays
+    in C, a named tuple in Python, several microseconds a call, which a single query's time
+    notices."""
 
     data: np.ndarray
     """bm25s's CSC columns: token ``t``'s contributions are ``data[indptr[t]:indptr[t + 1]]``,"""
@@ -166,10 +171,11 @@ def _push(hs, hr, hp, size, k, score, rank, pos) -> int:
 @njit(nogil=True, cache=True)
 def _pop_into(hs, hr, hp, size, out, q) -> None:
     # pop the worst first, filling row q of ``out`` (TopK) from the back: best first
-    out.n[q] = size
+    out_pos, out_scores, out_n = out
+    out_n[q] = size
     for i in range(size - 1, -1, -1):
-        out.pos[q, i] = hp[0]
-        out.scores[q, i] = hs[0]
+        out_pos[q, i] = hp[0]
+        out_scores[q, i] = hs[0]
         hs[0] = hs[i]
         hr[0] = hr[i]
         hp[0] = hp[i]
@@ -210,8 +216,9 @@ def _open_query(stamp, clock, queries, q) -> int:
         clock[0] = 0
     s = clock[0]
     clock[0] = s + 2
-    for j in range(queries.excluded_ptr[q], queries.excluded_ptr[q + 1]):
-        stamp[queries.excluded[j]] = s + 1
+    _, _, _, excluded, excluded_ptr = queries
+    for j in range(excluded_ptr[q], excluded_ptr[q + 1]):
+        stamp[excluded[j]] = s + 1
     return s
 
 
@@ -226,9 +233,8 @@ def top_k_dense(index, queries, k, scores, out) -> None:
     """Top-``k`` of each of ``queries`` (:class:`Queries`) from its full score array (any
     ``index``, a :class:`Postings`: no assumption on signs or order), into ``out``
     (:class:`TopK`). ``scores`` is scratch of corpus size."""
-    data, indices, indptr, id_rank = index.data, index.indices, index.indptr, index.id_rank
-    tokens, token_ptr, base = queries.tokens, queries.token_ptr, queries.base
-    excluded, excluded_ptr = queries.excluded, queries.excluded_ptr
+    data, indices, indptr, _, id_rank, _ = index
+    tokens, token_ptr, base, excluded, excluded_ptr = queries
     hs, hr, hp = _new_heap(k, scores)
     for q in range(token_ptr.shape[0] - 1):
         scores[:] = 0
@@ -350,9 +356,8 @@ def top_k_pruned(index, queries, k, acc, stamp, cand, count, clock, out) -> None
     margin of ``delta``, larger than any float32 rounding of the sums, so a discarded passage
     scores strictly below ``k`` kept ones and cannot even tie with them.
     """
-    data, indices, indptr = index.data, index.indices, index.indptr
-    token_max, id_rank, by_rank = index.token_max, index.id_rank, index.by_rank
-    tokens, token_ptr, base = queries.tokens, queries.token_ptr, queries.base
+    data, indices, indptr, token_max, id_rank, by_rank = index
+    tokens, token_ptr, base, _, _ = queries
     hs, hr, hp = _new_heap(k, acc)
     kth = np.empty(k, dtype=acc.dtype)
     kth_docs = np.empty(k, dtype=np.int64)
@@ -537,23 +542,32 @@ def warm_up(data, indices, indptr, id_rank, doc_len=None) -> None:
     index_facts(d, ix, ip, np.zeros(1, dtype=np.float64))
     tok, ptr, none = np.zeros(1, np.int64), np.array([0, 1], np.int64), np.zeros(2, np.int64)
     base = np.zeros(1, dtype=data.dtype)
-    out = TopK(np.zeros((1, 1), np.int64), np.zeros((1, 1), data.dtype), np.zeros(1, np.int64))
+    out = tuple(
+        TopK(np.zeros((1, 1), np.int64), np.zeros((1, 1), data.dtype), np.zeros(1, np.int64))
+    )
     scratch = new_scratch(1, data.dtype)
     blocks = compute_blocks(d, ix, ip)
     blocks["block_rank"] = block_min_rank(ix, ip, blocks, rank)
     blocks["best_block"] = best_blocks(blocks)
-    index = Postings(d, ix, ip, blocks["token_max"], rank, rank)
-    queries = Queries(tok, ptr, base, none[:0], none)
-    for_blocks = block_arrays(blocks)
+    index = tuple(Postings(d, ix, ip, blocks["token_max"], rank, rank))
+    queries = tuple(Queries(tok, ptr, base, none[:0], none))
+    for_blocks = tuple(block_arrays(blocks))
     top_k_blockmax(
-        index, for_blocks, no_length_bounds(data.dtype), queries, 1, scratch[1], scratch[4], out
+        index,
+        for_blocks,
+        tuple(no_length_bounds(data.dtype)),
+        queries,
+        1,
+        scratch[1],
+        scratch[4],
+        out,
     )
     lengths = like(doc_len, [1]) if doc_len is not None else np.ones(1, dtype=np.int32)
     state: dict = {}
     minlen, rows, table = length_bounds(tok, d, ix, ip, blocks, lengths, state)
     pairs = pair_bounds(tok, ptr, rows, d, ix, ip, state)
     supers = super_blocks(tok, rows, blocks, state)
-    bounds = Bounds(lengths, minlen, rows, table, pairs, *supers)
+    bounds = tuple(Bounds(lengths, minlen, rows, table, pairs, *supers))
     top_k_blockmax(index, for_blocks, bounds, queries, 1, scratch[1], scratch[4], out)
     check_lists(tok, ip, ix, 1, blocks, np.zeros(1, np.uint8))
     check_lists(tok, ip, ix, 1, None, np.zeros(1, np.uint8))
@@ -681,8 +695,8 @@ def _head_start(index, blocks, tok, occ, k, b, stamp, seen, hs, hr, hp, contrib,
     gone (``seen + 1``) are skipped. ``contrib`` and ``hit`` are scratch of ``tok``'s length
     (``hit`` all false, and left so); ``zero`` is 0 in the scores' dtype. Returns the heap's
     size."""
-    data, indices, indptr = index.data, index.indices, index.indptr
-    block, block_ptr, block_last = blocks.block, blocks.block_ptr, blocks.block_last
+    data, indices, indptr, _, id_rank, _ = index
+    block, block_ptr, _, block_last, _, best_block = blocks
     n_u = tok.shape[0]
     gone = seen + 1
     size = 0
@@ -691,7 +705,7 @@ def _head_start(index, blocks, tok, occ, k, b, stamp, seen, hs, hr, hp, contrib,
         lo_b, hi_b = block_ptr[tok[u]], block_ptr[tok[u] + 1]
         if lo_b == hi_b:
             continue
-        start = indptr[tok[u]] + (blocks.best_block[tok[u]] - lo_b) * block
+        start = indptr[tok[u]] + (best_block[tok[u]] - lo_b) * block
         stop = min(start + block, indptr[tok[u] + 1])
         taken[:] = False
         for _ in range(min(k, stop - start)):
@@ -725,7 +739,7 @@ def _head_start(index, blocks, tok, occ, k, b, stamp, seen, hs, hr, hp, contrib,
                     s += contrib[occ[i]]
             for v in range(n_u):
                 hit[v] = False
-            size = _push(hs, hr, hp, size, k, s + b, index.id_rank[d], d)
+            size = _push(hs, hr, hp, size, k, s + b, id_rank[d], d)
     return size
 
 
@@ -787,19 +801,17 @@ def top_k_blockmax(index, blocks, bounds, queries, k, stamp, clock, out) -> None
     ``sb_off`` each row's first), then over blocks (see the comments in the scan), so that a scan
     of thousands of tied passages costs a few checks per superblock, not one per block.
     """
-    data, indices, indptr = index.data, index.indices, index.indptr
-    token_max, id_rank, by_rank = index.token_max, index.id_rank, index.by_rank
-    block, block_ptr, block_max = blocks.block, blocks.block_ptr, blocks.block_max
-    block_last, block_rank = blocks.block_last, blocks.block_rank
-    doc_len, block_minlen, len_bound = bounds.doc_len, bounds.block_minlen, bounds.len_bound
-    sb_off, sb_max, sb_last = bounds.sb_off, bounds.sb_max, bounds.sb_last
-    sb_rank, sb_minlen = bounds.sb_rank, bounds.sb_minlen
-    token_ptr, base = queries.token_ptr, queries.base
-    hs, hr, hp = _new_heap(k, out.scores)
-    zero = np.zeros(1, dtype=out.scores.dtype)[0]
+    data, indices, indptr, token_max, id_rank, by_rank = index
+    block, block_ptr, block_max, block_last, block_rank, _ = blocks
+    (doc_len, block_minlen, token_row, len_bound, pair_bound,
+     sb_off, sb_max, sb_last, sb_rank, sb_minlen) = bounds  # fmt: skip
+    tokens, token_ptr, base, _, _ = queries
+    out_scores = out[1]
+    hs, hr, hp = _new_heap(k, out_scores)
+    zero = np.zeros(1, dtype=out_scores.dtype)[0]
     big = np.iinfo(np.int64).max
     use_len = doc_len.shape[0] > 0
-    use_pair = use_len and bounds.pair_bound.shape[0] > 0
+    use_pair = use_len and pair_bound.shape[0] > 0
     cap = len_bound.shape[1] - 1
     for q in range(token_ptr.shape[0] - 1):
         seen = _open_query(stamp, clock, queries, q)
@@ -807,9 +819,7 @@ def top_k_blockmax(index, blocks, bounds, queries, k, stamp, clock, out) -> None
         t0, t1 = token_ptr[q], token_ptr[q + 1]
         m = t1 - t0
         b = base[q]
-        tok, mult, occ, row, n_u = _distinct_tokens(
-            queries.tokens, t0, t1, bounds.token_row, use_len
-        )
+        tok, mult, occ, row, n_u = _distinct_tokens(tokens, t0, t1, token_row, use_len)
         bound = np.empty(n_u, dtype=np.float64)
         for u in range(n_u):
             bound[u] = mult[u] * token_max[tok[u]]
@@ -831,27 +841,25 @@ def top_k_blockmax(index, blocks, bounds, queries, k, stamp, clock, out) -> None
             end[u] = indptr[tok[u] + 1]
             bcur[u] = block_ptr[tok[u]]
             bend[u] = block_ptr[tok[u] + 1]
-        contrib = np.zeros(n_u, dtype=out.scores.dtype)
+        contrib = np.zeros(n_u, dtype=out_scores.dtype)
         hit = np.zeros(n_u, dtype=np.bool_)
         ess = np.zeros(n_u, dtype=np.bool_)
         noness = np.zeros(n_u, dtype=np.bool_)
-        tmax = np.empty(n_u, dtype=out.scores.dtype)
+        tmax = np.empty(n_u, dtype=out_scores.dtype)
         for u in range(n_u):
             tmax[u] = token_max[tok[u]]  # a float32 maximum, so exact
-        lb = np.empty(n_u, dtype=out.scores.dtype)  # each list's bound at one length
+        lb = np.empty(n_u, dtype=out_scores.dtype)  # each list's bound at one length
         # pb[e, v]: v's bound on a passage holding e; this query uses pair bounds (and the
         # wide ranges) only where one of them is at most half its list's maximum
         pq = False
-        pb = np.empty((n_u if use_pair else 0, n_u), dtype=out.scores.dtype)
+        pb = np.empty((n_u if use_pair else 0, n_u), dtype=out_scores.dtype)
         if use_pair:
             for e in range(n_u):
                 for v in range(n_u):
-                    pb[e, v] = (
-                        tmax[v] if e == v else _pair_at(bounds.pair_bound, row[e], row[v], tmax[v])
-                    )
+                    pb[e, v] = tmax[v] if e == v else _pair_at(pair_bound, row[e], row[v], tmax[v])
                     if e != v and 2 * pb[e, v] <= tmax[v]:
                         pq = True
-        umax = np.empty(n_u, dtype=out.scores.dtype)  # the wide ranges' units of the lists
+        umax = np.empty(n_u, dtype=out_scores.dtype)  # the wide ranges' units of the lists
         ulast = np.empty(n_u, dtype=np.int64)
         urank = np.empty(n_u, dtype=np.int64)
         ulen = np.empty(n_u, dtype=np.int64)

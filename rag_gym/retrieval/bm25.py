@@ -379,21 +379,30 @@ class BM25Retriever:
         out_n = np.empty(n, dtype=np.int64)
 
         kernels = self._kernels
-        index = kernels.Postings(
-            self._data, self._indices, self._indptr, self._token_max, self._id_rank, self._by_rank
+        # plain tuples in the kernels' field order: numba types them in C (see Postings)
+        index = tuple(
+            kernels.Postings(
+                self._data,
+                self._indices,
+                self._indptr,
+                self._token_max,
+                self._id_rank,
+                self._by_rank,
+            )
         )
-        blocks = self._block_arrays() if self.kernel == "blockmax" else None
+        blocks = tuple(self._block_arrays()) if self.kernel == "blockmax" else None
+        limits = tuple(limits)
 
         def run(lo: int, hi: int) -> None:
             scratch = self._take_scratch()
-            queries = kernels.Queries(
+            queries = (
                 tokens,
                 token_ptr[lo : hi + 1],
                 base[lo:hi],
                 excluded,
                 excluded_ptr[lo : hi + 1],
             )
-            out = kernels.TopK(out_pos[lo:hi], out_val[lo:hi], out_n[lo:hi])
+            out = (out_pos[lo:hi], out_val[lo:hi], out_n[lo:hi])  # a TopK's fields
             try:
                 if blocks is not None:
                     kernels.top_k_blockmax(
