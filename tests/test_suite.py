@@ -248,3 +248,31 @@ def test_macro_average_interval_keeps_each_group_weight():
     assert low == high == 0.5  # each group constant: every resample averages 1 and 0
     with pytest.raises(ValueError, match="at least one group"):
         macro_average_ci([])
+
+
+def _hotpot(qid: str, title: str) -> dict:
+    return {
+        "_id": qid,
+        "question": f"Where was {title} born?",
+        "answer": "Vell",
+        "type": "bridge",
+        "level": "hard",
+        "supporting_facts": [[title, 0]],
+        "context": [[title, [f"{title} was born in Vell."]], ["Kest", ["Kest is a town."]]],
+    }
+
+
+def test_index_build_pools_several_datasets_passages(tmp_path):
+    from rag_gym.retrieval import load_index
+
+    a = tmp_path / "a.json"
+    a.write_text(json.dumps([_hotpot("q1", "Ada"), _hotpot("q2", "Bo")]))
+    b = tmp_path / "b.json"
+    b.write_text(json.dumps([_hotpot("q3", "Cy")]))
+    build = ["index", "build", "--dataset", "hotpotqa,hotpotqa", "--out"]
+    out = runner.invoke(app, [*build, str(tmp_path / "idx"), "--data-path", f"{a},{b}"])
+    assert out.exit_code == 0, out.output
+    retriever, _ = load_index(tmp_path / "idx")
+    assert sorted(retriever.corpus.ids) == ["Ada", "Bo", "Cy", "Kest"]  # Kest stored once
+    short = runner.invoke(app, [*build, str(tmp_path / "idx2"), "--data-path", str(a)])
+    assert short.exit_code == 2 and "one --data-path a --dataset" in short.output
