@@ -276,3 +276,21 @@ def test_index_build_pools_several_datasets_passages(tmp_path):
     assert sorted(retriever.corpus.ids) == ["Ada", "Bo", "Cy", "Kest"]  # Kest stored once
     short = runner.invoke(app, [*build, str(tmp_path / "idx2"), "--data-path", str(a)])
     assert short.exit_code == 2 and "one --data-path a --dataset" in short.output
+
+
+def test_the_shipped_search_r1_suite_runs_on_flashrag_layout_files(tmp_path):
+    corpus = _write_world(tmp_path / "world")
+    suite = load_suite("search_r1")
+    for d in suite.datasets:  # the layout the suite names, FlashRAG's records
+        path = tmp_path / "flashrag" / d.data
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rec = {"id": f"{d.name}-0", "question": QUESTIONS[0], "golden_answers": ["Oslo"]}
+        path.write_text(json.dumps(rec) + "\n")
+    args = ["evaluate", "--suite", "search_r1", "--corpus", str(corpus), "--agents", "random"]
+    args += ["--data-root", str(tmp_path / "flashrag"), "--out", str(tmp_path / "runs")]
+    out = runner.invoke(app, [*args, "--run-name", "s", "--no-progress"])
+    assert out.exit_code == 0, out.output
+    md = (tmp_path / "runs" / "s" / "suite.md").read_text()
+    for d in suite.datasets:
+        assert f"{d.name} (1)" in md
+    assert "average (7)" in md
