@@ -99,10 +99,8 @@ class SFTConfig:
     """Transcripts per forward/backward pass; ``batch_size / micro_batch_size`` passes are
     accumulated into one step (the same update: TRL normalises the loss by the step's trained
     tokens). Peak memory grows with it: the logits alone take ``micro_batch_size × length ×
-    49,152 × 4`` bytes on SmolLM2, and 8 transcripts in one pass went past 14 GB. On a CPU one
-    transcript per pass trains as many tokens per second as two or four (SmolLM2 with LoRA on
-    the 2-core machine: 165, 168 and 168 tokens/s on 600-token rows) and pads nothing; raise it
-    on a GPU."""
+    49,152 × 4`` bytes on SmolLM2. On a CPU one transcript per pass trains about as many tokens
+    per second as several and pads nothing (docs/results/speed.md); raise it on a GPU."""
     max_length: int = 1024
     """Tokens per transcript at most (longer ones are dropped, never cut)."""
     eval_split: str = "validation"
