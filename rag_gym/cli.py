@@ -288,8 +288,6 @@ def evaluate(
     import shlex
     import warnings
 
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
     import rag_gym  # noqa: F401  (registers the envs)
@@ -373,7 +371,6 @@ def evaluate(
         check_run_dir(config, resume=resume is not None, overwrite=overwrite)
     except (TypeError, ValueError, OSError) as exc:
         _fail(str(exc))
-    console = Console(stderr=True)
     backend = judge_fn = None
     try:
         from rag_gym.generation.backends import make_lm
@@ -391,24 +388,9 @@ def evaluate(
     def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
         typer.secho(f"warning: {message}", fg=typer.colors.YELLOW, err=True)
 
-    with (
-        Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            disable=not progress,
-        ) as bar,
-        warnings.catch_warnings(),
-    ):
+    bar, tick = _episode_bar(progress)
+    with bar, warnings.catch_warnings():
         warnings.showwarning = show_warning
-        tasks: dict[str, int] = {}
-
-        def tick(agent: str, done: int, total: int) -> None:
-            if agent not in tasks:
-                tasks[agent] = bar.add_task(agent, total=total)
-            bar.update(tasks[agent], completed=done)
 
         try:
             with sigterm_as_interrupt():
@@ -497,6 +479,30 @@ def view(
         serve_report(path, port)
 
 
+def _episode_bar(enabled: bool) -> tuple[Any, Callable[[str, int, int], None]]:
+    """A progress bar on stderr (off unless ``enabled``) and ``tick(key, done, total)``, which
+    moves the bar's task ``key``, adding it the first time."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        disable=not enabled,
+    )
+    tasks: dict[str, int] = {}
+
+    def tick(key: str, done: int, total: int) -> None:
+        if key not in tasks:
+            tasks[key] = bar.add_task(key, total=total)
+        bar.update(tasks[key], completed=done)
+
+    return bar, tick
+
+
 def _read_prompt(path: Path | None) -> str | None:
     """The prompt template file's text; an unreadable file or one without ``{question}`` ends
     the command with the reason."""
@@ -515,8 +521,6 @@ def _evaluate_suite(ctx: typer.Context, given: Callable[[str], bool]) -> None:
     """``rag-gym evaluate --suite``: every dataset of a suite against one corpus, one table."""
     import shlex
 
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
     import rag_gym  # noqa: F401  (registers the envs)
@@ -589,26 +593,15 @@ def _evaluate_suite(ctx: typer.Context, given: Callable[[str], bool]) -> None:
             config.lm_spec = lm
     except (ImportError, FileNotFoundError, TypeError, ValueError) as exc:
         _fail(str(exc))
-    console = Console(stderr=True)
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        disable=not p["progress"],
-    ) as bar:
-        tasks: dict[str, int] = {}
+    bar, tick_key = _episode_bar(p["progress"])
+    with bar:
         column = {"name": ""}
 
         def started(dataset) -> None:
             column["name"] = dataset.name
 
         def tick(agent: str, done: int, total: int) -> None:
-            key = f"{column['name']} · {agent}"
-            if key not in tasks:
-                tasks[key] = bar.add_task(key, total=total)
-            bar.update(tasks[key], completed=done)
+            tick_key(f"{column['name']} · {agent}", done, total)
 
         try:
             with sigterm_as_interrupt():
