@@ -848,10 +848,29 @@ def index_build(
             "is streamed and postings beyond the budget are spilled to disk, then merged."
         ),
     ] = "2GB",
+    shards: Annotated[
+        int | None,
+        typer.Option(
+            help="From --corpus: a sharded index of S consecutive passage ranges whose merged "
+            "top-k equals one index (rag-gym serve --ray; docs/scale-out.md)."
+        ),
+    ] = None,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            help="With --shards: build the shards as tasks on this Ray cluster ('auto', "
+            "HOST:PORT, or 'local' to start one here); default: one after another here."
+        ),
+    ] = None,
 ) -> None:
     """Build a BM25 or dense index over a corpus file, a dataset's passages or a SynthHop world."""
     from rag_gym.retrieval.persist import check_target
 
+    if shards is not None or ray is not None:
+        _index_build_sharded(
+            out, corpus, dataset, synthhop, kind, model, force, memory, shards, ray
+        )
+        return
     try:  # before any work: never build for minutes, then refuse
         check_target(out, force)
     except FileExistsError as exc:
@@ -936,6 +955,57 @@ def index_build(
     )
 
 
+def _index_build_sharded(
+    out: Path,
+    corpus: str | None,
+    dataset: str | None,
+    synthhop: str | None,
+    kind: str,
+    model: str | None,
+    force: bool,
+    memory: str,
+    shards: int | None,
+    ray: str | None,
+) -> None:
+    """``rag-gym index build --shards S [--ray ADDRESS]``."""
+    import time
+
+    if shards is None:
+        _fail("--ray builds a sharded index: give --shards S too")
+    if corpus is None or dataset is not None or synthhop is not None:
+        _fail(
+            "a sharded index is built from a corpus file: give --corpus FILE (not --dataset or --synthhop)"
+        )
+    if kind not in ("bm25", "dense"):
+        _fail(f"expected --kind bm25 or dense, got {kind!r}")
+    from rag_gym.retrieval.shards import build_bm25_shards, build_dense_shards, local_map
+
+    t0 = time.perf_counter()
+    try:
+        map_fn = local_map
+        if ray is not None:
+            from rag_gym.retrieval.ray_shards import ray_map
+
+            map_fn = ray_map(ray)
+        if kind == "bm25":
+            path = build_bm25_shards(corpus, out, shards, memory=memory, force=force, map_fn=map_fn)
+        else:
+            from rag_gym.retrieval.dense import DenseConfig
+
+            path = build_dense_shards(
+                corpus, out, shards, DenseConfig(model=model), force=force, map_fn=map_fn
+            )
+    except (TypeError, ValueError, OSError, ImportError, ConnectionError) as exc:
+        _fail(str(exc))
+    from rag_gym.retrieval.shards import read_shards
+
+    manifest = read_shards(path)
+    typer.echo(
+        f"wrote a {kind} index of {manifest['corpus_size']} passages in {shards} shards to "
+        f"{path} in {time.perf_counter() - t0:.1f}s"
+    )
+
+
 @app.command()
 def serve(
     index: Annotated[
@@ -998,6 +1068,23 @@ def serve(
     micro_batching: Annotated[
         bool, typer.Option(help="Batch concurrent requests (off: one request at a time).")
     ] = True,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            help="Serve a sharded --index from replicas on this Ray cluster ('auto', HOST:PORT, "
+            "ray://HOST:PORT, or 'local' to start one here); this process routes and merges."
+        ),
+    ] = None,
+    shards: Annotated[
+        int | None,
+        typer.Option(help="With --ray: the shard count the index must have (checked)."),
+    ] = None,
+    replicas: Annotated[
+        int, typer.Option(help="With --ray: replicas of each shard (throughput and failover).")
+    ] = 1,
+    cpus_per_replica: Annotated[
+        float, typer.Option(help="With --ray: CPUs Ray reserves for each replica.")
+    ] = 1.0,
 ) -> None:
     """Serve an index over HTTP (Search-R1's /retrieve API, micro-batched)."""
 
@@ -1006,6 +1093,7 @@ def serve(
     from rag_gym.retrieval.persist import read_params
     from rag_gym.retrieval.search_engine import SearchEngineRetriever, is_engine_url
     from rag_gym.retrieval.server import ServerLimits, VerbatimContents, create_app, run_server
+    from rag_gym.retrieval.shards import ShardedRetriever, is_sharded, read_shards
 
     if (index is None) == (faiss_index is None):
         _fail("give --index DIR (rag-gym index build) or --faiss-index FILE, one of them")
@@ -1024,7 +1112,25 @@ def serve(
             max_connections=max_connections,
         )
         index_id = None  # a random one per start: another index, as far as clients can tell
-        if faiss_index is not None:
+        if ray is None and (shards is not None or replicas != 1):
+            _fail("--shards and --replicas go with --ray (a sharded index served on Ray)")
+        if ray is not None:
+            from rag_gym.retrieval.ray_shards import RayShardedRetriever
+
+            if corpus is not None:
+                _fail("--corpus goes with an unsharded index directory, not with --ray")
+            if index is None or is_engine_url(index) or not is_sharded(index):
+                _fail(
+                    "--ray serves a sharded index folder: give --index DIR built by "
+                    "rag-gym index build --shards S"
+                )
+            retriever = RayShardedRetriever(
+                index, shards=shards, replicas=replicas, address=ray,
+                cpus_per_replica=cpus_per_replica,
+            )  # fmt: skip
+            kind, source = retriever.manifest["kind"], f"{index} ({retriever!r})"
+            index_id = retriever.manifest["manifest_sha256"][:16]
+        elif faiss_index is not None:
             from rag_gym.retrieval.dense import DenseRetriever
 
             retriever = DenseRetriever.from_faiss(
@@ -1034,6 +1140,11 @@ def serve(
         elif is_engine_url(index):
             retriever = SearchEngineRetriever(index)
             kind, source = retriever.flavor, retriever.url
+        elif is_sharded(index):  # every shard in this process (--ray spreads them)
+            retriever = ShardedRetriever.load(index)
+            manifest = read_shards(index)
+            kind, source = manifest["kind"], f"{index} ({retriever!r})"
+            index_id = manifest["manifest_sha256"][:16]
         else:
             retriever, kind = load_index(str(index))
             source = index
@@ -1050,7 +1161,7 @@ def serve(
             contents=contents,
             index_id=index_id,
         )
-    except (ValueError, TypeError, ImportError, OSError) as exc:
+    except (ValueError, TypeError, ImportError, OSError, RuntimeError) as exc:
         _fail(str(exc))
     typer.echo(
         f"serving {kind} index {source} ({corpus_size(retriever)} passages) on http://{host}:{port}"

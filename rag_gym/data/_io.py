@@ -22,16 +22,23 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     _check_file(path)
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
-            where = f"line {lineno}"
-            line = _decode(raw, path, where)
-            if not line.strip():
-                continue
-            record = parse_json(line, path, where)
-            if not isinstance(record, dict):
-                raise DataFormatError(path, where, "(record)", "a JSON object", record)
-            if _SURROGATE_ESCAPE.search(line):
-                check_unicode(record, path, where)
-            yield lineno, record
+            record = parse_line(raw, path, f"line {lineno}")
+            if record is not None:
+                yield lineno, record
+
+
+def parse_line(raw: bytes, path: Path, where: str) -> dict[str, Any] | None:
+    """One JSONL line's record (``None`` for a blank line); bad JSON, bytes that are not UTF-8,
+    a record that is not an object and lone surrogates name ``path`` and ``where``."""
+    line = _decode(raw, path, where)
+    if not line.strip():
+        return None
+    record = parse_json(line, path, where)
+    if not isinstance(record, dict):
+        raise DataFormatError(path, where, "(record)", "a JSON object", record)
+    if _SURROGATE_ESCAPE.search(line):
+        check_unicode(record, path, where)
+    return record
 
 
 def parse_json(text: str, path: Path | str, where: str) -> Any:

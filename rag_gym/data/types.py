@@ -239,20 +239,25 @@ def iter_corpus_jsonl(path: str | Path) -> Iterator[tuple[int, Passage]]:
     duplicate ids are the caller's to check."""
     path = Path(path)
     for lineno, record in iter_jsonl(path):
-        pid = require(record, "id", (str, int), path, f"line {lineno}")
-        if "contents" in record:
-            contents = require(record, "contents", str, path, f"line {lineno}")
-            title, sep, text = contents.partition("\n")
-            if not sep:
-                title, text = "", contents
-            title = title.strip('"')
-        elif "text" in record:
-            text = require(record, "text", str, path, f"line {lineno}")
-            title = record.get("title") or ""
-            if not isinstance(title, str):
-                raise DataFormatError(path, f"line {lineno}", "title", "a string", title)
-        else:
-            raise DataFormatError(
-                path, f"line {lineno}", "contents", "a 'contents' or a 'text' field", "neither"
-            )
-        yield lineno, Passage(str(pid), title, text)
+        yield lineno, passage_from_record(record, path, f"line {lineno}")
+
+
+def passage_from_record(record: dict, path: Path, where: str) -> Passage:
+    """The passage of one corpus record, ``{"id", "contents"}`` (the title is the first line,
+    its quotes dropped) or ``{"id", "title", "text"}``; a malformed record raises
+    :class:`~rag_gym.data.errors.DataFormatError` naming ``path`` and ``where``."""
+    pid = require(record, "id", (str, int), path, where)
+    if "contents" in record:
+        contents = require(record, "contents", str, path, where)
+        title, sep, text = contents.partition("\n")
+        if not sep:
+            title, text = "", contents
+        title = title.strip('"')
+    elif "text" in record:
+        text = require(record, "text", str, path, where)
+        title = record.get("title") or ""
+        if not isinstance(title, str):
+            raise DataFormatError(path, where, "title", "a string", title)
+    else:
+        raise DataFormatError(path, where, "contents", "a 'contents' or a 'text' field", "neither")
+    return Passage(str(pid), title, text)

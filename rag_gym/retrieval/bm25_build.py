@@ -19,13 +19,14 @@ An in-memory and an out-of-core build of one corpus write byte-identical files.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
 from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,13 @@ def parse_memory(text: str | int) -> int:
 class _Collector:
     """Pass 1: tokens, document lengths, postings in sorted runs (in memory or spilled)."""
 
-    def __init__(self, config, run_postings: int | None, spill_dir: Path | None) -> None:
+    def __init__(
+        self,
+        config,
+        run_postings: int | None,
+        spill_dir: Path | None,
+        vocab: dict[str, int] | None = None,
+    ) -> None:
         self.split = re.compile(TOKEN_PATTERN).findall
         self.stop = frozenset(bm25s_stopwords(config.stopwords))
         stemmer = None
@@ -84,7 +91,8 @@ class _Collector:
             import Stemmer
 
             stemmer = Stemmer.Stemmer(config.stemmer)
-        self.vocab: dict[str, int] = {}  # stem -> token id, by first appearance
+        # stem -> token id, by first appearance (or a whole corpus's, for one shard of it)
+        self.vocab: dict[str, int] = dict(vocab) if vocab is not None else {}
         vocab = self.vocab
 
         class WordIds(dict):  # word -> token id, stemming each word once
@@ -147,6 +155,71 @@ class _Collector:
         self.runs.append((rows, tfs, ptr))
 
 
+@dataclass
+class CorpusStats:
+    """What BM25 scores with, over a whole corpus: its vocabulary (stem -> column, in order of
+    first appearance), each stem's document frequency, the passage count and the summed
+    length. Collected over consecutive ranges (:func:`collect_stats`) and merged in corpus order
+    (:func:`merge_stats`), they equal one pass over the corpus, so a range's index built with
+    them (``build_arrays(stats=...)``) holds the same contributions as the whole corpus's."""
+
+    vocab: dict[str, int]
+    df: np.ndarray
+    n_docs: int
+    total_len: int
+
+    @property
+    def avg_doc_len(self) -> np.float64:
+        """The average passage length exactly as ``doc_len.astype(np.int64).mean()`` gives it
+        (an integer sum below 2**53 is exact in float64)."""
+        return np.float64(self.total_len) / self.n_docs if self.n_docs else np.float64(0)
+
+    def digest(self) -> str:
+        """SHA-256 of the statistics: shards scored with the same statistics share it."""
+        h = hashlib.sha256()
+        h.update(json.dumps([self.n_docs, self.total_len], separators=(",", ":")).encode())
+        h.update("\x00".join(self.vocab).encode("utf-8", "surrogatepass"))
+        h.update(np.ascontiguousarray(self.df, dtype="<i8").tobytes())
+        return h.hexdigest()
+
+
+def collect_stats(contents: Iterable[str], config) -> CorpusStats:
+    """:class:`CorpusStats` of one range of passages (``"title\\ntext"`` each), tokenised as the
+    index build tokenises them."""
+    collector = _Collector(config, None, None)
+    word_ids, split, stop = collector.word_ids, collector.split, collector.stop
+    vocab = collector.vocab
+    df: list[int] = []
+    n = total = 0
+    for text in contents:
+        ids = [word_ids[w] for w in split(text.lower()) if w not in stop]
+        if len(df) < len(vocab):
+            df.extend([0] * (len(vocab) - len(df)))
+        for t in set(ids):
+            df[t] += 1
+        n += 1
+        total += len(ids)
+    return CorpusStats(vocab, np.asarray(df, dtype=np.int64), n, total)
+
+
+def merge_stats(parts: Iterable[CorpusStats]) -> CorpusStats:
+    """The statistics of consecutive ranges, given in corpus order, as one corpus's: a stem's
+    column is its first appearance in the first range that has it."""
+    vocab: dict[str, int] = {}
+    columns = []
+    n = total = 0
+    for part in parts:
+        columns.append(
+            (np.fromiter((vocab.setdefault(s, len(vocab)) for s in part.vocab), np.int64), part)
+        )
+        n += part.n_docs
+        total += part.total_len
+    df = np.zeros(len(vocab), dtype=np.int64)
+    for cols, part in columns:
+        df[cols] += part.df
+    return CorpusStats(vocab, df, n, total)
+
+
 def _scorer(config):
     """A bm25s model with these parameters (its idf method, delta, dtypes, backend)."""
     import bm25s
@@ -160,6 +233,7 @@ def build_arrays(
     memory: int | None = None,
     work_dir: Path | None = None,
     allocate: Callable[[str, np.dtype, int], np.ndarray] | None = None,
+    stats: CorpusStats | None = None,
 ) -> dict[str, Any]:
     """bm25s's index arrays for ``contents`` (each passage's ``"title\\ntext"``): ``{"data",
     "indices", "indptr", "num_docs", "vocab", "nonoccurrence", "model"}``.
@@ -167,6 +241,11 @@ def build_arrays(
     With ``memory`` (bytes), postings beyond the budget are spilled as runs under ``work_dir``;
     ``allocate(name, dtype, n)`` makes the ``data`` and ``indices`` arrays (default: in memory;
     out of core: memory-mapped files).
+
+    With ``stats`` (a whole corpus's, :class:`CorpusStats`), ``contents`` is one consecutive
+    range of that corpus: its columns are the corpus's vocabulary, and its contributions are
+    scored with the corpus's document frequencies, passage count and average length, so they
+    are the same float32 values as the whole corpus's index holds for these passages.
     """
     from bm25s.scoring import (
         _build_idf_array,
@@ -176,7 +255,12 @@ def build_arrays(
     )
 
     run_postings = None if memory is None else max(1, memory // _COLLECT_BYTES)
-    collector = _Collector(config, run_postings, work_dir if memory is not None else None)
+    collector = _Collector(
+        config,
+        run_postings,
+        work_dir if memory is not None else None,
+        vocab=None if stats is None else stats.vocab,
+    )
     for text in contents:
         collector.add(text)
     collector.spill()
@@ -195,15 +279,24 @@ def build_arrays(
     avg_doc_len = doc_len.astype(np.int64).mean()
     df = np.zeros(n_vocab, dtype=np.int64)
     df[: len(collector.df)] = collector.df
+    n_scored = n_docs
     doc_frequencies = dict(enumerate(df.tolist()))
+    if stats is not None:
+        if len(stats.vocab) != n_vocab:
+            raise ValueError(
+                "the passages hold words the corpus statistics do not: they are not a range of "
+                "the corpus the statistics were collected from; collect them again"
+            )
+        avg_doc_len, n_scored = stats.avg_doc_len, stats.n_docs
+        doc_frequencies = dict(enumerate(stats.df.tolist()))
     idf_fn = _select_idf_scorer(model.idf_method)
     tfc_fn = _select_tfc_scorer(model.method)
-    idf = _build_idf_array(doc_frequencies, n_docs, compute_idf_fn=idf_fn, dtype=model.dtype)
+    idf = _build_idf_array(doc_frequencies, n_scored, compute_idf_fn=idf_fn, dtype=model.dtype)
     nonocc = None
     if model.method in model.methods_requiring_nonoccurrence:
         nonocc = _build_nonoccurrence_array(
             doc_frequencies,
-            n_docs,
+            n_scored,
             compute_idf_fn=idf_fn,
             calculate_tfc_fn=tfc_fn,
             l_d=avg_doc_len,
@@ -351,6 +444,8 @@ def build_bm25_index(
     corpus_name: str = "corpus",
     force: bool = False,
     source: str = "the corpus",
+    stats: CorpusStats | None = None,
+    extra_params: dict[str, Any] | None = None,
 ) -> Path:
     """Write a BM25 index of ``passages`` (read once, in order) to ``out_dir`` within about
     ``memory`` of postings, byte-identical to ``BM25Retriever(corpus).save(out_dir)``.
@@ -376,7 +471,9 @@ def build_bm25_index(
             )
 
         try:
-            arrays = build_arrays((writer.add(p) for p in passages), config, budget, work, allocate)
+            arrays = build_arrays(
+                (writer.add(p) for p in passages), config, budget, work, allocate, stats=stats
+            )
         except BaseException:
             writer.close()
             raise
@@ -401,4 +498,5 @@ def build_bm25_index(
             },
         }
 
-    return write_index(out_dir, "bm25", None, {"config": asdict(config)}, write_files, force=force)
+    params = {"config": asdict(config), **(extra_params or {})}
+    return write_index(out_dir, "bm25", None, params, write_files, force=force)

@@ -78,8 +78,21 @@ class DenseConfig:
             raise ValueError("expected nlist >= 1, nprobe >= 1, hnsw_m >= 2 and batch_size >= 1")
 
 
+def exact_scores(vectors: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """Inner products of ``vectors`` (rows) with ``query``, in float64: each row's products are
+    exact and summed by numpy's pairwise sum over that row alone, so a passage's score does not
+    depend on which other passages, or how many, are scored with it (FAISS's and BLAS's float32
+    products change in the last bits with the matrix shapes)."""
+    return (np.asarray(vectors, dtype=np.float64) * np.asarray(query, dtype=np.float64)).sum(axis=1)
+
+
 class DenseRetriever:
-    """Embeddings + FAISS over a :class:`Corpus` (title and text encoded together)."""
+    """Embeddings + FAISS over a :class:`Corpus` (title and text encoded together).
+
+    FAISS finds each query's candidates (``k`` plus the excluded ids plus a margin of 16); a
+    rag-gym index then scores them exactly (:func:`exact_scores`, in float64), so a passage's
+    score is the same in any batch of queries and on any shard of the corpus. An index served
+    from a FAISS file alone (:meth:`from_faiss`) keeps FAISS's scores."""
 
     def __init__(
         self,
@@ -189,8 +202,7 @@ class DenseRetriever:
             if pools[i] is not None:
                 pos = positions(self.corpus, pools[i])
                 check_k(k, len(pos), "the candidate pool")
-                sub = self._pool_vectors(pos) @ q[i]
-                sub = sub.astype(np.float64)
+                sub = exact_scores(self._pool_vectors(pos), q[i])
                 if banned:
                     sub[np.isin(pos, list(banned))] = -np.inf
                 picked = pos[top_k(sub, k, self._id_rank[pos])]
@@ -198,6 +210,8 @@ class DenseRetriever:
                 scores_i = [score_of[p] for p in picked.tolist()]
             else:
                 s, ix = found[i]
+                if self.embeddings is not None:  # FAISS finds, the exact score ranks
+                    s = exact_scores(self.embeddings[np.maximum(ix, 0)], q[i])
                 keep = [
                     (float(sc), int(p))
                     for sc, p in zip(s, ix, strict=True)

@@ -1,0 +1,265 @@
+"""Sharded, replicated retrieval on a Ray cluster.
+
+Each shard of a sharded index (:mod:`rag_gym.retrieval.shards`) is served by ``replicas`` Ray
+actors, spread over the cluster's nodes (``SPREAD``); :class:`RayShardedRetriever` is the
+router: it sends each batch to one replica of every shard (round robin), and merges their top-k
+exactly (:func:`~rag_gym.retrieval.shards.merge_top_k`), so it answers as one index over the
+whole corpus would. ``rag-gym serve --ray ADDRESS --index DIR`` puts it behind the usual
+``/retrieve`` API.
+
+**Failover.** A replica that dies (its process or node killed) fails the calls it held; the
+router sends them again to another replica of the same shard, and Ray restarts the dead one
+(``max_restarts=-1``). A search has no side effects, so a retried call gives the same answer
+and no request is lost or answered twice. Only when every replica of a shard has failed for
+``timeout`` seconds does a batch fail (``RuntimeError`` naming the shard).
+
+**Files.** A replica loads its shard from the index folder's path, so every node must see the
+folder at the same path (one machine, or a shared filesystem).
+
+:func:`ray_map` runs a build's passes as Ray tasks (``rag-gym index build --shards S --ray``).
+
+Needs ``pip install 'rag-gym[ray]'``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rag_gym.retrieval.shards import ShardedRetriever, read_shards, shard_search
+
+
+class ClusterError(ConnectionError):
+    """No Ray cluster at the address given, or Ray is not installed; the message says how to
+    start one."""
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError("Ray is not installed: pip install 'rag-gym[ray]'") from exc
+    return ray
+
+
+def connect(address: str | None = None, timeout: float = 30.0) -> Any:
+    """Join the Ray cluster at ``address`` (``"auto"``: the one this machine runs, as Ray finds
+    it; ``HOST:PORT`` of its head; ``ray://HOST:PORT`` through Ray Client), or start a Ray
+    instance in this process for ``None`` or ``"local"``. Returns the ``ray`` module.
+
+    An address where no cluster answers within ``timeout`` seconds is a :class:`ClusterError`
+    naming it, not a hang.
+    """
+    ray = _ray()
+    if ray.is_initialized():
+        return ray
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+    if address in (None, "", "local"):
+        try:
+            ray.init(**kwargs)
+        except Exception as exc:
+            raise ClusterError(f"could not start a local Ray instance: {exc}") from None
+        return ray
+    if not address.startswith("ray://") and address != "auto":
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise ClusterError(
+                f"expected a Ray address such as 127.0.0.1:6379, ray://HOST:10001, 'auto' or "
+                f"'local', got {address!r}"
+            )
+        _check_reachable(host, int(port), address, timeout)
+    try:
+        ray.init(address=address, **kwargs)
+    except Exception as exc:
+        raise ClusterError(
+            f"no Ray cluster at {address!r} ({type(exc).__name__}: {str(exc)[:200]}); start one "
+            "with `ray start --head` (its address is printed), or pass --ray local to start one "
+            "in this process"
+        ) from None
+    return ray
+
+
+def _check_reachable(host: str, port: int, address: str, timeout: float) -> None:
+    import socket
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=min(2.0, timeout)):
+                return
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                raise ClusterError(
+                    f"no Ray cluster at {address!r}: nothing answers on {host}:{port} "
+                    f"({exc.strerror or exc}); start one with `ray start --head --port {port}`, "
+                    "or pass --ray local to start one in this process"
+                ) from None
+            time.sleep(0.5)
+
+
+class _Replica:
+    """One replica of one shard (a Ray actor): the shard's retriever, loaded once."""
+
+    def __init__(self, path: str, shard: int, verify: bool = False) -> None:
+        from rag_gym.retrieval.shards import load_shard
+
+        self.shard = shard
+        self.retriever = load_shard(path, shard, verify=verify)
+
+    def ready(self) -> tuple[int, int, int]:
+        return self.shard, len(self.retriever.corpus), os.getpid()
+
+    def search(self, queries, k, exclude, within) -> dict[str, list]:
+        return shard_search(self.retriever, queries, k, exclude, within)
+
+
+class RayShardedRetriever(ShardedRetriever):
+    """A sharded index served by Ray actors: ``replicas`` per shard, the router in this process.
+
+    Args:
+        path: a sharded index folder (``rag-gym index build --shards S``), at this path on
+            every node.
+        shards: the shard count expected (``--shards``); another count than the index's is a
+            :class:`~rag_gym.retrieval.shards.ShardError`.
+        replicas: actors per shard (throughput, and failover when one dies).
+        address: the Ray cluster (see :func:`connect`).
+        cpus_per_replica: CPUs Ray reserves for each actor.
+        timeout: seconds a batch may wait for a shard's answer, failovers included.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        shards: int | None = None,
+        replicas: int = 1,
+        address: str | None = None,
+        cpus_per_replica: float = 1.0,
+        timeout: float = 120.0,
+        verify: bool = False,
+    ) -> None:
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
+            raise ValueError(f"expected replicas >= 1, got {replicas!r}")
+        path = Path(path).resolve()
+        manifest = read_shards(path, shards)
+        ray = connect(address)
+        self._ray = ray
+        self.path = path
+        self.manifest = manifest
+        self.timeout = timeout
+        actor = ray.remote(_Replica).options(
+            num_cpus=cpus_per_replica,
+            max_restarts=-1,
+            max_task_retries=0,
+            scheduling_strategy="SPREAD",
+        )
+        self.replicas = [
+            [actor.remote(str(path), s, verify) for _ in range(replicas)]
+            for s in range(manifest["n_shards"])
+        ]
+        try:
+            ray.get([a.ready.remote() for row in self.replicas for a in row], timeout=timeout)
+        except Exception as exc:
+            self.shutdown()
+            raise RuntimeError(
+                f"the replicas of {path} did not start within {timeout}s "
+                f"({type(exc).__name__}: {str(exc)[:300]}); check that every node sees the "
+                "index at this path and has the CPUs asked for (--cpus-per-replica)"
+            ) from None
+        self._turn = [itertools.count() for _ in self.replicas]
+        # when each replica may be tried again after it failed (Ray restarts it meanwhile)
+        self._down = [[0.0] * len(row) for row in self.replicas]
+        self._lock = threading.Lock()
+        self.failovers = 0
+        super().__init__(self.replicas, size=manifest["corpus_size"], name=manifest["source"])
+
+    def _next(self, shard: int, after: int | None = None) -> int:
+        """The replica of ``shard`` to call: round robin (or the one after ``after``), passing
+        over replicas that failed in the last :attr:`backoff` seconds unless all did."""
+        n = len(self.replicas[shard])
+        now = time.monotonic()
+        with self._lock:
+            start = next(self._turn[shard]) if after is None else after + 1
+            for j in range(n):
+                r = (start + j) % n
+                if self._down[shard][r] <= now:
+                    return r
+            return start % n
+
+    #: seconds a replica that failed is passed over
+    backoff = 2.0
+
+    def _failed(self, shard: int, replica: int) -> None:
+        with self._lock:
+            self.failovers += 1
+            self._down[shard][replica] = time.monotonic() + self.backoff
+
+    def search(self, shard: int, queries, k, exclude, within) -> dict[str, list]:
+        return self.search_all(queries, k, exclude, within, only=[shard])[0]
+
+    def search_all(self, queries, k, exclude, within, only=None) -> list[dict[str, list]]:
+        """Every shard's part of a batch, from one replica each, in parallel; a replica that
+        fails is replaced by the next of its shard until one answers or ``timeout`` passes."""
+        ray = self._ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        args = (list(queries), k, exclude, within)
+        shards = list(range(len(self.replicas))) if only is None else list(only)
+        pending = {}
+        for s in shards:
+            r = self._next(s)
+            pending[s] = (r, self.replicas[s][r].search.remote(*args))
+        out: dict[int, dict] = {}
+        deadline = time.monotonic() + self.timeout
+        while pending:
+            s, (r, ref) = next(iter(pending.items()))
+            try:
+                out[s] = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+                del pending[s]
+            except (RayActorError, GetTimeoutError) as exc:
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(
+                        f"shard {s} of {self.path} did not answer within {self.timeout}s: every "
+                        f"replica failed (last: {type(exc).__name__}); check the cluster"
+                    ) from None
+                self._failed(s, r)
+                r = self._next(s, after=r)
+                if all(t > time.monotonic() for t in self._down[s]):
+                    time.sleep(0.2)  # every replica failed: give Ray time to restart one
+                pending[s] = (r, self.replicas[s][r].search.remote(*args))
+        return [out[s] for s in shards]
+
+    def replica_pids(self) -> list[list[int]]:
+        """The process id of every replica, by shard (after restarts, the new ones)."""
+        return [
+            [pid for _, _, pid in self._ray.get([a.ready.remote() for a in row])]
+            for row in self.replicas
+        ]
+
+    def shutdown(self) -> None:
+        """Stop every replica."""
+        for row in getattr(self, "replicas", []):
+            for a in row:
+                with contextlib.suppress(Exception):  # already gone
+                    self._ray.kill(a, no_restart=True)
+
+    def __repr__(self) -> str:
+        per = len(self.replicas[0]) if self.replicas else 0
+        return f"RayShardedRetriever({self.path}, {len(self.replicas)} shards x {per} replicas)"
+
+
+def ray_map(address: str | None = None, cpus: float = 1.0) -> Callable:
+    """A ``map_fn`` for :func:`~rag_gym.retrieval.shards.build_bm25_shards` that runs each call
+    as a Ray task on the cluster at ``address``, all at once, results in call order."""
+    ray = connect(address)
+
+    def run(fn: Callable[..., Any], calls: list[tuple]) -> list[Any]:
+        task = ray.remote(fn).options(num_cpus=cpus, max_retries=2)
+        return ray.get([task.remote(*args) for args in calls])
+
+    return run

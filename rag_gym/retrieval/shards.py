@@ -1,0 +1,665 @@
+"""Sharded indexes: one corpus in consecutive passage ranges, each an ordinary index folder, whose
+merged top-k equals one index over the whole corpus: the same ids, scores and tie-breaks.
+
+A sharded index is a folder::
+
+    DIR/shards.json    the manifest: kind, shard count, each shard's folder, first passage and
+                       size, and the checksum of its params.json; the corpus's size and checksum;
+                       for BM25 the digest of the corpus statistics every shard was scored with
+    DIR/shard-000/     an index folder (rag_gym.retrieval.persist) of the first range
+    DIR/shard-001/     ...
+
+**BM25.** A passage's BM25 score depends on the whole corpus (each word's document frequency,
+the passage count, the average length), so shards scored with their own statistics rank
+differently from one index. The build does what Lucene's distributed frequency phase does,
+once: a first pass over the corpus, in parallel over byte ranges of its JSONL
+(:func:`~rag_gym.retrieval.bm25_build.collect_stats`), merged in corpus order
+(:func:`~rag_gym.retrieval.bm25_build.merge_stats`); then each shard is built from its range with
+those statistics. Each shard then holds, bit for bit, the float32 contributions the single index
+holds for its passages, in columns numbered as the single index numbers them, so a query's
+score for a passage is the same number on a shard as on the whole.
+
+**Dense.** Each shard encodes its own range (:func:`build_dense_shards`), starting where the
+whole corpus's build starts an encoding call, so every passage gets the embedding one index
+would give it; exact inner product then gives it the same score on its shard.
+
+**Merge.** Each shard returns its own top ``k`` (ties broken by passage id, as every rag-gym
+retriever breaks them); :func:`merge_top_k` orders their union by (score descending, passage id)
+and keeps ``k``: the single index's ranking. :func:`shard_search` is what a shard runs for a
+batch (the pools of ``within`` cut to the passages it holds); :class:`ShardedRetriever` fans
+a batch out to shards in this process, and
+:class:`~rag_gym.retrieval.ray_shards.RayShardedRetriever` to replicas on a Ray cluster.
+
+A build writes into a temporary folder renamed into place at the end: a killed build leaves
+nothing loadable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rag_gym.data._io import parse_line
+from rag_gym.data.types import Passage, passage_from_record
+from rag_gym.retrieval.base import RetrievalResult, check_k, check_queries, per_query
+from rag_gym.retrieval.bm25_build import (
+    CorpusStats,
+    build_bm25_index,
+    collect_stats,
+    merge_stats,
+    parse_memory,
+)
+from rag_gym.retrieval.bm25_format import BM25Config
+from rag_gym.retrieval.http import _RemoteCorpus
+from rag_gym.retrieval.persist import _remove_stale_siblings, read_params
+
+MANIFEST = "shards.json"
+#: Sharded index format.
+FORMAT = 1
+
+Map = Callable[[Callable[..., Any], list[tuple]], list[Any]]
+
+
+class ShardError(ValueError):
+    """A sharded index that cannot be served as asked: shards of different corpora or kinds, a
+    shard count other than the index's, a damaged manifest. The message names the fix."""
+
+
+def local_map(fn: Callable[..., Any], calls: list[tuple]) -> list[Any]:
+    """Run ``fn(*args)`` for each ``args`` of ``calls`` here, one after another."""
+    return [fn(*args) for args in calls]
+
+
+# ---- the corpus file in byte ranges -------------------------------------------------------------
+def corpus_ranges(path: str | Path, n: int) -> list[tuple[int, int]]:
+    """``n`` byte ranges ``[start, end)`` covering the file, each starting at a line's start
+    (about equal in bytes; a range may be empty when the file has fewer lines than ``n``)."""
+    path = Path(path)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"expected a shard count >= 1, got {n!r}")
+    size = path.stat().st_size
+    cuts = [0]
+    with open(path, "rb") as f:
+        for i in range(1, n):
+            at = max(size * i // n, cuts[-1])
+            if at >= size:
+                cuts.append(size)
+                continue
+            if at > 0:
+                f.seek(at - 1)
+                if f.read(1) != b"\n":
+                    f.readline()  # to the start of the next line
+                at = f.tell()
+            cuts.append(min(at, size))
+    cuts.append(size)
+    return list(itertools.pairwise(cuts))
+
+
+def iter_range(path: str | Path, start: int, end: int) -> Iterator[Passage]:
+    """The passages of the lines that start in bytes ``[start, end)`` of a corpus JSONL file,
+    parsed as :func:`~rag_gym.data.types.iter_corpus_jsonl` parses them; a bad line raises
+    :class:`~rag_gym.data.errors.DataFormatError` naming its byte offset."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        f.seek(start)
+        at = start
+        while at < end:
+            raw = f.readline()
+            if not raw:
+                break
+            where = f"the line at byte {at}"
+            at += len(raw)
+            record = parse_line(raw, path, where)
+            if record is not None:
+                yield passage_from_record(record, path, where)
+
+
+def _contents(p: Passage) -> str:
+    return f"{p.title}\n{p.text}" if p.title else p.text
+
+
+def _id_digests(ids: Iterable[str]) -> np.ndarray:
+    return np.fromiter(
+        (
+            int.from_bytes(
+                hashlib.blake2b(i.encode("utf-8", "surrogatepass"), digest_size=8).digest(),
+                "little",
+            )
+            for i in ids
+        ),
+        dtype=np.uint64,
+    )
+
+
+def range_stats(path: str, start: int, end: int, config: dict) -> tuple[CorpusStats, np.ndarray]:
+    """BM25 statistics of one byte range of the corpus, and a 64-bit digest of each passage id
+    (to find an id repeated across ranges)."""
+    ids: list[str] = []
+
+    def contents() -> Iterator[str]:
+        for p in iter_range(path, start, end):
+            ids.append(p.id)
+            yield _contents(p)
+
+    stats = collect_stats(contents(), BM25Config(**config))
+    return stats, _id_digests(ids)
+
+
+def _check_unique_ids(path: Path, digests: list[np.ndarray]) -> None:
+    all_ids = np.concatenate(digests) if digests else np.zeros(0, np.uint64)
+    if len(np.unique(all_ids)) == len(all_ids):
+        return
+    seen: set[str] = set()
+    for start, end in corpus_ranges(path, 1):
+        for p in iter_range(path, start, end):
+            if p.id in seen:
+                raise ValueError(
+                    f"{path}: passage id {p.id!r} is repeated; every passage needs its own id"
+                )
+            seen.add(p.id)
+
+
+def build_bm25_shard(
+    path: str,
+    start: int,
+    end: int,
+    out: str,
+    stats: CorpusStats,
+    config: dict,
+    memory: int,
+    info: dict,
+) -> dict:
+    """Build one BM25 shard (the passages of bytes ``[start, end)``) scored with ``stats``;
+    returns its ``params.json`` facts."""
+    folder = build_bm25_index(
+        iter_range(path, start, end),
+        out,
+        config=BM25Config(**config),
+        memory=memory,
+        corpus_name=info["corpus_name"],
+        source=f"{path} (bytes {start}-{end})",
+        stats=stats,
+        extra_params={"shard": info},
+    )
+    params = read_params(folder)
+    return {"size": params["corpus_size"], "checksum": params["corpus_checksum"]}
+
+
+# ---- building -----------------------------------------------------------------------------------
+def build_bm25_shards(
+    corpus: str | Path,
+    out_dir: str | Path,
+    shards: int,
+    config: BM25Config | None = None,
+    memory: int | str = "2GB",
+    force: bool = False,
+    map_fn: Map = local_map,
+) -> Path:
+    """A sharded BM25 index of a corpus JSONL file in ``shards`` consecutive ranges, whose
+    merged top-k equals ``build_bm25_index`` over the whole file.
+
+    Two passes, each a ``map_fn`` over the ranges (:func:`local_map` here, one after another;
+    :func:`rag_gym.retrieval.ray_shards.ray_map` on a Ray cluster, in parallel): the
+    statistics of each range, merged in order; then each shard, scored with them. ``memory``
+    is each shard build's budget for postings.
+    """
+    corpus = Path(corpus)
+    if not corpus.is_file():
+        raise FileNotFoundError(f"no corpus file at {corpus}; pass a corpus JSONL (--corpus)")
+    config = config or BM25Config()
+    budget = parse_memory(memory)
+    ranges = corpus_ranges(corpus, shards)
+    cfg = asdict(config)
+    parts = map_fn(range_stats, [(str(corpus), a, b, cfg) for a, b in ranges])
+    stats = merge_stats(p[0] for p in parts)
+    _check_unique_ids(corpus, [p[1] for p in parts])
+    if stats.n_docs == 0:
+        raise ValueError(f"{corpus} holds no passages; expected at least one")
+    firsts = np.cumsum([0] + [p[0].n_docs for p in parts]).tolist()
+    if min(p[0].n_docs for p in parts) == 0:
+        raise ValueError(
+            f"{corpus} holds {stats.n_docs} passages, too few for {shards} shards of at least one "
+            "each; pass fewer --shards"
+        )
+    digest = stats.digest()
+
+    def write(tmp: Path) -> dict:
+        calls = []
+        for i, (a, b) in enumerate(ranges):
+            info = {
+                "index": i,
+                "of": shards,
+                "first": int(firsts[i]),
+                "stats_sha256": digest,
+                "corpus_name": corpus.stem,
+            }
+            calls.append((str(corpus), a, b, str(tmp / _shard_dir(i)), stats, cfg, budget, info))
+        facts = map_fn(build_bm25_shard, calls)
+        return {"stats_sha256": digest, "config": cfg, "facts": facts, "firsts": firsts}
+
+    return _write_sharded(out_dir, "bm25", corpus, shards, write, force)
+
+
+def passage_offsets(path: str | Path, starts: Sequence[int]) -> list[int]:
+    """The byte offset of passage number ``i`` (counting non-blank lines) for each ``i`` of
+    ``starts`` (increasing); the file's size for an ``i`` past the last passage."""
+    path = Path(path)
+    out: list[int] = []
+    wanted = iter(starts)
+    nxt = next(wanted, None)
+    n = at = 0
+    with open(path, "rb") as f:
+        for raw in f:
+            while nxt is not None and nxt == n and raw.strip():
+                out.append(at)
+                nxt = next(wanted, None)
+            if raw.strip():
+                n += 1
+            at += len(raw)
+    while nxt is not None:
+        out.append(at)
+        nxt = next(wanted, None)
+    return out
+
+
+def build_dense_shard(path: str, start: int, end: int, out: str, config: dict, info: dict) -> dict:
+    """Encode one range of the corpus (bytes ``[start, end)``) into a dense index folder."""
+    from rag_gym.data.types import Corpus
+    from rag_gym.retrieval.dense import DenseConfig, DenseRetriever
+
+    corpus = Corpus(iter_range(path, start, end), name=info["corpus_name"])
+    folder = DenseRetriever(corpus, DenseConfig(**config)).save(out)
+    params = read_params(folder)
+    return {"size": params["corpus_size"], "checksum": params["corpus_checksum"]}
+
+
+def build_dense_shards(
+    corpus: str | Path,
+    out_dir: str | Path,
+    shards: int,
+    config=None,
+    force: bool = False,
+    map_fn: Map = local_map,
+) -> Path:
+    """A sharded dense index of a corpus JSONL file: each shard's passages encoded by its own
+    ``map_fn`` call (a Ray task with :func:`~rag_gym.retrieval.ray_shards.ray_map`).
+
+    Shards start at multiples of the passages the dense build encodes in one call
+    (``16 * batch_size``), so each passage is encoded in the same company as in one index over
+    the whole file, and gets the same embedding: with a flat (exact) index, the merged top-k
+    is the single index's. Only ``index="flat"`` is accepted.
+    """
+    from rag_gym.retrieval.dense import DenseConfig
+
+    corpus = Path(corpus)
+    if not corpus.is_file():
+        raise FileNotFoundError(f"no corpus file at {corpus}; pass a corpus JSONL (--corpus)")
+    config = config or DenseConfig()
+    if config.index != "flat":
+        raise ValueError(
+            f"a sharded dense index needs exact search (index='flat'), got {config.index!r}: "
+            "approximate indexes rank differently on shards than on the whole corpus"
+        )
+    with open(corpus, "rb") as f:
+        n = sum(1 for raw in f if raw.strip())
+    step = max(config.batch_size * 16, 1)
+    chunks = -(-n // step)
+    if not isinstance(shards, int) or shards < 1 or shards > chunks:
+        raise ValueError(
+            f"expected 1 <= shards <= {chunks} ({n} passages, encoded {step} at a time), "
+            f"got {shards!r}; pass fewer --shards"
+        )
+    firsts = [min(n, chunks * i // shards * step) for i in range(shards)] + [n]
+    offsets = passage_offsets(corpus, firsts)
+    cfg = asdict(config)
+    _check_unique_ids(corpus, [_id_digests(p.id for p in iter_range(corpus, 0, offsets[-1]))])
+
+    def write(tmp: Path) -> dict:
+        calls = [
+            (
+                str(corpus),
+                offsets[i],
+                offsets[i + 1],
+                str(tmp / _shard_dir(i)),
+                cfg,
+                {"index": i, "of": shards, "first": firsts[i], "corpus_name": corpus.stem},
+            )
+            for i in range(shards)
+        ]
+        facts = map_fn(build_dense_shard, calls)
+        return {"stats_sha256": None, "config": cfg, "facts": facts, "firsts": firsts}
+
+    return _write_sharded(out_dir, "dense", corpus, shards, write, force)
+
+
+def _shard_dir(i: int) -> str:
+    return f"shard-{i:03d}"
+
+
+def _digest(body: dict) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _write_sharded(
+    out_dir: str | Path, kind: str, source: Path, shards: int, write, force: bool
+) -> Path:
+    from rag_gym import __version__
+
+    out = Path(out_dir)
+    _check_target(out, force)
+    _remove_stale_siblings(out)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        built = write(tmp)
+        facts = built["facts"]
+        corpus_checksum = hashlib.sha256("".join(f["checksum"] for f in facts).encode()).hexdigest()
+        entries = []
+        for i, fact in enumerate(facts):
+            params = read_params(tmp / _shard_dir(i))
+            entries.append(
+                {
+                    "dir": _shard_dir(i),
+                    "first": int(built["firsts"][i]),
+                    "size": int(fact["size"]),
+                    "params_sha256": params["params_sha256"],
+                }
+            )
+        manifest = {
+            "rag_gym_version": __version__,
+            "format": FORMAT,
+            "kind": kind,
+            "n_shards": shards,
+            "source": source.name,
+            "corpus_size": int(sum(f["size"] for f in facts)),
+            "corpus_checksum": corpus_checksum,
+            "stats_sha256": built["stats_sha256"],
+            "config": built["config"],
+            "shards": entries,
+        }
+        manifest["manifest_sha256"] = _digest(manifest)
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        _check_target(out, force)
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _check_target(out: Path, force: bool) -> None:
+    if force or not out.exists():
+        return
+    if not out.is_dir():
+        raise FileExistsError(
+            f"{out} is a file, not an index folder; pick another --out, or --force"
+        )
+    names = {p.name for p in out.iterdir()}
+    if names and MANIFEST not in names:
+        raise FileExistsError(
+            f"{out} exists and is not a sharded rag-gym index (no {MANIFEST}); pick another "
+            "--out, or pass --force to replace it"
+        )
+
+
+# ---- reading ------------------------------------------------------------------------------------
+def is_sharded(path: str | Path) -> bool:
+    """Whether ``path`` is a sharded index folder (it holds ``shards.json``)."""
+    return (Path(path) / MANIFEST).is_file()
+
+
+def read_shards(path: str | Path, shards: int | None = None) -> dict[str, Any]:
+    """The checked manifest of a sharded index: unedited, and every shard's ``params.json``
+    the one it lists, of its kind, built from the same corpus split and (BM25) scored with
+    the same statistics. ``shards``: the count the caller expects (``--shards``), checked
+    against the index's. Raises :class:`ShardError` naming what is wrong and the fix."""
+    d = Path(path)
+    mpath = d / MANIFEST
+    if not mpath.is_file():
+        raise ShardError(
+            f"{d} is not a sharded index ({MANIFEST} is missing); build one with "
+            "rag-gym index build --shards S"
+        )
+    try:
+        manifest = json.loads(mpath.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ShardError(f"{mpath} is not valid JSON ({exc}); rebuild the sharded index") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ShardError(f"{mpath}: expected a sharded index of format {FORMAT}; rebuild it")
+    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    if manifest.get("manifest_sha256") != _digest(body):
+        raise ShardError(f"{mpath} was edited or damaged (its checksum does not match); rebuild it")
+    n = manifest["n_shards"]
+    if shards is not None and shards != n:
+        raise ShardError(
+            f"{d} has {n} shards, not {shards}: pass --shards {n}, or rebuild the index with "
+            f"rag-gym index build --shards {shards}"
+        )
+    kind = manifest["kind"]
+    for i, entry in enumerate(manifest["shards"]):
+        sdir = d / entry["dir"]
+        try:
+            params = read_params(sdir)
+        except ValueError as exc:
+            raise ShardError(f"shard {i}: {exc}") from None
+        if params["kind"] != kind:
+            raise ShardError(
+                f"{sdir} is a {params['kind']} index, the others are {kind}: shards built by "
+                "different retriever kinds cannot be merged; rebuild the sharded index"
+            )
+        info = params.get("shard") or {}
+        if params["params_sha256"] != entry["params_sha256"]:
+            why = (
+                "it was scored with other corpus statistics, so it is a shard of another corpus"
+                if kind == "bm25" and info.get("stats_sha256") != manifest["stats_sha256"]
+                else "it is another index than the one this sharded index was built with"
+            )
+            raise ShardError(
+                f"{sdir} is not the shard {d / MANIFEST} lists ({why}); shards built from "
+                "different corpora cannot be merged: rebuild the sharded index"
+            )
+    return manifest
+
+
+def load_shard(path: str | Path, index: int, verify: bool = False):
+    """Shard ``index`` of a sharded index folder, loaded as its kind's retriever, after the
+    manifest's checks (:func:`read_shards`)."""
+    from rag_gym.retrieval.load import load_index
+
+    manifest = read_shards(path)
+    if not 0 <= index < manifest["n_shards"]:
+        raise ShardError(f"{path} has shards 0 to {manifest['n_shards'] - 1}, not {index}")
+    retriever, _ = load_index(Path(path) / manifest["shards"][index]["dir"], verify=verify)
+    return retriever
+
+
+# ---- searching ----------------------------------------------------------------------------------
+def shard_search(
+    retriever,
+    queries: Sequence[str],
+    k: int,
+    exclude: Sequence[Iterable[str] | None] | None = None,
+    within: Sequence[Sequence[str] | None] | None = None,
+) -> dict[str, list]:
+    """One shard's part of a batch: each query's top ``min(k, shard size)`` (for a query with
+    a pool, of the pool's passages on this shard). Returns ``{"ids", "scores", "titles",
+    "texts", "found"}``: ``found[i]`` is how many of query ``i``'s pool ids the shard holds
+    (``None`` without a pool)."""
+    corpus = retriever.corpus
+    n = len(corpus)
+    excl = per_query(exclude, len(queries), "exclude")
+    pools = per_query(within, len(queries), "within")
+    ids: list[list[str]] = [[] for _ in queries]
+    scores: list[list[float]] = [[] for _ in queries]
+    found: list[int | None] = [None] * len(queries)
+    free = [i for i, p in enumerate(pools) if p is None]
+    if free:
+        res = retriever.retrieve(
+            [queries[i] for i in free],
+            min(k, n),
+            exclude=[excl[i] for i in free] if exclude is not None else None,
+        )
+        for row, i in enumerate(free):
+            ids[i], scores[i] = res.ids[row], res.scores[row]
+    for i, pool in enumerate(pools):
+        if pool is None:
+            continue
+        mine = [p for p in dict.fromkeys(pool) if p in corpus]
+        found[i] = len(mine)
+        if not mine:
+            continue
+        res = retriever.retrieve(
+            [queries[i]], min(k, len(mine)), exclude=[excl[i]] if excl[i] else None, within=[mine]
+        )
+        ids[i], scores[i] = res.ids[0], res.scores[0]
+    index = corpus._index
+    titles = [[corpus.titles[index[p]] for p in row] for row in ids]
+    texts = [[corpus.texts[index[p]] for p in row] for row in ids]
+    return {"ids": ids, "scores": scores, "titles": titles, "texts": texts, "found": found}
+
+
+def merge_top_k(
+    parts: Sequence[dict[str, list]], k: int
+) -> list[list[tuple[float, str, str, str]]]:
+    """Each query's ``k`` best of the shards' results, ordered by (score descending, passage
+    id): the order one index over the whole corpus gives. Items are ``(score, id, title,
+    text)``."""
+    n = len(parts[0]["ids"]) if parts else 0
+    out = []
+    for i in range(n):
+        items = [
+            (float(s), pid, t, x)
+            for part in parts
+            for s, pid, t, x in zip(
+                part["scores"][i], part["ids"][i], part["titles"][i], part["texts"][i], strict=True
+            )
+        ]
+        items.sort(key=lambda it: (-it[0], it[1]))
+        out.append(items[:k])
+    return out
+
+
+class ShardedCorpus(_RemoteCorpus):
+    """The passages the shards have returned so far (``len`` counts them); ``server_size`` is
+    the sharded index's passage count (what :func:`~rag_gym.retrieval.base.corpus_size`
+    reports)."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self, server_size: int, name: str) -> None:
+        super().__init__(server_size, name)
+        self._lock = threading.Lock()
+
+    def add_found(self, ids: list[str], titles: list[str], texts: list[str]) -> None:
+        with self._lock:
+            for pid, title, text in zip(ids, titles, texts, strict=True):
+                if pid not in self._index:
+                    self.add(Passage(pid, title, text))
+
+
+class ShardedRetriever:
+    """A sharded index searched as one: each batch goes to every shard (:func:`shard_search`)
+    and their top-k are merged (:func:`merge_top_k`), which gives the ranking of one index over
+    the whole corpus. ``search(s, queries, k, exclude, within)`` runs shard ``s``'s part; here
+    it calls the shard's retriever in this process (``shards``, one per shard), and
+    :class:`~rag_gym.retrieval.ray_shards.RayShardedRetriever` overrides it to call a replica
+    on a Ray cluster.
+
+    ``corpus`` holds the passages returned so far (:class:`ShardedCorpus`).
+    """
+
+    def __init__(
+        self, shards: Sequence[Any], size: int | None = None, name: str = "shards"
+    ) -> None:
+        self.shards = list(shards)
+        if not self.shards:
+            raise ValueError("expected at least one shard, got none")
+        total = size if size is not None else sum(len(s.corpus) for s in self.shards)
+        self.size = total
+        self.corpus = ShardedCorpus(total, name)
+
+    @classmethod
+    def load(
+        cls, path: str | Path, shards: int | None = None, verify: bool = False
+    ) -> ShardedRetriever:
+        """Every shard of a sharded index folder, in this process."""
+        manifest = read_shards(path, shards)
+        loaded = [load_shard(path, i, verify=verify) for i in range(manifest["n_shards"])]
+        return cls(loaded, size=manifest["corpus_size"], name=manifest["source"])
+
+    @property
+    def n_shards(self) -> int:
+        return len(self.shards)
+
+    def index(self, corpus) -> None:
+        raise NotImplementedError(
+            "a sharded index is built with rag-gym index build --shards S, not indexed in place"
+        )
+
+    def search(self, shard: int, queries, k, exclude, within) -> dict[str, list]:
+        return shard_search(self.shards[shard], queries, k, exclude, within)
+
+    def search_all(self, queries, k, exclude, within) -> list[dict[str, list]]:
+        """Every shard's part of a batch (one after another here)."""
+        return [self.search(s, queries, k, exclude, within) for s in range(self.n_shards)]
+
+    def retrieve(
+        self,
+        queries: Sequence[str],
+        k: int,
+        exclude: Sequence[Iterable[str] | None] | None = None,
+        within: Sequence[Sequence[str] | None] | None = None,
+    ) -> RetrievalResult:
+        queries = check_queries(queries)
+        excl = per_query(exclude, len(queries), "exclude")
+        pools = per_query(within, len(queries), "within")
+        if within is None:
+            check_k(k, self.size)
+        for pool in pools:
+            if pool is not None:
+                check_k(k, len(dict.fromkeys(pool)), "the candidate pool")
+        if not queries:
+            return RetrievalResult([], [])
+        parts = self.search_all(
+            queries,
+            k,
+            [list(e) if e else None for e in excl] if exclude is not None else None,
+            [list(p) if p is not None else None for p in pools] if within is not None else None,
+        )
+        for i, pool in enumerate(pools):
+            if pool is None:
+                continue
+            held = sum(part["found"][i] or 0 for part in parts)
+            if held != len(dict.fromkeys(pool)):
+                raise KeyError(
+                    f"{len(dict.fromkeys(pool)) - held} id(s) of the pool are not in the sharded "
+                    f"corpus {self.corpus.name!r}"
+                )
+        merged = merge_top_k(parts, k)
+        ids = [[it[1] for it in row] for row in merged]
+        scores = [[it[0] for it in row] for row in merged]
+        for row in merged:
+            self.corpus.add_found(
+                [it[1] for it in row], [it[2] for it in row], [it[3] for it in row]
+            )
+        return RetrievalResult(ids, scores)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.n_shards} shards, {self.size} passages)"

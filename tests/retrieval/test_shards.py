@@ -1,0 +1,165 @@
+"""Sharded indexes searched in this process: the merged top-k of S shards equals one index over
+the whole corpus (ids, scores, tie-breaks), and a bad sharded index is a clear error.
+
+The same equality on a real Ray cluster is tests/retrieval/test_ray_shards.py."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+
+import pytest
+
+from rag_gym.data.types import iter_corpus_jsonl
+from rag_gym.retrieval.bm25 import BM25Retriever
+from rag_gym.retrieval.bm25_build import build_bm25_index
+from rag_gym.retrieval.shards import (
+    MANIFEST,
+    ShardedRetriever,
+    ShardError,
+    build_bm25_shards,
+    build_dense_shards,
+    corpus_ranges,
+    read_shards,
+)
+from tests.conftest import requires_dense
+from tests.retrieval.shard_tools import hotpot_case, small_corpus, synthhop_case
+
+
+def single(path, out):
+    build_bm25_index((p for _, p in iter_corpus_jsonl(path)), out)
+    return BM25Retriever.load(out)
+
+
+def assert_same(got, want):
+    assert got.ids == want.ids
+    assert got.scores == want.scores  # the same float32 values, not merely close ones
+
+
+@pytest.mark.parametrize("case", [synthhop_case, hotpot_case], ids=["synthhop", "hotpotqa"])
+def test_bm25_shards_equal_one_index(tmp_path, case):
+    path, queries, pools = case(tmp_path)
+    assert len(queries) >= 2000
+    one = single(path, tmp_path / "one")
+    want = one.retrieve(queries, 5)
+    exclude = [ids[:1] for ids in want.ids]
+    want_excl = one.retrieve(queries, 5, exclude=exclude)
+    want_pool = [one.retrieve([q], 2, within=[p]) for q, p in zip(queries, pools, strict=False)]
+    for s in (1, 2, 3):
+        out = build_bm25_shards(path, tmp_path / f"s{s}", s)
+        manifest = read_shards(out, s)
+        assert [e["size"] for e in manifest["shards"]] and sum(
+            e["size"] for e in manifest["shards"]
+        ) == len(one.corpus)
+        sharded = ShardedRetriever.load(out, shards=s)
+        assert_same(sharded.retrieve(queries, 5), want)
+        assert_same(sharded.retrieve(queries, 5, exclude=exclude), want_excl)
+        for (q, p), w in zip(zip(queries, pools, strict=False), want_pool, strict=False):
+            assert_same(sharded.retrieve([q], 2, within=[p]), w)
+        # the passages returned are the corpus's own
+        pid = want.ids[0][0]
+        row = one.corpus._index[pid]
+        assert sharded.corpus.texts[sharded.corpus._index[pid]] == one.corpus.texts[row]
+
+
+def test_ties_across_shards_are_broken_by_id(tmp_path):
+    # every passage scores the same for "shared": the single index ranks them by id, and so
+    # must the merge of shards that each hold some of them
+    path = small_corpus(tmp_path, "p", "shared words")
+    one = single(path, tmp_path / "one")
+    want = one.retrieve(["shared"], 12)
+    assert len(set(want.scores[0])) == 1
+    sharded = ShardedRetriever.load(build_bm25_shards(path, tmp_path / "s3", 3))
+    assert_same(sharded.retrieve(["shared"], 12), want)
+
+
+@requires_dense
+def test_dense_shards_equal_one_index(tmp_path):
+    from rag_gym.data import Corpus
+    from rag_gym.retrieval.dense import DenseConfig, DenseRetriever
+
+    path, queries, _ = synthhop_case(tmp_path)
+    lines = path.read_text(encoding="utf-8").splitlines()[:700]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    config = DenseConfig(batch_size=8)  # encoded 128 at a time: 6 calls
+    one = DenseRetriever(Corpus.from_jsonl(path), config)
+    queries = queries[:2000]
+    want = one.retrieve(queries, 5)
+    for s in (1, 2, 3):
+        sharded = ShardedRetriever.load(build_dense_shards(path, tmp_path / f"d{s}", s, config))
+        assert_same(sharded.retrieve(queries, 5), want)
+
+
+def test_corpus_ranges_cover_the_file_at_line_starts(tmp_path):
+    path = small_corpus(tmp_path, "p", "some words")
+    data = path.read_bytes()
+    for n in (1, 2, 5, 40):
+        ranges = corpus_ranges(path, n)
+        assert ranges[0][0] == 0 and ranges[-1][1] == len(data) and len(ranges) == n
+        for (a, b), (c, _) in itertools.pairwise(ranges):
+            assert b == c and (a == 0 or data[a - 1 : a] == b"\n")
+
+
+def test_shards_of_other_corpora_or_kinds_or_counts_are_refused(tmp_path):
+    a = build_bm25_shards(small_corpus(tmp_path, "a", "alpha words"), tmp_path / "a", 2)
+    b = build_bm25_shards(small_corpus(tmp_path, "b", "beta words"), tmp_path / "b", 2)
+    with pytest.raises(ShardError, match="has 2 shards, not 3: pass --shards 2"):
+        read_shards(a, 3)
+    # a shard of another corpus swapped in
+    shutil.rmtree(a / "shard-001")
+    shutil.copytree(b / "shard-001", a / "shard-001")
+    with pytest.raises(ShardError, match=r"other corpus statistics.*different corpora"):
+        ShardedRetriever.load(a)
+    # a shard of another kind
+    c = build_bm25_shards(small_corpus(tmp_path, "c", "gamma words"), tmp_path / "c", 2)
+    manifest = json.loads((c / MANIFEST).read_text())
+    params = json.loads((c / "shard-000" / "params.json").read_text())
+    assert params["kind"] == "bm25"
+    manifest["kind"] = "dense"
+    from rag_gym.retrieval.shards import _digest
+
+    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    manifest["manifest_sha256"] = _digest(body)
+    (c / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ShardError, match="different retriever kinds"):
+        read_shards(c)
+    # an edited manifest
+    (c / MANIFEST).write_text(json.dumps({**manifest, "n_shards": 5}))
+    with pytest.raises(ShardError, match="edited or damaged"):
+        read_shards(c)
+
+
+def test_a_killed_build_leaves_nothing_loadable(tmp_path, monkeypatch):
+    from rag_gym.retrieval import shards as mod
+
+    path = small_corpus(tmp_path, "p", "some words")
+    calls = []
+
+    def dying_map(fn, args):
+        if fn is mod.build_bm25_shard:
+            fn(*args[0])  # the first shard is written, then the build dies
+            calls.append(1)
+            raise KeyboardInterrupt
+        return [fn(*a) for a in args]
+
+    with pytest.raises(KeyboardInterrupt):
+        build_bm25_shards(path, tmp_path / "out", 2, map_fn=dying_map)
+    assert calls and not (tmp_path / "out").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]
+    with pytest.raises(ShardError, match="is not a sharded index"):
+        read_shards(tmp_path / "out")
+
+
+def test_too_many_shards_and_repeated_ids_are_clear_errors(tmp_path):
+    path = small_corpus(tmp_path, "p", "some words")
+    with pytest.raises(ValueError, match="too few for 40 shards"):
+        build_bm25_shards(path, tmp_path / "x", 40)
+    dup = tmp_path / "dup.jsonl"
+    dup.write_text(path.read_text() + path.read_text().splitlines()[0] + "\n")
+    with pytest.raises(ValueError, match="passage id 'p0' is repeated"):
+        build_bm25_shards(dup, tmp_path / "y", 2)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(path.read_text() + "{not json\n")
+    with pytest.raises(ValueError, match="the line at byte"):
+        build_bm25_shards(bad, tmp_path / "z", 2)
