@@ -56,8 +56,9 @@ class LlamaCppLM(LanguageModel):
     Args:
         model_path: a GGUF file; ``None`` is the embedded SmolLM2-135M-Instruct.
         n_ctx: context window in tokens.
-        n_threads: CPU threads (default: ``$RAG_GYM_THREADS``, else all cores). On a 2-core
-            machine that other jobs load heavily, 1 thread can be several times faster than 2.
+        n_threads: CPU threads for decoding and for prompt evaluation (default:
+            ``$RAG_GYM_THREADS``, else all cores). On a 2-core machine that other jobs load
+            heavily, 1 thread can be several times faster than 2.
         seed: default sampling seed.
         n_gpu_layers: layers to offload when llama.cpp was built with GPU support.
         adapter: a GGUF LoRA adapter applied on top of the model (see
@@ -117,10 +118,13 @@ class LlamaCppLM(LanguageModel):
                 )
             check_adapter_fits(self.adapter, path)
             self.name = f"{path.stem}+{self.adapter.parent.name or self.adapter.stem}"
+        threads = n_threads or default_threads()
         self._llm = Llama(
             model_path=str(path),
             n_ctx=n_ctx,
-            n_threads=n_threads or default_threads(),
+            n_threads=threads,
+            # prompt evaluation too (llama-cpp-python's own default is every core)
+            n_threads_batch=threads,
             seed=seed,
             n_gpu_layers=n_gpu_layers,
             lora_path=str(self.adapter) if self.adapter is not None else None,
