@@ -279,6 +279,20 @@ def evaluate(
             "the prompt a checkpoint was trained on."
         ),
     ] = None,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            help="Play the episodes on workers of this Ray cluster ('auto', HOST:PORT, "
+            "ray://HOST:PORT, or 'local' to start one here); the same leaderboard as a local run."
+        ),
+    ] = None,
+    ray_workers: Annotated[
+        int,
+        typer.Option(help="With --ray: workers playing episodes (each loads its backend once)."),
+    ] = 2,
+    cpus_per_worker: Annotated[
+        float, typer.Option(help="With --ray: CPUs each worker reserves, and its LLM threads.")
+    ] = 1.0,
 ) -> None:
     """Run agents on an env's sampled questions; print and save a leaderboard, plots and the protocol.
 
@@ -392,6 +406,19 @@ def evaluate(
     with bar, warnings.catch_warnings():
         warnings.showwarning = show_warning
 
+        episodes = None
+        if ray is not None:
+            from rag_gym.evaluate.distributed import AgentRecipe, RayEpisodes
+
+            try:
+                episodes = RayEpisodes(
+                    AgentRecipe(config.lm_spec, config.seed, prompt_text),
+                    address=ray,
+                    workers=ray_workers,
+                    cpus_per_worker=cpus_per_worker,
+                )
+            except (ImportError, ConnectionError, ValueError) as exc:
+                _fail(str(exc))
         try:
             with sigterm_as_interrupt():
                 result = run(
@@ -399,6 +426,7 @@ def evaluate(
                     lambda name, e: make_agent(
                         name, lm=backend, seed=config.seed, env=e, prompt=prompt_text
                     ),
+                    episodes=episodes,
                     progress=tick,
                     lm_description=backend.describe() if backend else None,
                     command=" ".join(["rag-gym", *sys.argv[1:]]),

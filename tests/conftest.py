@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
 
 from rag_gym.generation.lm import Generation, GenerationConfig, LanguageModel
+
+# Ray's nodes and drivers on 127.0.0.1 only (read when ray is imported, so set before any test
+# module imports it): Ray otherwise advertises this machine's external address, and its drivers
+# replace a 127.0.0.1 address with it
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -78,3 +85,26 @@ class EchoLM(LanguageModel):
 @pytest.fixture
 def echo_lm() -> EchoLM:
     return EchoLM()
+
+
+#: each node of the test Ray cluster: 2 CPUs, a small object store (on 127.0.0.1: see above)
+RAY_NODE = {"num_cpus": 2, "object_store_memory": 100 << 20}
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A real Ray cluster on 127.0.0.1: a head and two worker nodes, each its own raylet,
+    started by Ray (``ray.cluster_utils.Cluster``); this process is connected to it. Yields
+    ``(cluster, worker nodes)``. Skips without Ray."""
+    ray = pytest.importorskip("ray", reason="needs Ray: pip install 'rag-gym[ray]'")
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={**RAY_NODE, "include_dashboard": False})
+    workers = [cluster.add_node(**RAY_NODE) for _ in range(2)]
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
+    try:
+        yield cluster, workers
+    finally:
+        ray.shutdown()
+        cluster.shutdown()

@@ -45,6 +45,9 @@ OWN = {
         "progress",
         "suite",  # the suite file, read into SuiteConfig.suite
         "prompt",  # a file, read into the prompt text
+        "ray",  # where the episodes are played, not what the run is
+        "ray_workers",
+        "cpus_per_worker",
     },
     "train sft": {"ctx", "env_kwargs", "out", "run_name"},
     "train grpo": {

@@ -124,6 +124,7 @@ def evaluate(
     track: bool = False,
     resume: bool = False,
     overwrite: bool = False,
+    episodes: Callable[..., None] | None = None,
 ) -> EvalResult:
     """Run every agent on the sampled questions, write the run folder and return the rows.
 
@@ -137,6 +138,11 @@ def evaluate(
     ``protocol.json``; nothing else is ever deleted). Ctrl-C or SIGTERM (see
     :func:`sigterm_as_interrupt`) raise :class:`RunInterrupted` once the partial leaderboard is
     written.
+
+    ``episodes`` plays an agent's missing episodes elsewhere, called as ``episodes(name, env_id,
+    env_kwargs, (run env id, run env kwargs), question_ids, orders, seed, batch_size,
+    on_episode, tick)`` (:class:`~rag_gym.evaluate.distributed.RayEpisodes` on a Ray cluster);
+    by default they are played here (:func:`~rag_gym.evaluate.scheduler.run_agent`).
     """
     run_dir = check_run_dir(config, resume=resume, overwrite=overwrite)
     base_env = make_env(config.env_id, {**config.env_kwargs, "split": config.split})
@@ -281,7 +287,21 @@ def evaluate(
                         save_timing(run_dir, timing, current)
                         last[0] = time.perf_counter()
 
-                if todo:
+                if todo and episodes is not None:
+                    episodes(
+                        name,
+                        env_id,
+                        kwargs,
+                        (config.env_id, {**config.env_kwargs, "split": config.split}),
+                        [q for _, q in todo],
+                        [i for i, _ in todo],
+                        config.seed,
+                        config.batch_size,
+                        on_episode,
+                        tick,
+                    )
+                    save_timing(run_dir, timing, current)
+                elif todo:
                     run_agent(
                         env_id,
                         kwargs,

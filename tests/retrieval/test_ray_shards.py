@@ -20,24 +20,6 @@ from tests.retrieval.test_shards import assert_same, single
 
 ray = pytest.importorskip("ray", reason="needs Ray: pip install 'rag-gym[ray]'")
 
-NODE = {"node_ip_address": "127.0.0.1", "num_cpus": 2, "object_store_memory": 100 << 20}
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    from ray.cluster_utils import Cluster
-
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    c = Cluster(initialize_head=True, head_node_args={**NODE, "include_dashboard": False})
-    workers = [c.add_node(**NODE) for _ in range(2)]
-    c.wait_for_nodes()
-    ray.init(address=c.address, include_dashboard=False, log_to_driver=False)
-    try:
-        yield c, workers
-    finally:
-        ray.shutdown()
-        c.shutdown()
-
 
 def ray_retriever(path, **kwargs):
     from rag_gym.retrieval.ray_shards import RayShardedRetriever
@@ -45,14 +27,14 @@ def ray_retriever(path, **kwargs):
     return RayShardedRetriever(path, cpus_per_replica=0.25, **kwargs)
 
 
-def test_the_cluster_has_three_nodes_on_loopback(cluster):
+def test_the_cluster_has_three_nodes_on_loopback(ray_cluster):
     nodes = [n for n in ray.nodes() if n["Alive"]]
     assert len(nodes) == 3
     assert {n["NodeManagerAddress"] for n in nodes} == {"127.0.0.1"}
 
 
 @pytest.mark.parametrize("case", [synthhop_case, hotpot_case], ids=["synthhop", "hotpotqa"])
-def test_bm25_shards_on_ray_equal_one_index(cluster, tmp_path, case):
+def test_bm25_shards_on_ray_equal_one_index(ray_cluster, tmp_path, case):
     from rag_gym.retrieval.ray_shards import ray_map
 
     path, queries, _ = case(tmp_path)
@@ -74,7 +56,7 @@ def test_bm25_shards_on_ray_equal_one_index(cluster, tmp_path, case):
 
 
 @pytest.mark.skipif(not dense_available(), reason="needs the dense extra")
-def test_dense_shards_on_ray_equal_one_index(cluster, tmp_path):
+def test_dense_shards_on_ray_equal_one_index(ray_cluster, tmp_path):
     from rag_gym.data import Corpus
     from rag_gym.retrieval.dense import DenseConfig, DenseRetriever
     from rag_gym.retrieval.ray_shards import ray_map
@@ -94,7 +76,7 @@ def test_dense_shards_on_ray_equal_one_index(cluster, tmp_path):
             router.shutdown()
 
 
-def test_a_replica_killed_under_load_loses_no_request(cluster, tmp_path):
+def test_a_replica_killed_under_load_loses_no_request(ray_cluster, tmp_path):
     path, queries, _ = synthhop_case(tmp_path)
     queries = queries[:1000]
     one = single(path, tmp_path / "one")
@@ -134,7 +116,7 @@ def test_a_replica_killed_under_load_loses_no_request(cluster, tmp_path):
         router.shutdown()
 
 
-def test_sharded_index_served_over_http_on_ray(cluster, tmp_path):
+def test_sharded_index_served_over_http_on_ray(ray_cluster, tmp_path):
     from fastapi.testclient import TestClient
 
     from rag_gym.retrieval.server import create_app

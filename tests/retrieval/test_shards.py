@@ -157,9 +157,31 @@ def test_too_many_shards_and_repeated_ids_are_clear_errors(tmp_path):
         build_bm25_shards(path, tmp_path / "x", 40)
     dup = tmp_path / "dup.jsonl"
     dup.write_text(path.read_text() + path.read_text().splitlines()[0] + "\n")
-    with pytest.raises(ValueError, match="passage id 'p0' is repeated"):
+    with pytest.raises(ValueError, match="passage id 'p3' is repeated"):
         build_bm25_shards(dup, tmp_path / "y", 2)
     bad = tmp_path / "bad.jsonl"
     bad.write_text(path.read_text() + "{not json\n")
     with pytest.raises(ValueError, match="the line at byte"):
         build_bm25_shards(bad, tmp_path / "z", 2)
+
+
+def test_index_build_shards_from_the_command_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from rag_gym.cli import app
+
+    path = small_corpus(tmp_path, "p", "some words")
+    runner = CliRunner()
+    out = tmp_path / "idx"
+    result = runner.invoke(
+        app, ["index", "build", "--corpus", str(path), "--shards", "2", "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "in 2 shards" in result.output
+    assert read_shards(out, 2)["corpus_size"] == 12
+    bad = runner.invoke(
+        app, ["index", "build", "--corpus", str(path), "--ray", "local", "--out", str(out)]
+    )
+    assert bad.exit_code != 0 and "give --shards S too" in bad.output
+    bad = runner.invoke(app, ["serve", "--index", str(out), "--shards", "2"])
+    assert bad.exit_code != 0 and "--shards and --replicas go with --ray" in bad.output

@@ -1,0 +1,152 @@
+"""Sharded retrieval on a Ray cluster against one index in-process, all measured in one run.
+
+    python benchmarks/ray_retrieval.py --passages 100000 --queries 4096 --batch 512
+
+Starts a Ray cluster on 127.0.0.1 (a head and two worker nodes, ``ray.cluster_utils.Cluster``),
+builds a BM25 index of a SynthHop world of ``--passages`` passages and a sharded copy of it,
+and measures, on the same queries (the world's questions and sub-questions, repeated):
+
+1. **Ray overhead**: batched q/s of ``RayShardedRetriever`` with one shard and one replica
+   against ``BM25Retriever.retrieve`` in this process (what ``rag-gym serve`` calls), batches
+   of ``--batch`` queries, top 3. Target >= 0.8.
+2. **Replicas**: q/s with 1 and with 2 replicas of one shard, ``--clients`` threads each sending
+   batches; on 2 cores the second replica competes with the first and the router for the same
+   cores, which bounds the gain.
+3. **Shards**: q/s with 1, 2 and 3 shards (one replica each), and that every answer equals the
+   single index's.
+4. The inputs of the capacity model in docs/scale-out.md: bytes per passage of the index folder
+   and of a shard's resident memory after load.
+
+Every figure comes from this run; on a machine shared with other work they are lower bounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+
+def rate(fn, queries: list[str], batch: int, rounds: int) -> float:
+    """Best q/s over ``rounds`` passes of ``fn`` over ``queries`` in batches of ``batch``."""
+    best = 0.0
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for i in range(0, len(queries), batch):
+            fn(queries[i : i + batch])
+        best = max(best, len(queries) / (time.perf_counter() - t0))
+    return best
+
+
+def concurrent_rate(fn, queries: list[str], batch: int, clients: int) -> float:
+    """q/s with ``clients`` threads each sending its share of ``queries`` in batches."""
+    shares = [queries[c::clients] for c in range(clients)]
+
+    def run(share):
+        for i in range(0, len(share), batch):
+            fn(share[i : i + batch])
+
+    threads = [threading.Thread(target=run, args=(s,)) for s in shares]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return len(queries) / (time.perf_counter() - t0)
+
+
+def folder_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--passages", type=int, default=100_000)
+    ap.add_argument("--queries", type=int, default=4096)
+    ap.add_argument("--batch", type=int, default=512)
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # every node and this driver on 127.0.0.1 (Ray otherwise advertises the external address)
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from rag_gym.data.synthhop import world_for
+    from rag_gym.data.types import iter_corpus_jsonl
+    from rag_gym.retrieval.bm25 import BM25Retriever
+    from rag_gym.retrieval.bm25_build import build_bm25_index
+    from rag_gym.retrieval.ray_shards import RayShardedRetriever
+    from rag_gym.retrieval.shards import build_bm25_shards
+
+    work = Path(tempfile.mkdtemp(prefix="ray-retrieval-"))
+    t0 = time.perf_counter()
+    world = world_for("default", n_passages=args.passages)
+    corpus = work / "corpus.jsonl"
+    world.corpus.to_jsonl(corpus)
+    base = [ex.question for split in world.questions.values() for ex in split]
+    base += [d["question"] for split in world.questions.values() for ex in split
+             for d in ex.meta.get("decomposition", [])]  # fmt: skip
+    queries = (base * (args.queries // len(base) + 1))[: args.queries]
+    one = BM25Retriever.load(
+        build_bm25_index((p for _, p in iter_corpus_jsonl(corpus)), work / "one")
+    )
+    print(f"world of {len(one.corpus):,} passages and its index in {time.perf_counter() - t0:.0f}s")
+
+    node = {"num_cpus": 2, "object_store_memory": 200 << 20}
+    cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
+    for _ in range(2):
+        cluster.add_node(**node)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
+    try:
+        local = rate(lambda q: one.retrieve(q, 3), queries, args.batch, args.rounds)
+        print(f"\nin-process BM25Retriever, batches of {args.batch}: {local:,.0f} q/s")
+
+        s1 = build_bm25_shards(corpus, work / "s1", 1)
+        router = RayShardedRetriever(s1, replicas=1, cpus_per_replica=0.5)
+        router.retrieve(queries[: args.batch], 3)  # warm
+        remote = rate(lambda q: router.retrieve(q, 3), queries, args.batch, args.rounds)
+        print(
+            f"Ray, 1 shard x 1 replica: {remote:,.0f} q/s -> ratio {remote / local:.3f} (target >= 0.8)"
+        )
+        c1 = concurrent_rate(lambda q: router.retrieve(q, 3), queries, args.batch, args.clients)
+        router.shutdown()
+
+        router = RayShardedRetriever(s1, replicas=2, cpus_per_replica=0.5)
+        router.retrieve(queries[: args.batch], 3)
+        c2 = concurrent_rate(lambda q: router.retrieve(q, 3), queries, args.batch, args.clients)
+        router.shutdown()
+        print(
+            f"{args.clients} clients: 1 replica {c1:,.0f} q/s, 2 replicas {c2:,.0f} q/s -> "
+            f"{c2 / c1:.2f}x (2 cores: the replicas, the router and the clients share them)"
+        )
+
+        want = one.retrieve(queries, 3)
+        for s in (1, 2, 3):
+            out = s1 if s == 1 else build_bm25_shards(corpus, work / f"s{s}", s)
+            router = RayShardedRetriever(out, replicas=1, cpus_per_replica=0.5)
+            router.retrieve(queries[: args.batch], 3)
+            got = router.retrieve(queries, 3)
+            same = got.ids == want.ids and got.scores == want.scores
+            q = rate(lambda q, r=router: r.retrieve(q, 3), queries, args.batch, 1)
+            router.shutdown()
+            print(f"{s} shard(s): {q:,.0f} q/s, top-3 identical to one index: {same}")
+
+        n = len(one.corpus)
+        print(
+            f"\nindex folder: {folder_bytes(work / 'one') / n:.0f} bytes a passage "
+            f"({folder_bytes(work / 'one') / 1e9:.3f} GB for {n:,})"
+        )
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+if __name__ == "__main__":
+    main()
