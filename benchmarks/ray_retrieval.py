@@ -14,8 +14,10 @@ and measures, on the same queries (the world's questions and sub-questions, repe
    cores, which bounds the gain.
 3. **Shards**: q/s with 1, 2 and 3 shards (one replica each), and that every answer equals the
    single index's.
-4. The inputs of the capacity model in docs/scale-out.md: bytes per passage of the index folder
-   and of a shard's resident memory after load.
+4. The inputs of the capacity model in docs/scale-out.md: bytes per passage of the BM25 index
+   folder; and FAISS's speed on ``--dense-n`` random 768-dimensional vectors (e5-base's size),
+   flat in float32 and float16 and IVF-PQ (``--nlist`` lists, 64-byte codes, ``--nprobe``),
+   batches of ``--batch``; then the model itself for 21M passages on machines of 24 GiB.
 
 Every figure comes from this run; on a machine shared with other work they are lower bounds.
 """
@@ -69,7 +71,15 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dense-n", type=int, default=200_000)
+    ap.add_argument("--nlist", type=int, default=1024)
+    ap.add_argument("--nprobe", type=int, default=16)
+    ap.add_argument("--skip-ray", action="store_true", help="only the dense figures and the model")
     args = ap.parse_args()
+    dense = dense_speeds(args)
+    if args.skip_ray:
+        capacity(dense, None)
+        return
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # every node and this driver on 127.0.0.1 (Ray otherwise advertises the external address)
@@ -143,9 +153,74 @@ def main() -> None:
             f"\nindex folder: {folder_bytes(work / 'one') / n:.0f} bytes a passage "
             f"({folder_bytes(work / 'one') / 1e9:.3f} GB for {n:,})"
         )
+        capacity(dense, folder_bytes(work / "one") / n)
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def dense_speeds(args) -> dict[str, tuple[float, float]]:
+    """FAISS q/s and bytes a vector on ``--dense-n`` random unit vectors of 768 dimensions:
+    ``{name: (q/s, bytes)}`` for flat float32, flat float16 and IVF-PQ."""
+    import faiss
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    d, n = 768, args.dense_n
+    xb = rng.standard_normal((n, d), dtype=np.float32)
+    xb /= np.linalg.norm(xb, axis=1, keepdims=True)
+    xq = xb[rng.integers(0, n, args.batch)] + 0.1 * rng.standard_normal(
+        (args.batch, d), dtype=np.float32
+    )
+    out = {}
+    flat = faiss.IndexFlatIP(d)
+    flat.add(xb)
+    fp16 = faiss.IndexScalarQuantizer(d, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT)
+    fp16.train(xb[:10_000])
+    fp16.add(xb)
+    ivfpq = faiss.IndexIVFPQ(faiss.IndexFlatIP(d), d, args.nlist, 64, 8, faiss.METRIC_INNER_PRODUCT)
+    t0 = time.perf_counter()
+    ivfpq.train(xb[: min(n, 100 * args.nlist)])
+    ivfpq.add(xb)
+    ivfpq.nprobe = args.nprobe
+    train = time.perf_counter() - t0
+    for name, index, size in (
+        ("flat fp32", flat, 4 * d),
+        ("flat fp16", fp16, 2 * d),
+        (f"IVF-PQ 64 B, nprobe {args.nprobe}/{args.nlist}", ivfpq, 64 + 8),
+    ):
+        index.search(xq[:8], 3)
+        t0 = time.perf_counter()
+        index.search(xq, 3)
+        out[name] = (args.batch / (time.perf_counter() - t0), size)
+    print(
+        f"\nFAISS on {n:,} random 768-d vectors, batches of {args.batch} (IVF-PQ trained and filled in {train:.0f}s):"
+    )
+    for name, (qps, size) in out.items():
+        print(f"  {name}: {qps:,.0f} q/s, {size} bytes a vector")
+    out["_n"] = (float(n), 0.0)
+    return out
+
+
+def capacity(dense: dict, bm25_bytes: float | None) -> None:
+    """The capacity model for 21M passages on machines of 24 GiB (18 GiB for the index): the
+    shards each needs, and the q/s expected when a shard's search time grows with its size."""
+    n_meas = dense["_n"][0]
+    total, usable = 21_000_000, 18 * 2**30
+    print("\ncapacity model, 21M passages, machines of 24 GiB (18 GiB for the index):")
+    rows = [(k, v) for k, v in dense.items() if not k.startswith("_")]
+    if bm25_bytes is not None:
+        print(f"  BM25: {bm25_bytes * total / 1e9:.1f} GB on disk at {bm25_bytes:.0f} B a passage")
+    for name, (qps, size) in rows:
+        mem = total * size
+        shards = max(1, -(-mem // usable))
+        per_shard = total / shards
+        # a shard's search time grows with the vectors it scans (IVF: the same fraction)
+        expected = qps * n_meas / per_shard
+        print(
+            f"  {name}: {mem / 2**30:.1f} GiB in all -> {shards} shard(s) of "
+            f"{mem / shards / 2**30:.1f} GiB, about {expected:,.1f} q/s a batch (shards in parallel)"
+        )
 
 
 if __name__ == "__main__":

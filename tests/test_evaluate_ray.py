@@ -14,7 +14,7 @@ from rag_gym.baselines import make_agent
 from rag_gym.evaluate import EvalConfig, evaluate
 from tests.conftest import RAY_NODE, SMALL_WORLD, requires_llama
 
-pytest.importorskip("ray", reason="needs Ray: pip install 'rag-gym[ray]'")
+ray = pytest.importorskip("ray", reason="needs Ray: pip install 'rag-gym[ray]'")
 
 AGENTS = ("random", "search_r1:synthhop")
 #: what an episode is, without its timing
@@ -59,10 +59,13 @@ def test_ray_run_equals_local_run_and_survives_a_killed_node(ray_cluster, tmp_pa
 
     cluster, _ = ray_cluster
     local = evaluate(config(tmp_path, "local"), factory())
-    # a third worker node, killed once the run has written episodes
-    extra = cluster.add_node(**RAY_NODE)
+    # a third worker node; the node of a worker that is not the head is killed once the run
+    # has written episodes
+    cluster.add_node(**RAY_NODE)
     cluster.wait_for_nodes()
     runner = RayEpisodes(AgentRecipe("llama_cpp", 3), workers=3, cpus_per_worker=1)
+    placed = {node for _, node in ray.get([w.ready.remote() for w in runner.workers])}
+    extra = next(n for n in cluster.worker_nodes if n.node_id in placed)
     written = tmp_path / "ray" / "episodes.jsonl"
 
     def kill_when_started():
@@ -98,5 +101,4 @@ def test_resume_goes_on_with_a_ray_run(ray_cluster, tmp_path):
     finally:
         runner.shutdown()
     assert len(both.episodes) == 8
-    random_first = [e for e in first.episodes]
-    assert [e for e in both.episodes if e["agent"] == "random"] == random_first
+    assert [e for e in both.episodes if e["agent"] == "random"] == first.episodes

@@ -53,8 +53,11 @@ class _Worker:
         self.recipe = recipe
         self.agents: dict[str, Any] = {}
 
-    def ready(self) -> int:
-        return os.getpid()
+    def ready(self) -> tuple[int, str]:
+        """Its process id and its Ray node's id."""
+        import ray
+
+        return os.getpid(), ray.get_runtime_context().get_node_id()
 
     def play(self, name, env_id, kwargs, base, qids, orders, seed, batch_size) -> list:
         from rag_gym.evaluate.scheduler import make_env, run_agent

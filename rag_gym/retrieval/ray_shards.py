@@ -131,6 +131,7 @@ class RayShardedRetriever(ShardedRetriever):
         address: the Ray cluster (see :func:`connect`).
         cpus_per_replica: CPUs Ray reserves for each actor.
         timeout: seconds a batch may wait for a shard's answer, failovers included.
+        start_timeout: seconds the replicas may take to start and load their shards.
     """
 
     def __init__(
@@ -142,6 +143,7 @@ class RayShardedRetriever(ShardedRetriever):
         cpus_per_replica: float = 1.0,
         timeout: float = 120.0,
         verify: bool = False,
+        start_timeout: float = 600.0,
     ) -> None:
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
             raise ValueError(f"expected replicas >= 1, got {replicas!r}")
@@ -163,11 +165,11 @@ class RayShardedRetriever(ShardedRetriever):
             for s in range(manifest["n_shards"])
         ]
         try:
-            ray.get([a.ready.remote() for row in self.replicas for a in row], timeout=timeout)
+            ray.get([a.ready.remote() for row in self.replicas for a in row], timeout=start_timeout)
         except Exception as exc:
             self.shutdown()
             raise RuntimeError(
-                f"the replicas of {path} did not start within {timeout}s "
+                f"the replicas of {path} did not start within {start_timeout}s "
                 f"({type(exc).__name__}: {str(exc)[:300]}); check that every node sees the "
                 "index at this path and has the CPUs asked for (--cpus-per-replica)"
             ) from None
