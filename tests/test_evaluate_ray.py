@@ -49,8 +49,12 @@ def episodes_of(run_dir):
 
 
 def table(result):
+    """The leaderboard's rows without their timing, as JSON (so that NaN equals NaN)."""
     drop = ("seconds", "s_per_episode", "wall_seconds")
-    return [{k: v for k, v in row.items() if k not in drop} for row in result.rows]
+    return [
+        json.dumps({k: v for k, v in row.items() if k not in drop}, sort_keys=True, default=str)
+        for row in result.rows
+    ]
 
 
 @requires_llama
