@@ -11,7 +11,8 @@ whole corpus would. ``rag-gym serve --ray ADDRESS --index DIR`` puts it behind t
 router sends them again to another replica of the same shard, and Ray restarts the dead one
 (``max_restarts=-1``). A search has no side effects, so a retried call gives the same answer
 and no request is lost or answered twice. Only when every replica of a shard has failed for
-``timeout`` seconds does a batch fail (``RuntimeError`` naming the shard).
+``timeout`` seconds (600) does a batch fail (``RuntimeError`` naming the shard); a slow replica
+is waited for, not asked again.
 
 **Files.** A replica loads its shard from the index folder's path, so every node must see the
 folder at the same path (one machine, or a shared filesystem).
@@ -141,7 +142,7 @@ class RayShardedRetriever(ShardedRetriever):
         replicas: int = 1,
         address: str | None = None,
         cpus_per_replica: float = 1.0,
-        timeout: float = 120.0,
+        timeout: float = 600.0,
         verify: bool = False,
         start_timeout: float = 600.0,
     ) -> None:
