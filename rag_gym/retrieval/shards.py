@@ -61,7 +61,7 @@ from rag_gym.retrieval.bm25_build import (
 )
 from rag_gym.retrieval.bm25_format import BM25Config
 from rag_gym.retrieval.http import _RemoteCorpus
-from rag_gym.retrieval.persist import _remove_stale_siblings, read_params
+from rag_gym.retrieval.persist import _remove_stale_siblings, _swap_into_place, read_params
 
 MANIFEST = "shards.json"
 #: Sharded index format.
@@ -391,13 +391,7 @@ def _write_sharded(
         manifest["manifest_sha256"] = _digest(manifest)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         _check_target(out, force)
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out)
+        _swap_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
