@@ -8,7 +8,9 @@ and measures, on the same queries (the world's questions and sub-questions, repe
 
 1. **Ray overhead**: batched q/s of ``RayShardedRetriever`` with one shard and one replica
    against ``BM25Retriever.retrieve`` in this process (what ``rag-gym serve`` calls), batches
-   of ``--batch`` queries, top 3. Target >= 0.8.
+   of ``--batch`` queries, top 3. Then the same two behind ``rag-gym serve``'s app (uvicorn on
+   127.0.0.1, in a thread here), each batch one ``/retrieve`` request from ``HttpRetriever``:
+   what a client sees. Target >= 0.8.
 2. **Replicas**: q/s with 1 and with 2 replicas of one shard, ``--clients`` threads each sending
    batches; on 2 cores the second replica competes with the first and the router for the same
    cores, which bounds the gain.
@@ -58,6 +60,31 @@ def concurrent_rate(fn, queries: list[str], batch: int, clients: int) -> float:
     for t in threads:
         t.join()
     return len(queries) / (time.perf_counter() - t0)
+
+
+def http_rate(retriever, queries: list[str], batch: int, rounds: int) -> float:
+    """``rate`` of ``retriever`` behind ``rag-gym serve``'s app on 127.0.0.1 (uvicorn in a
+    thread of this process), each batch one request from ``HttpRetriever``."""
+    import socket
+
+    from rag_gym.retrieval.http import HttpRetriever
+    from rag_gym.retrieval.server import create_app, make_server
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = make_server(create_app(retriever, kind="bm25"), "127.0.0.1", port)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    try:
+        client = HttpRetriever(f"http://127.0.0.1:{port}", timeout=600)
+        client.retrieve(queries[:batch], 3)  # warm
+        return rate(lambda q: client.retrieve(q, 3), queries, batch, rounds)
+    finally:
+        server.should_exit = True
+        thread.join()
 
 
 def folder_bytes(path: Path) -> int:
@@ -126,6 +153,13 @@ def main() -> None:
             f"Ray, 1 shard x 1 replica: {remote:,.0f} q/s -> ratio {remote / local:.3f} (target >= 0.8)"
         )
         c1 = concurrent_rate(lambda q: router.retrieve(q, 3), queries, args.batch, args.clients)
+        served_local = http_rate(one, queries, args.batch, args.rounds)
+        served_ray = http_rate(router, queries, args.batch, args.rounds)
+        print(
+            f"behind rag-gym serve (HTTP, batches of {args.batch}): in-process "
+            f"{served_local:,.0f} q/s, Ray 1 x 1 {served_ray:,.0f} q/s -> ratio "
+            f"{served_ray / served_local:.3f} (target >= 0.8)"
+        )
         router.shutdown()
 
         router = RayShardedRetriever(s1, replicas=2, cpus_per_replica=0.5)

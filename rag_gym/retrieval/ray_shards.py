@@ -14,8 +14,12 @@ and no request is lost or answered twice. Only when every replica of a shard has
 ``timeout`` seconds (600) does a batch fail (``RuntimeError`` naming the shard); a slow replica
 is waited for, not asked again.
 
+**Text.** A replica returns ids and scores only; the router reads the merged top-k's passages
+from the shards' corpus files (mapped, read on access, each passage once), so a batch carries
+no text between processes and only ``k`` passages a query are read, not ``k`` a shard.
+
 **Files.** A replica loads its shard from the index folder's path, so every node must see the
-folder at the same path (one machine, or a shared filesystem).
+folder at the same path (one machine, or a shared filesystem), and so must the router.
 
 :func:`ray_map` runs a build's passes as Ray tasks (``rag-gym index build --shards S --ray``).
 
@@ -179,7 +183,19 @@ class RayShardedRetriever(ShardedRetriever):
         self._down = [[0.0] * len(row) for row in self.replicas]
         self._lock = threading.Lock()
         self.failovers = 0
+        self._sources: dict[int, Callable[[str], Any]] = {}
         super().__init__(self.replicas, size=manifest["corpus_size"], name=manifest["source"])
+
+    def passage_source(self, shard: int) -> Callable[[str], Any]:
+        """Shard ``shard``'s corpus file, opened here (mapped) the first time it is needed."""
+        source = self._sources.get(shard)
+        if source is None:
+            from rag_gym.retrieval.persist import read_index
+
+            entry = self.manifest["shards"][shard]
+            _, corpus = read_index(self.path / entry["dir"], self.manifest["kind"])
+            source = self._sources[shard] = corpus.__getitem__
+        return source
 
     def _next(self, shard: int, after: int | None = None) -> int:
         """The replica of ``shard`` to call: round robin (or the one after ``after``), passing

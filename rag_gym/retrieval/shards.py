@@ -493,9 +493,10 @@ def shard_search(
     within: Sequence[Sequence[str] | None] | None = None,
 ) -> dict[str, list]:
     """One shard's part of a batch: each query's top ``min(k, shard size)`` (for a query with
-    a pool, of the pool's passages on this shard). Returns ``{"ids", "scores", "titles",
-    "texts", "found"}``: ``found[i]`` is how many of query ``i``'s pool ids the shard holds
-    (``None`` without a pool)."""
+    a pool, of the pool's passages on this shard). Returns ``{"ids", "scores", "found"}``:
+    ``found[i]`` is how many of query ``i``'s pool ids the shard holds (``None`` without a
+    pool). Passages' text is not sent: the router reads the merged top-k's from the shard's
+    corpus (:meth:`ShardedRetriever.passage_source`)."""
     corpus = retriever.corpus
     n = len(corpus)
     excl = per_query(exclude, len(queries), "exclude")
@@ -523,27 +524,26 @@ def shard_search(
             [queries[i]], min(k, len(mine)), exclude=[excl[i]] if excl[i] else None, within=[mine]
         )
         ids[i], scores[i] = res.ids[0], res.scores[0]
-    index = corpus._index
-    titles = [[corpus.titles[index[p]] for p in row] for row in ids]
-    texts = [[corpus.texts[index[p]] for p in row] for row in ids]
-    return {"ids": ids, "scores": scores, "titles": titles, "texts": texts, "found": found}
+    return {"ids": ids, "scores": scores, "found": found}
 
 
-def merge_top_k(
-    parts: Sequence[dict[str, list]], k: int
-) -> list[list[tuple[float, str, str, str]]]:
+def merge_top_k(parts: Sequence[dict[str, list]], k: int) -> list[list[tuple[float, str, int]]]:
     """Each query's ``k`` best of the shards' results, ordered by (score descending, passage
-    id): the order one index over the whole corpus gives. Items are ``(score, id, title,
-    text)``."""
+    id): the order one index over the whole corpus gives. Items are ``(score, id, shard)``,
+    ``shard`` the position of the part that returned it."""
     n = len(parts[0]["ids"]) if parts else 0
+    if len(parts) == 1:  # one shard's top-k is already in this order
+        ids, scores = parts[0]["ids"], parts[0]["scores"]
+        return [
+            [(float(x), pid, 0) for x, pid in zip(scores[i][:k], ids[i][:k], strict=True)]
+            for i in range(n)
+        ]
     out = []
     for i in range(n):
         items = [
-            (float(s), pid, t, x)
-            for part in parts
-            for s, pid, t, x in zip(
-                part["scores"][i], part["ids"][i], part["titles"][i], part["texts"][i], strict=True
-            )
+            (float(x), pid, s)
+            for s, part in enumerate(parts)
+            for x, pid in zip(part["scores"][i], part["ids"][i], strict=True)
         ]
         items.sort(key=lambda it: (-it[0], it[1]))
         out.append(items[:k])
@@ -561,11 +561,16 @@ class ShardedCorpus(_RemoteCorpus):
         super().__init__(server_size, name)
         self._lock = threading.Lock()
 
-    def add_found(self, ids: list[str], titles: list[str], texts: list[str]) -> None:
+    def add_from(self, ids: Iterable[str], source: Callable[[str], Passage]) -> None:
+        """Add each of ``ids`` not held yet, as ``source(id)`` gives it."""
+        new = [pid for pid in dict.fromkeys(ids) if pid not in self._index]
+        if not new:
+            return
+        passages = [source(pid) for pid in new]
         with self._lock:
-            for pid, title, text in zip(ids, titles, texts, strict=True):
-                if pid not in self._index:
-                    self.add(Passage(pid, title, text))
+            for passage in passages:
+                if passage.id not in self._index:
+                    self.add(passage)
 
 
 class ShardedRetriever:
@@ -647,13 +652,18 @@ class ShardedRetriever:
                     f"corpus {self.corpus.name!r}"
                 )
         merged = merge_top_k(parts, k)
+        for s in range(len(parts)):
+            self.corpus.add_from(
+                (it[1] for row in merged for it in row if it[2] == s), self.passage_source(s)
+            )
         ids = [[it[1] for it in row] for row in merged]
         scores = [[it[0] for it in row] for row in merged]
-        for row in merged:
-            self.corpus.add_found(
-                [it[1] for it in row], [it[2] for it in row], [it[3] for it in row]
-            )
         return RetrievalResult(ids, scores)
+
+    def passage_source(self, shard: int) -> Callable[[str], Passage]:
+        """Where the router reads shard ``shard``'s passages (``id -> Passage``): here its
+        retriever's corpus."""
+        return self.shards[shard].corpus.__getitem__
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.n_shards} shards, {self.size} passages)"
