@@ -8,6 +8,7 @@ other versions may move, so this module is the one place to change when upgradin
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from typing import Any
 
 #: the llama-cpp-python versions this module was tested with
@@ -26,6 +27,15 @@ def forget_eval(llm: Any) -> None:
     """Make ``Llama`` evaluate its next prompt from position 0 (it no longer knows the cache)."""
     llm.n_tokens = 0
     llm._requires_eval = True
+
+
+def set_threads(llm: Any, contexts: Sequence[Any], n: int) -> None:
+    """Decode and evaluate prompts with ``n`` threads on ``llm``'s own context, on ``contexts``
+    (made by :func:`new_context`) and on contexts made later."""
+    llm.n_threads = llm.n_threads_batch = n
+    llm.context_params.n_threads = llm.context_params.n_threads_batch = n
+    for ctx in (llm._ctx, *contexts):
+        ctx.set_n_threads(n, n)
 
 
 def new_context(llm: Any, n_ctx: int, n_seq: int) -> Any:

@@ -15,9 +15,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from rag_gym.generation import llama_compat as compat
+from rag_gym.generation.cpu_load import CpuMeter
 from rag_gym.generation.llama_engine import CHUNK, LlamaEngine, Request
 from rag_gym.generation.lm import (
     CONTEXT_FULL,
@@ -57,8 +60,12 @@ class LlamaCppLM(LanguageModel):
         model_path: a GGUF file; ``None`` is the embedded SmolLM2-135M-Instruct.
         n_ctx: context window in tokens.
         n_threads: CPU threads for decoding and for prompt evaluation (default:
-            ``$RAG_GYM_THREADS``, else all cores). On a 2-core machine that other jobs load
-            heavily, 1 thread can be several times faster than 2.
+            ``$RAG_GYM_THREADS``; else it follows the machine's load: the usable cores less
+            those other processes kept busy, at least 1, measured when the model loads and
+            again every :attr:`load_interval` seconds, see :mod:`~rag_gym.generation.cpu_load`).
+            A thread that shares its core with another busy process holds the others up: on
+            the 2-core machine 2 threads are faster when it is idle and 1 thread when another
+            process keeps a core busy. The count does not change the generated text.
         seed: default sampling seed.
         n_gpu_layers: layers to offload when llama.cpp was built with GPU support.
         adapter: a GGUF LoRA adapter applied on top of the model (see
@@ -118,7 +125,17 @@ class LlamaCppLM(LanguageModel):
                 )
             check_adapter_fits(self.adapter, path)
             self.name = f"{path.stem}+{self.adapter.parent.name or self.adapter.stem}"
-        threads = n_threads or default_threads()
+        self._meter: CpuMeter | None = None
+        if n_threads is None and not os.environ.get("RAG_GYM_THREADS"):
+            meter = CpuMeter()
+            if meter.works:
+                self._meter = meter
+                time.sleep(0.25)  # a first reading of the load
+        threads = n_threads or (
+            self._meter.threads(self._meter.others()) if self._meter else default_threads()
+        )
+        self.threads = threads
+        self._checked = time.monotonic()
         self._llm = Llama(
             model_path=str(path),
             n_ctx=n_ctx,
@@ -184,6 +201,7 @@ class LlamaCppLM(LanguageModel):
     ) -> list[list[Generation]]:
         config = config or GenerationConfig()
         prompts = check_prompts(prompts)
+        self._follow_load()
         out: list[list[Generation | None]] = [[None] * config.n for _ in prompts]
         requests: list[Request] = []
         where: list[tuple[int, int]] = []
@@ -219,6 +237,20 @@ class LlamaCppLM(LanguageModel):
                 finish_reason=done.finish_reason,
             )
         return out  # type: ignore[return-value]
+
+    #: seconds between two readings of the machine's load (thread count left to follow it)
+    load_interval = 2.0
+
+    def _follow_load(self) -> None:
+        """Set the thread count to what the load since the last reading leaves (auto only)."""
+        if self._meter is None or time.monotonic() - self._checked < self.load_interval:
+            return
+        self._checked = time.monotonic()
+        threads = self._meter.threads(self._meter.others())
+        if threads != self.threads:
+            self.threads = threads
+            bctx = self.engine._bctx
+            compat.set_threads(self._llm, [bctx] if bctx is not None else [], threads)
 
     def _one(self, prompt: Prompt, config: GenerationConfig, seed: int) -> Generation:
         kwargs = dict(
@@ -282,7 +314,8 @@ class LlamaCppLM(LanguageModel):
 
 
 def default_threads() -> int:
-    """llama.cpp's CPU threads: ``$RAG_GYM_THREADS`` when set, else every core."""
+    """llama.cpp's CPU threads where the load is not followed: ``$RAG_GYM_THREADS`` when set,
+    else every core."""
     value = os.environ.get("RAG_GYM_THREADS", "")
     if value:
         if not value.isdigit() or int(value) < 1:
