@@ -14,9 +14,11 @@ and no request is lost or answered twice. Only when every replica of a shard has
 ``timeout`` seconds (600) does a batch fail (``RuntimeError`` naming the shard); a slow replica
 is waited for, not asked again.
 
-**Text.** A replica returns ids and scores only; the router reads the merged top-k's passages
-from the shards' corpus files (mapped, read on access, each passage once), so a batch carries
-no text between processes and only ``k`` passages a query are read, not ``k`` a shard.
+**Text.** A replica returns ids, scores and rows only; the router's corpus
+(:class:`~rag_gym.retrieval.shards.ShardedCorpus`) reads passages from the shards' corpus files
+when they are asked for (mapped, read on access), so a batch carries no text between processes,
+only the passages a reply holds are read, and the router's memory does not grow with what it
+serves.
 
 **Files.** A replica loads its shard from the index folder's path, so every node must see the
 folder at the same path (one machine, or a shared filesystem), and so must the router.
@@ -183,19 +185,24 @@ class RayShardedRetriever(ShardedRetriever):
         self._down = [[0.0] * len(row) for row in self.replicas]
         self._lock = threading.Lock()
         self.failovers = 0
-        self._sources: dict[int, Callable[[str], Any]] = {}
-        super().__init__(self.replicas, size=manifest["corpus_size"], name=manifest["source"])
+        self._corpora: dict[int, Any] = {}
+        super().__init__(
+            self.replicas,
+            size=manifest["corpus_size"],
+            name=manifest["source"],
+            starts=[e["first"] for e in manifest["shards"]],
+        )
 
-    def passage_source(self, shard: int) -> Callable[[str], Any]:
-        """Shard ``shard``'s corpus file, opened here (mapped) the first time it is needed."""
-        source = self._sources.get(shard)
-        if source is None:
+    def shard_corpus(self, shard: int):
+        """Shard ``shard``'s corpus file, opened here (mapped, read on access) on first use."""
+        corpus = self._corpora.get(shard)
+        if corpus is None:
             from rag_gym.retrieval.persist import read_index
 
             entry = self.manifest["shards"][shard]
             _, corpus = read_index(self.path / entry["dir"], self.manifest["kind"])
-            source = self._sources[shard] = corpus.__getitem__
-        return source
+            corpus = self._corpora.setdefault(shard, corpus)
+        return corpus
 
     def _next(self, shard: int, after: int | None = None) -> int:
         """The replica of ``shard`` to call: round robin (or the one after ``after``), passing

@@ -36,12 +36,12 @@ nothing loadable.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import itertools
 import json
 import os
 import shutil
-import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from rag_gym.data._io import parse_line
-from rag_gym.data.types import Passage, passage_from_record
+from rag_gym.data.types import Corpus, Passage, passage_from_record
 from rag_gym.retrieval.base import RetrievalResult, check_k, check_queries, per_query
 from rag_gym.retrieval.bm25_build import (
     CorpusStats,
@@ -60,7 +60,6 @@ from rag_gym.retrieval.bm25_build import (
     parse_memory,
 )
 from rag_gym.retrieval.bm25_format import BM25Config
-from rag_gym.retrieval.http import _RemoteCorpus
 from rag_gym.retrieval.persist import _remove_stale_siblings, _swap_into_place, read_params
 
 MANIFEST = "shards.json"
@@ -493,10 +492,10 @@ def shard_search(
     within: Sequence[Sequence[str] | None] | None = None,
 ) -> dict[str, list]:
     """One shard's part of a batch: each query's top ``min(k, shard size)`` (for a query with
-    a pool, of the pool's passages on this shard). Returns ``{"ids", "scores", "found"}``:
-    ``found[i]`` is how many of query ``i``'s pool ids the shard holds (``None`` without a
-    pool). Passages' text is not sent: the router reads the merged top-k's from the shard's
-    corpus (:meth:`ShardedRetriever.passage_source`)."""
+    a pool, of the pool's passages on this shard). Returns ``{"ids", "scores", "rows",
+    "found"}``: ``rows`` are the passages' rows in the shard's corpus; ``found[i]`` is how many
+    of query ``i``'s pool ids the shard holds (``None`` without a pool). Passages' text is not
+    sent: the router reads what it needs from the shards' corpora (:class:`ShardedCorpus`)."""
     corpus = retriever.corpus
     n = len(corpus)
     excl = per_query(exclude, len(queries), "exclude")
@@ -524,53 +523,135 @@ def shard_search(
             [queries[i]], min(k, len(mine)), exclude=[excl[i]] if excl[i] else None, within=[mine]
         )
         ids[i], scores[i] = res.ids[0], res.scores[0]
-    return {"ids": ids, "scores": scores, "found": found}
+    position = corpus.position  # the ids a retriever just returned: a dict lookup
+    rows = [[position(p) for p in row] for row in ids]
+    return {"ids": ids, "scores": scores, "rows": rows, "found": found}
 
 
-def merge_top_k(parts: Sequence[dict[str, list]], k: int) -> list[list[tuple[float, str, int]]]:
+def merge_top_k(
+    parts: Sequence[dict[str, list]], k: int
+) -> list[list[tuple[float, str, int, int]]]:
     """Each query's ``k`` best of the shards' results, ordered by (score descending, passage
-    id): the order one index over the whole corpus gives. Items are ``(score, id, shard)``,
-    ``shard`` the position of the part that returned it."""
+    id): the order one index over the whole corpus gives. Items are ``(score, id, shard,
+    row)``: ``shard`` the position of the part that returned it, ``row`` its row there."""
     n = len(parts[0]["ids"]) if parts else 0
     if len(parts) == 1:  # one shard's top-k is already in this order
-        ids, scores = parts[0]["ids"], parts[0]["scores"]
+        ids, scores, rows = parts[0]["ids"], parts[0]["scores"], parts[0]["rows"]
         return [
-            [(float(x), pid, 0) for x, pid in zip(scores[i][:k], ids[i][:k], strict=True)]
+            [
+                (float(x), pid, 0, r)
+                for x, pid, r in zip(scores[i][:k], ids[i][:k], rows[i][:k], strict=True)
+            ]
             for i in range(n)
         ]
     out = []
     for i in range(n):
         items = [
-            (float(x), pid, s)
+            (float(x), pid, s, r)
             for s, part in enumerate(parts)
-            for x, pid in zip(part["scores"][i], part["ids"][i], strict=True)
+            for x, pid, r in zip(part["scores"][i], part["ids"][i], part["rows"][i], strict=True)
         ]
         items.sort(key=lambda it: (-it[0], it[1]))
         out.append(items[:k])
     return out
 
 
-class ShardedCorpus(_RemoteCorpus):
-    """The passages the shards have returned so far (``len`` counts them); ``server_size`` is
-    the sharded index's passage count (what :func:`~rag_gym.retrieval.base.corpus_size`
-    reports)."""
+class _ShardedIds:
+    """``id -> row`` of a :class:`ShardedCorpus`: the rows the router noted lately (a bounded
+    dict), else each shard's own lookup in turn."""
 
-    __slots__ = ("_lock",)
+    __slots__ = ("_corpus",)
 
-    def __init__(self, server_size: int, name: str) -> None:
-        super().__init__(server_size, name)
-        self._lock = threading.Lock()
+    def __init__(self, corpus: ShardedCorpus) -> None:
+        self._corpus = corpus
 
-    def add_from(self, ids: Iterable[str], source: Callable[[str], Passage]) -> None:
-        """Add each of ``ids`` not held yet, as ``source(id)`` gives it."""
-        new = [pid for pid in dict.fromkeys(ids) if pid not in self._index]
-        if not new:
-            return
-        passages = [source(pid) for pid in new]
-        with self._lock:
-            for passage in passages:
-                if passage.id not in self._index:
-                    self.add(passage)
+    def find(self, pid: object) -> int:
+        if not isinstance(pid, str):
+            return -1
+        c = self._corpus
+        row = c._recent.get(pid)
+        if row is not None:
+            return row
+        for s, start in enumerate(c._starts):
+            local = c._shard(s)._index.get(pid)
+            if local is not None:
+                return start + int(local)
+        return -1
+
+    def __getitem__(self, pid: str) -> int:
+        row = self.find(pid)
+        if row < 0:
+            raise KeyError(pid)
+        return row
+
+    def __contains__(self, pid: object) -> bool:
+        return self.find(pid) >= 0
+
+    def get(self, pid: str, default: int | None = None) -> int | None:
+        row = self.find(pid)
+        return default if row < 0 else row
+
+    def __len__(self) -> int:
+        return len(self._corpus)
+
+
+class ShardedCorpus(Corpus):
+    """The whole corpus of a sharded index, read on access from its shards' corpora: rows are
+    numbered as in one corpus (shard ``s``'s row ``r`` is ``starts[s] + r``), and ``ids``,
+    ``titles`` and ``texts`` read the shard that holds the row. Nothing is copied, so the
+    router's memory does not grow with the passages it serves; the ids it has just returned are
+    remembered (a bounded dict) so that looking them up costs a dict lookup.
+
+    Args:
+        size: passages in all (``server_size``, what
+            :func:`~rag_gym.retrieval.base.corpus_size` reports).
+        name: a label for messages.
+        starts: each shard's first row.
+        shard: ``s -> corpus`` of shard ``s`` (opened on first use).
+    """
+
+    __slots__ = ("_recent", "_shard", "_starts", "server_size")
+
+    #: ids remembered from recent results
+    recent_ids = 1 << 16
+
+    def __init__(
+        self, size: int, name: str, starts: Sequence[int], shard: Callable[[int], Corpus]
+    ) -> None:
+        from rag_gym.data.mapped import _Column
+
+        self.name = name
+        self.server_size = size
+        self._starts = [int(x) for x in starts]
+        self._shard = shard
+        self._recent: dict[str, int] = {}
+        self.ids = _Column(size, lambda i: self._cell(i, "ids"))  # type: ignore[assignment]
+        self.titles = _Column(size, lambda i: self._cell(i, "titles"))  # type: ignore[assignment]
+        self.texts = _Column(size, lambda i: self._cell(i, "texts"))  # type: ignore[assignment]
+        self._index = _ShardedIds(self)  # type: ignore[assignment]
+
+    def _cell(self, row: int, column: str) -> str:
+        s = bisect.bisect_right(self._starts, row) - 1
+        return getattr(self._shard(s), column)[row - self._starts[s]]
+
+    def note(self, ids: Iterable[str], shards: Iterable[int], rows: Iterable[int]) -> None:
+        """Remember where the ids just returned are (shard ``shards[i]``, its row ``rows[i]``)."""
+        recent = self._recent
+        if len(recent) >= self.recent_ids:
+            recent.clear()
+        starts = self._starts
+        recent.update((pid, starts[s] + r) for pid, s, r in zip(ids, shards, rows, strict=True))
+
+    def _passage(self, pid: str, i: int) -> Passage:
+        s = bisect.bisect_right(self._starts, i) - 1
+        shard, r = self._shard(s), i - self._starts[s]
+        return Passage(pid, shard.titles[r], shard.texts[r])
+
+    def add(self, passage: Passage) -> None:
+        raise TypeError(f"{self!r} is read-only (the corpus of a sharded index)")
+
+    def __repr__(self) -> str:
+        return f"ShardedCorpus(name={self.name!r}, passages={self.server_size}, shards={len(self._starts)})"
 
 
 class ShardedRetriever:
@@ -585,14 +666,22 @@ class ShardedRetriever:
     """
 
     def __init__(
-        self, shards: Sequence[Any], size: int | None = None, name: str = "shards"
+        self,
+        shards: Sequence[Any],
+        size: int | None = None,
+        name: str = "shards",
+        starts: Sequence[int] | None = None,
     ) -> None:
         self.shards = list(shards)
         if not self.shards:
             raise ValueError("expected at least one shard, got none")
+        if starts is None:
+            starts = list(itertools.accumulate((len(s.corpus) for s in self.shards), initial=0))
         total = size if size is not None else sum(len(s.corpus) for s in self.shards)
         self.size = total
-        self.corpus = ShardedCorpus(total, name)
+        self.corpus = ShardedCorpus(
+            total, name, list(starts)[: len(self.shards)], self.shard_corpus
+        )
 
     @classmethod
     def load(
@@ -601,7 +690,12 @@ class ShardedRetriever:
         """Every shard of a sharded index folder, in this process."""
         manifest = read_shards(path, shards)
         loaded = [load_shard(path, i, verify=verify) for i in range(manifest["n_shards"])]
-        return cls(loaded, size=manifest["corpus_size"], name=manifest["source"])
+        return cls(
+            loaded,
+            size=manifest["corpus_size"],
+            name=manifest["source"],
+            starts=[e["first"] for e in manifest["shards"]],
+        )
 
     @property
     def n_shards(self) -> int:
@@ -652,18 +746,16 @@ class ShardedRetriever:
                     f"corpus {self.corpus.name!r}"
                 )
         merged = merge_top_k(parts, k)
-        for s in range(len(parts)):
-            self.corpus.add_from(
-                (it[1] for row in merged for it in row if it[2] == s), self.passage_source(s)
-            )
+        flat = [it for row in merged for it in row]
+        self.corpus.note((it[1] for it in flat), (it[2] for it in flat), (it[3] for it in flat))
         ids = [[it[1] for it in row] for row in merged]
         scores = [[it[0] for it in row] for row in merged]
         return RetrievalResult(ids, scores)
 
-    def passage_source(self, shard: int) -> Callable[[str], Passage]:
-        """Where the router reads shard ``shard``'s passages (``id -> Passage``): here its
-        retriever's corpus."""
-        return self.shards[shard].corpus.__getitem__
+    def shard_corpus(self, shard: int):
+        """Shard ``shard``'s corpus, where the router reads its passages: here its
+        retriever's."""
+        return self.shards[shard].corpus
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.n_shards} shards, {self.size} passages)"

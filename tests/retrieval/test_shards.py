@@ -63,6 +63,33 @@ def test_bm25_shards_equal_one_index(tmp_path, case):
         assert sharded.corpus.texts[sharded.corpus._index[pid]] == one.corpus.texts[row]
 
 
+def test_the_sharded_corpus_reads_the_shards_and_does_not_grow(tmp_path, monkeypatch):
+    """The router's corpus is the whole corpus, row for row, read from the shards' corpus
+    files: every passage (returned or not) is the single index's; what it remembers of recent
+    results stays bounded; it is read-only."""
+    from rag_gym.data.types import Passage
+    from rag_gym.retrieval.shards import ShardedCorpus
+
+    path, queries, _ = synthhop_case(tmp_path)
+    one = single(path, tmp_path / "one")
+    sharded = ShardedRetriever.load(build_bm25_shards(path, tmp_path / "s3", 3))
+    corpus = sharded.corpus
+    assert len(corpus) == len(one.corpus) == corpus.server_size
+    assert list(corpus.ids) == list(one.corpus.ids)
+    for pid in itertools.islice(one.corpus.ids, 0, None, 7):  # never returned yet
+        assert corpus[pid] == one.corpus[pid] and pid in corpus
+    monkeypatch.setattr(ShardedCorpus, "recent_ids", 50)
+    for i in range(0, 600, 60):
+        got = sharded.retrieve(queries[i : i + 60], 5)
+        assert len(corpus._recent) <= 50 + 300
+        assert [corpus[p] for p in got.ids[-1]] == [one.corpus[p] for p in got.ids[-1]]
+    assert "no such id" not in corpus and 3 not in corpus
+    with pytest.raises(KeyError, match="no such id"):
+        corpus["no such id"]
+    with pytest.raises(TypeError, match="read-only"):
+        corpus.add(Passage("new", "", "text"))
+
+
 def test_ties_across_shards_are_broken_by_id(tmp_path):
     # every passage scores the same for "shared": the single index ranks them by id, and so
     # must the merge of shards that each hold some of them
