@@ -2,11 +2,10 @@
 follows when it is not set (:class:`~rag_gym.generation.llama_cpp.LlamaCppLM`).
 
 llama.cpp's threads wait for each other at every step of a matrix product, so a thread that
-shares its core with another busy process holds all the others up. On the 2-core machine, with
-the embedded SmolLM2 and the shipped adapter (``benchmarks/llm_threads.py``), 2 threads are
-faster than 1 when the machine is idle, and 1 is faster when another process keeps one core
-busy. So the default thread count is the cores this process may use less those that other
-processes kept busy lately, at least 1.
+shares its core with another busy process holds all the others up: more threads than idle
+cores is slower than fewer (docs/results/speed.md has the measurements). So the default thread
+count is the cores this process may use less those that other processes kept busy lately, at
+least 1.
 
 :class:`CpuMeter` reads the kernel's per-CPU time counters (``/proc/stat``, Linux) for the CPUs
 this process may run on, and takes this process's own CPU time out of their busy time. Where

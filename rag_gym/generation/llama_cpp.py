@@ -63,9 +63,8 @@ class LlamaCppLM(LanguageModel):
             ``$RAG_GYM_THREADS``; else it follows the machine's load: the usable cores less
             those other processes kept busy, at least 1, measured when the model loads and
             again every :attr:`load_interval` seconds, see :mod:`~rag_gym.generation.cpu_load`).
-            A thread that shares its core with another busy process holds the others up: on
-            the 2-core machine 2 threads are faster when it is idle and 1 thread when another
-            process keeps a core busy. The count does not change the generated text.
+            A thread that shares its core with another busy process holds the others up, so
+            more threads than idle cores is slower. The count does not change the text.
         seed: default sampling seed.
         n_gpu_layers: layers to offload when llama.cpp was built with GPU support.
         adapter: a GGUF LoRA adapter applied on top of the model (see
