@@ -23,14 +23,6 @@ STAT = Path("/proc/stat")
 QUOTA = Path("/sys/fs/cgroup/cpu.max")
 
 
-def usable_cores() -> int:
-    """The CPUs this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def _quota_limited() -> bool:
     try:
         return QUOTA.read_text().split()[0] != "max"
@@ -74,10 +66,10 @@ class CpuMeter:
 
     def __init__(self) -> None:
         self.cpus = _affinity()
-        self.usable = len(self.cpus) if self.cpus else usable_cores()
+        self.usable = len(self.cpus) or os.cpu_count() or 1
         self.tick = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
-        self.works = bool(self.cpus) and not _quota_limited() and self._read() is not None
-        self._last = self._read() if self.works else None
+        self._last = self._read() if self.cpus and not _quota_limited() else None
+        self.works = self._last is not None
 
     def _read(self) -> tuple[float, int, float] | None:
         try:
@@ -91,7 +83,7 @@ class CpuMeter:
     def others(self) -> float | None:
         """Cores other processes kept busy since the last call (or since this meter was made);
         ``None`` where the counters say nothing."""
-        if not self.works or self._last is None:
+        if self._last is None:
             return None
         now = self._read()
         if now is None:

@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from rag_gym.data._io import parse_line
+from rag_gym.data.mapped import _Column, _IdLookup
 from rag_gym.data.types import Corpus, Passage, passage_from_record
 from rag_gym.retrieval.base import RetrievalResult, check_k, check_queries, per_query
 from rag_gym.retrieval.bm25_build import (
@@ -556,14 +557,11 @@ def merge_top_k(
     return out
 
 
-class _ShardedIds:
+class _ShardedIds(_IdLookup):
     """``id -> row`` of a :class:`ShardedCorpus`: the rows the router noted lately (a bounded
-    dict), else each shard's own lookup in turn."""
+    dict), else each shard's own lookup in turn (the rest is :class:`_IdLookup`'s)."""
 
-    __slots__ = ("_corpus",)
-
-    def __init__(self, corpus: ShardedCorpus) -> None:
-        self._corpus = corpus
+    __slots__ = ()
 
     def find(self, pid: object) -> int:
         if not isinstance(pid, str):
@@ -577,22 +575,6 @@ class _ShardedIds:
             if local is not None:
                 return start + int(local)
         return -1
-
-    def __getitem__(self, pid: str) -> int:
-        row = self.find(pid)
-        if row < 0:
-            raise KeyError(pid)
-        return row
-
-    def __contains__(self, pid: object) -> bool:
-        return self.find(pid) >= 0
-
-    def get(self, pid: str, default: int | None = None) -> int | None:
-        row = self.find(pid)
-        return default if row < 0 else row
-
-    def __len__(self) -> int:
-        return len(self._corpus)
 
 
 class ShardedCorpus(Corpus):
@@ -618,8 +600,6 @@ class ShardedCorpus(Corpus):
     def __init__(
         self, size: int, name: str, starts: Sequence[int], shard: Callable[[int], Corpus]
     ) -> None:
-        from rag_gym.data.mapped import _Column
-
         self.name = name
         self.server_size = size
         self._starts = [int(x) for x in starts]
@@ -641,11 +621,6 @@ class ShardedCorpus(Corpus):
             recent.clear()
         starts = self._starts
         recent.update((pid, starts[s] + r) for pid, s, r in zip(ids, shards, rows, strict=True))
-
-    def _passage(self, pid: str, i: int) -> Passage:
-        s = bisect.bisect_right(self._starts, i) - 1
-        shard, r = self._shard(s), i - self._starts[s]
-        return Passage(pid, shard.titles[r], shard.texts[r])
 
     def add(self, passage: Passage) -> None:
         raise TypeError(f"{self!r} is read-only (the corpus of a sharded index)")
