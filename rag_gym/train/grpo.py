@@ -163,6 +163,10 @@ class EnvGRPOConfig:
     """KL coefficient (0 disables the reference model, as TRL's and DAPO's default)."""
     kl_estimator: str = "k3"
     """``k3`` (TRL's, GRPO's) or ``stabilized`` (ARENA's; see :func:`~rag_gym.train.trl_compat.stabilized_kl_trainer_class`)."""
+    model_token_logps: bool = True
+    """Compute the policy's and the reference's log-probabilities at the model-written tokens
+    only, the ones the loss reads (:func:`~rag_gym.train.trl_compat.env_grpo_trainer_class`):
+    the same step with less work. ``False``: TRL's own computation, at every token."""
     epsilon: float = 0.2
     """Lower clipping bound ε (ε_low)."""
     epsilon_high: float | None = None
@@ -651,6 +655,7 @@ def build_trainer(
     """
     from rag_gym.train.trl_compat import (
         checkpointing_option,
+        env_grpo_trainer_class,
         require_trl,
         stabilized_kl_trainer_class,
     )
@@ -775,8 +780,10 @@ def build_trainer(
                 title=run_dir.name,
             )
 
-    # TRL's own trainer, except for ARENA's KL estimator, which has no public hook (trl_compat)
-    trainer_class = trl.GRPOTrainer if cfg.kl_estimator == "k3" else stabilized_kl_trainer_class()
+    # TRL's trainer, scoring the model's tokens only; ARENA's KL estimator has no public hook
+    trainer_class = (
+        env_grpo_trainer_class() if cfg.kl_estimator == "k3" else stabilized_kl_trainer_class()
+    )
     trainer = trainer_class(
         model=model,
         reward_funcs=funcs,
@@ -792,6 +799,7 @@ def build_trainer(
             *([time_limit_callback(cfg.max_minutes)] if cfg.max_minutes else []),
         ],
     )
+    trainer.model_tokens_only = cfg.model_token_logps
     # The rollout plays episodes with the trainer's (possibly PEFT-wrapped) model.
     rollout.generator = None
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,7 @@ The trainers extend TRL through its public hooks: GRPO's ``rollout_func`` (multi
 with the ``env_mask`` field of its output (env-written tokens left out of the loss), its
 ``loss_type`` values (``"grpo"``, ``"dapo"``), ``mask_truncated_completions``, reward functions
 and callbacks; DPO's collator of token-id rows and its ``ref_chosen_logps`` /
-``ref_rejected_logps`` columns. Three things have no public hook in the TRL versions below, and
+``ref_rejected_logps`` columns. These things have no public hook in the TRL versions below, and
 live here:
 
 * **ARENA's stabilised KL** (:class:`~rag_gym.train.grpo.EnvGRPOConfig` ``kl_estimator=
@@ -20,6 +20,13 @@ live here:
 * **Undoing what a DPO epoch leaves on a PEFT model** (:func:`drop_dpo_state`): the frozen
   ``"ref"`` adapter copy TRL adds, and the fused LM head it binds to the base model's
   ``forward``, so the next epoch starts from the same model.
+* **Log-probabilities at model-written tokens only** (:func:`env_grpo_trainer_class`): TRL's
+  fused LM head scores every completion token, env-written ones included, and on a device
+  without Triton (a CPU) every position of the sequence, though the loss, the KL and the
+  metrics read only the model's tokens. The trainer marks the others ``-100`` in the labels
+  (``GRPOTrainer._get_per_token_logps_and_entropies``, given the rollout's ``env_mask`` through
+  ``GRPOTrainer._generate`` and ``_compute_loss``) and lets the head skip them
+  (``trl.trainer.utils._use_triton``, read when the head runs).
 * **Multi-turn generation on TRL's colocated vLLM engine** (:func:`colocated_vllm`): the
   ``LLM`` object TRL keeps at ``trainer.vllm_generation.llm``.
 
@@ -31,9 +38,11 @@ test also pins, so an upgrade fails loudly instead of training wrong.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
+from collections.abc import Iterator
 from typing import Any
 
 #: The TRL versions the private hooks below are written for and tested with (PEP 440).
@@ -49,7 +58,12 @@ PRIVATE_API: dict[tuple[str, str], tuple[str, ...]] = {
         "input_ids",
         "attention_mask",
         "logits_to_keep",
+        "batch_size",
+        "compute_entropy",
+        "compute_aux_loss",
     ),
+    ("GRPOTrainer", "_generate"): ("self", "prompts"),
+    ("GRPOTrainer", "_generate_and_score_completions"): ("self", "inputs"),
     ("DPOTrainer", "_prepare_dataset"): (
         "self",
         "dataset",
@@ -159,13 +173,158 @@ def aggregate(trainer: Any, x: Any, mask: Any, inputs: dict[str, Any]) -> Any:
     return (x * mask).sum() / normalizer
 
 
+@contextlib.contextmanager
+def compact_fused_head() -> Iterator[None]:
+    """Inside the block, TRL's fused LM head projects only the positions whose label is not
+    ``-100``, on every device (TRL itself does so on Triton devices only, and elsewhere scores
+    every position so that its tile shapes stay fixed for compilers such as Neuron's)."""
+    import trl.trainer.utils as utils
+
+    original = utils._use_triton
+    utils._use_triton = lambda device: True
+    try:
+        yield
+    finally:
+        utils._use_triton = original
+
+
+@functools.cache
+def env_grpo_trainer_class() -> type:
+    """``EnvGRPOTrainer``, built on first use (it subclasses ``trl.GRPOTrainer``)."""
+    trl = require_trl()
+    check_private_api(trl)
+    import trl.trainer.utils as utils
+
+    if not callable(getattr(utils, "_use_triton", None)):
+        raise TRLVersionError(
+            f"expected trl.trainer.utils._use_triton in trl {trl.__version__}; install "
+            f"trl{SUPPORTED}: pip install 'trl{SUPPORTED}'"
+        )
+
+    class EnvGRPOTrainer(trl.GRPOTrainer):
+        """TRL's ``GRPOTrainer`` that computes the policy's and the reference's per-token
+        log-probabilities at the model-written tokens of an episode only.
+
+        A multi-turn episode's completion is mostly env-written tokens (passages): on HotpotQA
+        about 150 of 800. The loss, the KL and the entropy metric weigh every token by
+        ``completion_mask * env_mask``, so the log-probabilities TRL computes at the others are
+        multiplied by zero. Here they are not computed: their labels are ``-100`` and the fused
+        LM head skips them (:func:`compact_fused_head`), which leaves them 0. The tokens that
+        count get the same values as TRL's (the head's rows are independent), so the step is
+        the same; the LM head's work (a 576 × 49,152 product per position for SmolLM2) and its
+        backward shrink to the model's tokens. ``model_tokens_only = False`` is TRL's own
+        computation. Rows with images, or calls without a known mask, take TRL's path.
+        """
+
+        model_tokens_only = True
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._scoring_mask: Any = None
+            self._generated_env_mask: list[list[int]] | None = None
+
+        def _generate(self, prompts: list) -> Any:
+            out = super()._generate(prompts)
+            self._generated_env_mask = out[2]  # the rollout's env_mask, in the batch's order
+            return out
+
+        def _generate_and_score_completions(self, inputs: Any) -> Any:
+            try:
+                return super()._generate_and_score_completions(inputs)
+            finally:
+                self._generated_env_mask = None
+
+        def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Any:
+            if "tool_mask" in inputs:
+                self._scoring_mask = inputs["completion_mask"] * inputs["tool_mask"]
+            try:
+                return super()._compute_loss(model, inputs)
+            finally:
+                self._scoring_mask = None
+
+        def _mask_for(self, rows: int, width: int) -> Any:
+            """The ``(rows, width)`` mask of the tokens that count, or None when not known."""
+            import torch
+
+            mask = self._scoring_mask
+            if mask is None and self._generated_env_mask is not None:
+                masks = self._generated_env_mask
+                mask = torch.zeros((len(masks), width), dtype=torch.long)
+                for i, m in enumerate(masks):
+                    mask[i, : min(len(m), width)] = torch.as_tensor(m[:width], dtype=torch.long)
+            if mask is None or tuple(mask.shape) != (rows, width):
+                return None
+            return mask
+
+        def _get_per_token_logps_and_entropies(
+            self,
+            model: Any,
+            input_ids: Any,
+            attention_mask: Any,
+            logits_to_keep: int,
+            batch_size: int | None = None,
+            compute_entropy: bool = False,
+            compute_aux_loss: bool = False,
+            **extra: Any,
+        ) -> Any:
+            mask = (
+                self._mask_for(input_ids.size(0), logits_to_keep)
+                if self.model_tokens_only and not any(v is not None for v in extra.values())
+                else None
+            )
+            if mask is None:
+                return super()._get_per_token_logps_and_entropies(
+                    model,
+                    input_ids,
+                    attention_mask,
+                    logits_to_keep,
+                    batch_size=batch_size,
+                    compute_entropy=compute_entropy,
+                    compute_aux_loss=compute_aux_loss,
+                    **extra,
+                )
+            import torch
+
+            mask = mask.to(input_ids.device)
+            batch_size = batch_size or input_ids.size(0)
+            logps, entropies, aux = [], [], []
+            for start in range(0, input_ids.size(0), batch_size):
+                ids = input_ids[start : start + batch_size]
+                att = attention_mask[start : start + batch_size]
+                labels = ids.masked_fill(att == 0, -100)
+                labels[:, :-logits_to_keep] = -100
+                tail = labels[:, -logits_to_keep:]
+                labels[:, -logits_to_keep:] = tail.masked_fill(
+                    mask[start : start + batch_size] == 0, -100
+                )
+                inputs = {"input_ids": ids, "attention_mask": att}
+                if compute_aux_loss:
+                    inputs["output_router_logits"] = True
+                with self.accelerator.autocast(), compact_fused_head():
+                    out = model(**inputs, labels=labels, fused_lm_head=True)
+                logps.append(out.log_probs[:, -logits_to_keep:])
+                if compute_entropy:
+                    entropies.append(out.entropy[:, -logits_to_keep:])
+                if compute_aux_loss:
+                    aux.append(out.aux_loss)
+            return (
+                torch.cat(logps, dim=0),
+                torch.cat(entropies, dim=0) if compute_entropy else None,
+                torch.stack(aux).mean() if compute_aux_loss else None,
+            )
+
+    EnvGRPOTrainer.__module__ = __name__
+    return EnvGRPOTrainer
+
+
 @functools.cache
 def stabilized_kl_trainer_class() -> type:
-    """``StabilizedKLGRPOTrainer``, built on first use (it subclasses ``trl.GRPOTrainer``)."""
+    """``StabilizedKLGRPOTrainer``, built on first use (it subclasses
+    :func:`env_grpo_trainer_class`'s trainer)."""
     trl = require_trl()
     check_private_api(trl)
 
-    class StabilizedKLGRPOTrainer(trl.GRPOTrainer):
+    class StabilizedKLGRPOTrainer(env_grpo_trainer_class()):
         """TRL's ``GRPOTrainer`` with ARENA's stabilised KL estimator in place of k3.
 
         k3, TRL's (GRPO's) estimator of ``KL(π_θ || π_ref)`` on tokens sampled from π_θ, is

@@ -665,6 +665,87 @@ def test_trainer_two_steps_update_weights(tmp_path, algorithm, kl_estimator, bet
     assert all(r["schema_version"] == 1 and r["steps"] for r in saved)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("kl_estimator", ["k3", "stabilized"])
+def test_log_probabilities_at_model_tokens_only_give_trls_step(
+    tmp_path, monkeypatch, kl_estimator
+):
+    """``model_token_logps``: TRL's log-probabilities at the model's tokens, 0 at the env's, and
+    the same step (loss, KL, updated weights) as TRL's computation at every token."""
+    import contextlib
+
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("trl")
+    pytest.importorskip("peft")
+    from rag_gym.train import trl_compat
+    from rag_gym.train.grpo import build_trainer
+
+    compact = []  # grad enabled or not, for each call that skipped the env's tokens
+    original = trl_compat.compact_fused_head
+
+    @contextlib.contextmanager
+    def counted():
+        compact.append(torch.is_grad_enabled())
+        with original():
+            yield
+
+    monkeypatch.setattr(trl_compat, "compact_fused_head", counted)
+
+    runs = {}
+    for only in (True, False):
+        cfg = tiny(
+            tmp_path,
+            name=f"run-{only}",
+            max_steps=1,
+            max_turns=3,
+            max_episode_steps=2,
+            max_turn_tokens=16,
+            max_completion_tokens=160,
+            kl_estimator=kl_estimator,
+            beta=0.05,
+            learning_rate=1e-2,
+            model_token_logps=only,
+        )
+        trainer, rollout = build_trainer(cfg, extra_rewards=[(_length_bonus, 1.0)])
+        assert trainer.model_tokens_only is only
+        compact.clear()
+        trainer.train()
+        runs[only] = trainer, rollout
+        # with it: the reference's pass over both episodes (no gradient, one a pass, as the
+        # policy's on a CPU), then the policy's two micro-batches
+        assert compact == ([False, False, True, True] if only else []), compact
+    (fast, fast_rollout), (full, full_rollout) = runs[True], runs[False]
+    episodes = fast_rollout.episodes
+    assert [e.completion_ids for e in episodes] == [e.completion_ids for e in full_rollout.episodes]
+    assert all(0 in e.env_mask and 1 in e.env_mask for e in episodes)
+    row = lambda t: next(r for r in t.state.log_history if "loss" in r)  # noqa: E731
+    for key in ("loss", "kl", "entropy", "grad_norm"):
+        assert row(fast)[key] == pytest.approx(row(full)[key], rel=1e-5, abs=1e-9), key
+    weights = dict(full.model.named_parameters())
+    for name, p in fast.model.named_parameters():
+        if p.requires_grad:
+            assert torch.allclose(p, weights[name], rtol=1e-5, atol=1e-7), name
+
+    # the values themselves: one call with the episodes' masks, one without
+    e = episodes[0]
+    ids = torch.tensor([e.prompt_ids + e.completion_ids])
+    keep = len(e.completion_ids)
+    mask = torch.tensor([e.env_mask])
+    with torch.no_grad():
+        fast._scoring_mask = mask
+        ours, our_entropy, _ = fast._get_per_token_logps_and_entropies(
+            fast.model, ids, torch.ones_like(ids), keep, compute_entropy=True
+        )
+        fast._scoring_mask = None
+        trls, trl_entropy, _ = fast._get_per_token_logps_and_entropies(
+            fast.model, ids, torch.ones_like(ids), keep, compute_entropy=True
+        )
+    on = mask.bool()
+    assert torch.allclose(ours[on], trls[on], rtol=1e-5, atol=1e-6)
+    assert torch.allclose(our_entropy[on], trl_entropy[on], rtol=1e-5, atol=1e-6)
+    assert (ours[~on] == 0).all() and (trls[~on] != 0).all()
+
+
 def test_max_minutes_stops_after_the_step_that_ends_past_it(tmp_path):
     """--max-minutes: the first step that ends past the budget is the last, and it is saved."""
     pytest.importorskip("trl")

@@ -53,6 +53,12 @@ def test_a_changed_private_signature_fails_loudly():
         def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, keep):
             pass
 
+        def _generate(self, prompts):
+            pass
+
+        def _generate_and_score_completions(self, inputs):
+            pass
+
     class DPOTrainer:
         def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
             pass
@@ -65,7 +71,14 @@ def test_a_changed_private_signature_fails_loudly():
         trl_compat.check_private_api(fake)
     del DPOTrainer._precompute_ref_logps
     GRPOTrainer._get_per_token_logps_and_entropies = (
-        lambda self, model, input_ids, attention_mask, logits_to_keep: None
+        lambda self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False: None
     )
     with pytest.raises(trl_compat.TRLVersionError, match=r"DPOTrainer\._precompute_ref_logps"):
         trl_compat.check_private_api(fake)
