@@ -667,9 +667,7 @@ def test_trainer_two_steps_update_weights(tmp_path, algorithm, kl_estimator, bet
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kl_estimator", ["k3", "stabilized"])
-def test_log_probabilities_at_model_tokens_only_give_trls_step(
-    tmp_path, monkeypatch, kl_estimator
-):
+def test_log_probabilities_at_model_tokens_only_give_trls_step(tmp_path, monkeypatch, kl_estimator):
     """``model_token_logps``: TRL's log-probabilities at the model's tokens, 0 at the env's, and
     the same step (loss, KL, updated weights) as TRL's computation at every token."""
     import contextlib
