@@ -248,8 +248,7 @@ class LlamaCppLM(LanguageModel):
         threads = self._meter.threads(self._meter.others())
         if threads != self.threads:
             self.threads = threads
-            bctx = self.engine._bctx
-            compat.set_threads(self._llm, [bctx] if bctx is not None else [], threads)
+            compat.set_threads(self._llm, self.engine.contexts(), threads)
 
     def _one(self, prompt: Prompt, config: GenerationConfig, seed: int) -> Generation:
         kwargs = dict(

@@ -269,6 +269,10 @@ class LlamaEngine:
             ("prefilled", "reused", "decoded", "restored", "prefill_s", "decode_s"), 0
         )
 
+    def contexts(self) -> list[Any]:
+        """The contexts this engine made besides the model's own (the batched one, once used)."""
+        return [self._bctx] if self._bctx is not None else []
+
     def invalidate(self) -> None:
         """Forget the live cache (something else decoded on ``llm``'s context)."""
         self._live = None
