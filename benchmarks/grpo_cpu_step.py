@@ -83,7 +83,7 @@ def train_steps(config: dict, init: str, steps: int, model_token_logps: bool, ru
     )
     torch.manual_seed(cfg.seed)
     model, tokenizer = load_with_adapter(cfg.model, init)
-    trainer, rollout = build_trainer(cfg, model, tokenizer)
+    trainer, _ = build_trainer(cfg, model, tokenizer)
     phases: dict[str, float] = collections.defaultdict(float)
     per_step: list[dict[str, float]] = []
     grad = lambda: "policy forward" if torch.is_grad_enabled() else "reference"  # noqa: E731
