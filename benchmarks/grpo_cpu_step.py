@@ -103,7 +103,9 @@ def train_steps(config: dict, init: str, steps: int, model_token_logps: bool, ru
     times = [r["step_time"] for r in trainer.state.log_history if "step_time" in r]
     first = next(r for r in trainer.state.log_history if "loss" in r)
     tokens = [r["episode/completion_tokens"] for r in trainer.state.log_history if "step_time" in r]
-    model_tokens = [r["episode/model_tokens"] for r in trainer.state.log_history if "step_time" in r]
+    model_tokens = [
+        r["episode/model_tokens"] for r in trainer.state.log_history if "step_time" in r
+    ]
     return {
         "step_s": times[1:],
         "phases": per_step[1:],
@@ -162,7 +164,9 @@ def generation(init: str, prompt_tokens: int, new_tokens: int, rounds: int) -> d
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", help="a GRPO run's config.json (default: SynthHop, see DEFAULT)")
+    parser.add_argument(
+        "--config", help="a GRPO run's config.json (default: SynthHop, see DEFAULT)"
+    )
     parser.add_argument("--init", default=str(SHIPPED), help="the adapter both runs start from")
     parser.add_argument("--steps", type=int, default=2, help="measured steps (after 1 warm-up)")
     parser.add_argument("--prompt-tokens", type=int, default=500)
@@ -187,7 +191,8 @@ def main() -> None:
                     phases[k].append(v)
             print(
                 f"{name}: {statistics.mean(r['step_s']):.1f} s a step over {len(r['step_s'])} "
-                f"steps; " + ", ".join(f"{k} {statistics.mean(v):.1f} s" for k, v in phases.items())
+                f"steps; "
+                + ", ".join(f"{k} {statistics.mean(v):.1f} s" for k, v in phases.items())
                 + f"; {statistics.mean(r['completion_tokens']):.0f} completion tokens an episode, "
                 f"{statistics.mean(r['model_tokens']):.0f} by the model; first loss "
                 f"{r['first_loss']:.6g}"
