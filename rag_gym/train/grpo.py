@@ -24,6 +24,8 @@ TRL supplies the loss and the trainer loop; this module supplies what it lacks:
   criteria read :attr:`Episode.solved <rag_gym.train.rollout.Episode.solved>` (exact match),
   so they assume an EM outcome reward;
 * ARENA's stabilised KL estimator (``kl_estimator="stabilized"``, :func:`~rag_gym.train.trl_compat.stabilized_kl_trainer_class`);
+* log-probabilities at the model's tokens only, the ones the loss reads (``model_token_logps``,
+  :func:`~rag_gym.train.trl_compat.env_grpo_trainer_class`);
 * curriculum stages (LWTS's stage 1 then stage 2 answer reward) switched at fractions of
   training, and R²AG's iterative forest training (:func:`train_forest`).
 
@@ -641,7 +643,8 @@ def build_trainer(
     run_dir: str | Path | None = None,
     extra_rewards: Sequence[tuple[Callable, float]] = (),
 ) -> tuple[Any, EnvRollout]:
-    """TRL's ``GRPOTrainer`` for ``cfg`` (with ``rollout_func`` and ``env_mask``; the
+    """TRL's ``GRPOTrainer`` for ``cfg`` (with ``rollout_func`` and ``env_mask``, through
+    :func:`~rag_gym.train.trl_compat.env_grpo_trainer_class`; the
     :func:`~rag_gym.train.trl_compat.stabilized_kl_trainer_class` for ``kl_estimator="stabilized"``)
     and its rollout function.
 
