@@ -100,18 +100,14 @@ def train_steps(config: dict, init: str, steps: int, model_token_logps: bool, ru
 
     trainer.add_callback(Split())
     trainer.train()
-    times = [r["step_time"] for r in trainer.state.log_history if "step_time" in r]
+    steps = [r for r in trainer.state.log_history if "step_time" in r][1:]  # after the warm-up
     first = next(r for r in trainer.state.log_history if "loss" in r)
-    tokens = [r["episode/completion_tokens"] for r in trainer.state.log_history if "step_time" in r]
-    model_tokens = [
-        r["episode/model_tokens"] for r in trainer.state.log_history if "step_time" in r
-    ]
     return {
-        "step_s": times[1:],
+        "step_s": [r["step_time"] for r in steps],
         "phases": per_step[1:],
         "first_loss": first["loss"],
-        "completion_tokens": tokens[1:],
-        "model_tokens": model_tokens[1:],
+        "completion_tokens": [r["episode/completion_tokens"] for r in steps],
+        "model_tokens": [r["episode/model_tokens"] for r in steps],
     }
 
 

@@ -70,11 +70,20 @@ def test_a_changed_private_signature_fails_loudly():
     with pytest.raises(trl_compat.TRLVersionError, match="_get_per_token_logps_and_entropies"):
         trl_compat.check_private_api(fake)
     del DPOTrainer._precompute_ref_logps
-    GRPOTrainer._get_per_token_logps_and_entropies = (
-        lambda self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False, compute_aux_loss=False: (
-            None
-        )
-    )
+
+    def logps(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False,
+    ):
+        pass
+
+    GRPOTrainer._get_per_token_logps_and_entropies = logps
     with pytest.raises(trl_compat.TRLVersionError, match=r"DPOTrainer\._precompute_ref_logps"):
         trl_compat.check_private_api(fake)
 
