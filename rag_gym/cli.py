@@ -485,7 +485,11 @@ def evaluate(
 def view(
     run_dir: Annotated[Path, typer.Argument(help="A run folder (rag-gym evaluate or train).")],
     out: Annotated[
-        Path | None, typer.Option(help="Where to write the report (default RUN_DIR/report.html).")
+        Path | None,
+        typer.Option(
+            help="Where to write the report (default RUN_DIR/report.html); never a file of the "
+            "run folder."
+        ),
     ] = None,
     serve: Annotated[
         bool, typer.Option(help="Then serve the report on http://127.0.0.1 until Ctrl-C.")
@@ -499,12 +503,15 @@ def view(
     if not 0 <= port <= 65535:
         _fail(f"expected --port in 0..65535, got {port}")
     try:
-        path = build_report(run_dir, out)
+        path = build_report(run_dir, out, overwrite=overwrite)
     except (NotARunFolder, ImportError, OSError) as exc:
         _fail(str(exc))
     typer.echo(f"report: {path}")
     if serve:
-        serve_report(path, port)
+        try:
+            serve_report(path, port)
+        except OSError as exc:  # the port is taken
+            _fail(f"cannot serve on 127.0.0.1:{port} ({exc.strerror or exc}): pass another --port")
 
 
 def _episode_bar(enabled: bool) -> tuple[Any, Callable[[str, int, int], None]]:
@@ -516,6 +523,7 @@ def _episode_bar(enabled: bool) -> tuple[Any, Callable[[str, int, int], None]]:
     bar = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing file at --out.")] = False,
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         console=Console(stderr=True),
@@ -700,28 +708,41 @@ def compare(
         ),
     ] = "em,f1,recall,full_recall,searches",
     confidence: Annotated[float, typer.Option(help="Interval level.")] = 0.95,
-    resamples: Annotated[int, typer.Option(help="Bootstrap resamples.")] = 10_000,
+    resamples: Annotated[int, typer.Option(help="Bootstrap resamples (1 to 1,000,000).")] = 10_000,
     seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
     json_out: Annotated[
-        Path | None, typer.Option("--json", help="Also write the comparison here.")
+        Path | None,
+        typer.Option("--json", help="Also write the comparison here (never a file of a run)."),
     ] = None,
 ) -> None:
     """Agent a against agent b, question by question (paired bootstrap intervals)."""
     import json
 
     from rag_gym.compare import CompareError, compare, comparison_markdown
+    from rag_gym.evaluate.run_folder import OutputRefused, check_output, write_atomically
+    from rag_gym.stats import MAX_RESAMPLES
 
-    if json_out is not None and not json_out.parent.is_dir():
-        _fail(
-            f"expected --json in an existing folder, got {json_out} ({json_out.parent} is not a "
-            "folder): create it, or pick another path"
-        )
+    names = [m.strip() for m in metrics.split(",") if m.strip()]
+    if not names:
+        _fail(f"expected --metrics to name at least one metric (em,f1,...), got {metrics!r}")
+    if not 1 <= resamples <= MAX_RESAMPLES:
+        _fail(f"expected --resamples in 1..{MAX_RESAMPLES:,}, got {resamples}")
+    if json_out is not None:
+        if not json_out.parent.is_dir():
+            _fail(
+                f"expected --json in an existing folder, got {json_out} ({json_out.parent} is "
+                "not a folder): create it, or pick another path"
+            )
+        try:
+            check_output(json_out, runs, "--json", overwrite, ours=_is_comparison)
+        except OutputRefused as exc:
+            _fail(str(exc))
     try:
         result = compare(
             runs,
             a,
             b,
-            metrics=[m.strip() for m in metrics.split(",") if m.strip()],
+            metrics=names,
             confidence=confidence,
             n_resamples=resamples,
             seed=seed,
@@ -733,7 +754,15 @@ def compare(
     typer.echo(comparison_markdown(result), nl=False)
     if json_out is not None:
         try:
-            json_out.write_text(json.dumps(result, indent=2) + "\n")
+            write_atomically(json_out, json.dumps(result, indent=2) + "\n")
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing file at --json.")] = False,
+    allow_mismatch: Annotated[
+        bool,
+        typer.Option(
+            help="Pair episodes by question id alone, even across runs whose protocols differ "
+            "(dataset, split, k...); the table lists the differences."
+        ),
+    ] = False,
         except OSError as exc:
             _fail(f"cannot write --json {json_out}: {exc}")
         typer.echo(f"wrote {json_out}")
@@ -754,6 +783,7 @@ def agents() -> None:
     _console().print(table)
 
 
+            allow_mismatch=allow_mismatch,
 @app.command()
 def envs() -> None:
     """List the registered rag-gym environments."""
@@ -768,6 +798,19 @@ def envs() -> None:
         steps = str(e.max_episode_steps) if e.max_episode_steps else "1 (one step)"
         table.add_row(f"{NAMESPACE}/{e.name}", e.kind, e.kwargs["dataset"], steps, e.description)
     _console().print(table)
+def _is_comparison(path: Path) -> bool:
+    """Whether ``path`` holds a comparison ``rag-gym compare --json`` wrote."""
+    from rag_gym.traces import load_file
+
+    try:
+        if path.stat().st_size > 1 << 24:
+            return False
+        saved = load_file(path)
+    except (OSError, ValueError):
+        return False
+    return isinstance(saved, dict) and {"a", "b", "metrics", "n_resamples"} <= saved.keys()
+
+
 
 
 def _console():

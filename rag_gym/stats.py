@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 
 DEFAULT_RESAMPLES = 10_000
+#: the most resamples an interval takes (a million give three stable decimals; more only cost)
+MAX_RESAMPLES = 1_000_000
 
 
 def _scores(values: Sequence[float] | np.ndarray, name: str) -> np.ndarray:
@@ -47,8 +49,14 @@ def _scores(values: Sequence[float] | np.ndarray, name: str) -> np.ndarray:
 def _check(confidence: float, n_resamples: int) -> None:
     if not 0.0 < confidence < 1.0 or not math.isfinite(confidence):
         raise ValueError(f"expected 0 < confidence < 1, got {confidence!r}")
-    if not isinstance(n_resamples, int) or isinstance(n_resamples, bool) or n_resamples < 1:
-        raise ValueError(f"expected n_resamples to be an int >= 1, got {n_resamples!r}")
+    if (
+        not isinstance(n_resamples, int)
+        or isinstance(n_resamples, bool)
+        or not 1 <= n_resamples <= MAX_RESAMPLES
+    ):
+        raise ValueError(
+            f"expected n_resamples to be an int in 1..{MAX_RESAMPLES:,}, got {n_resamples!r}"
+        )
 
 
 def _resampled_means(
@@ -56,6 +64,7 @@ def _resampled_means(
 ) -> np.ndarray:
     rng = np.random.default_rng(seed)
     n = values.size
+    chunk = max(1, min(chunk, (1 << 24) // n))  # at most 16M indices (128 MB) at a time
     out = np.empty(n_resamples, dtype=np.float64)
     for start in range(0, n_resamples, chunk):
         stop = min(start + chunk, n_resamples)

@@ -23,6 +23,9 @@ trace stays small however often a passage comes back.
 
 :func:`read_jsonl` reads either file back, tolerating a last line cut by a kill; it is the one
 reader of a run folder's JSONL files (``episodes.jsonl`` too), with a policy for a bad line.
+:func:`loads` is the one parser of a run folder's JSON, line or file: a value nested deeper than
+:data:`MAX_DEPTH`, an integer longer than :data:`MAX_INT_DIGITS` digits or a lone surrogate escape
+(``\\ud800``) is a ``ValueError`` saying so, like any other text that is not JSON.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -201,9 +205,9 @@ def trim_cut_line(path: Path) -> bool:
     cut = data.rfind(b"\n") + 1
     tail = data[cut:]
     try:
-        json.loads(tail)
+        loads(tail)
         ok = True
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except ValueError:
         ok = False
     _mend_last_line(path, cut, whole=ok)
     return not ok
@@ -222,6 +226,78 @@ def _mend_last_line(path: Path, start: int, whole: bool) -> None:
 
 def _null(constant: str) -> None:
     return None
+
+
+#: the deepest nesting of arrays and objects :func:`loads` accepts (rag-gym's records nest 4 deep)
+MAX_DEPTH = 100
+#: the longest integer :func:`loads` accepts, in digits (a float holds about 308)
+MAX_INT_DIGITS = 100
+_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _int(text: str) -> int:
+    digits = len(text) - text.startswith("-")
+    if digits > MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {digits} digits (at most {MAX_INT_DIGITS})")
+    return int(text)
+
+
+def _depth_over(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests arrays and objects deeper than ``limit`` (without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
+
+
+def loads(data: bytes | str, allow_nan: bool = True) -> Any:
+    """The JSON value of ``data`` (UTF-8 when bytes), read from a run folder's file; anything
+    else is a ``ValueError`` saying why: text that is not JSON or not UTF-8, a value nested
+    deeper than :data:`MAX_DEPTH`, an integer of more than :data:`MAX_INT_DIGITS` digits, a
+    string holding a lone surrogate (an escape such as ``\\ud800``, which no UTF-8 file can
+    hold). ``allow_nan=False`` reads ``NaN`` and the infinities as ``None``.
+
+    >>> loads('{"a": [1, NaN]}', allow_nan=False)
+    {'a': [1, None]}
+    >>> loads("[" * 200 + "]" * 200)
+    Traceback (most recent call last):
+    ...
+    ValueError: nested deeper than 100 arrays or objects
+    """
+    text = data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
+    try:
+        value = json.loads(text, parse_int=_int, parse_constant=None if allow_nan else _null)
+    except RecursionError:
+        value, deep = None, True
+    else:
+        deep = (
+            isinstance(value, (dict, list))
+            and text.count("[") + text.count("{") > MAX_DEPTH
+            and _depth_over(value, MAX_DEPTH)
+        )
+    if deep:
+        raise ValueError(f"nested deeper than {MAX_DEPTH} arrays or objects")
+    if _SURROGATE.search(text):
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("a lone surrogate escape such as \\ud800 (not a character)") from None
+    return value
+
+
+def load_file(path: str | Path, allow_nan: bool = True) -> Any:
+    """The JSON value of the file ``path`` (:func:`loads`); ``OSError`` when it cannot be read,
+    ``ValueError`` naming the file when it is not a JSON value :func:`loads` accepts."""
+    path = Path(path)
+    data = path.read_bytes()
+    try:
+        return loads(data, allow_nan)
+    except ValueError as exc:
+        raise ValueError(f"{path}: not readable as JSON ({str(exc)[:200]})") from None
 
 
 #: what :func:`read_jsonl` does with a line it cannot read: skip it (with a problem), raise
@@ -281,11 +357,11 @@ def read_jsonl(
         if not line.strip():
             continue
         try:
-            rec = json.loads(line, parse_constant=_null if policy == "skip" else None)
+            rec = loads(line, allow_nan=policy != "skip")
             ok = not keys or (isinstance(rec, dict) and set(keys) <= rec.keys())
             why = "" if ok else f"not {expected}"
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            ok, why = False, str(exc)
+        except ValueError as exc:
+            ok, why = False, str(exc)[:200]
         if i == len(lines) and tail:
             if policy == "repair":
                 _mend_last_line(path, len(data) - len(tail), whole=ok)

@@ -4,10 +4,12 @@ the step traces' order and the wall time per agent."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,84 @@ def run_dir_of(out_dir: str | Path, run_name: str) -> Path:
     return Path(out_dir) / run_dir.relative_to(base)
 
 
+#: the files a run folder holds (evaluation, suite or training run) under these names, whether
+#: written yet or not: no output option (``view --out``, ``compare --json``) writes over them
+RUN_RECORDS = (
+    "protocol.json",
+    "episodes.jsonl",
+    traces.STEPS_FILE,
+    traces.PASSAGES_FILE,
+    "timing.json",
+    "leaderboard.csv",
+    "leaderboard.md",
+    "suite.json",
+    "suite.md",
+    "suite.csv",
+    "prompt.txt",
+    "results.json",
+    "history.json",
+    "trainer_state.json",
+)
+
+
+class OutputRefused(FileExistsError):
+    """An output file (``--out``, ``--json``) that would replace a file of a run folder the
+    command reads, or an existing file without ``--overwrite``; the message names the file and
+    the fix."""
+
+
+def check_output(
+    target: str | Path,
+    runs: Sequence[str | Path],
+    option: str,
+    overwrite: bool = False,
+    ours: Callable[[Path], bool] | None = None,
+) -> Path:
+    """``target``, an output file of a command that reads the run folders ``runs``, checked
+    before anything is written; :class:`OutputRefused` when it
+
+    - is, or lies (through any link) in, one of ``runs`` and is a file there, or has a record
+      name (:data:`RUN_RECORDS`) a run writes later: whatever ``overwrite`` says. A file that
+      ``ours`` recognises as this command's own earlier output is not a record;
+    - is an existing file and ``overwrite`` is false (``--overwrite`` replaces it)."""
+    path = Path(target)
+    resolved = path.resolve()
+    exists = os.path.lexists(path)
+    for run in runs:
+        root = Path(run).resolve()
+        if resolved != root and root not in resolved.parents:
+            continue
+        own = resolved.is_file() and ours is not None and ours(resolved)
+        if not own and (resolved.exists() or resolved.name in RUN_RECORDS):
+            raise OutputRefused(
+                f"expected {option} to name a file outside the run folder {run}, got {target}, "
+                f"which would replace the run's own {resolved.relative_to(root)}: "
+                "pick a path outside the run folder"
+            )
+    if exists and not overwrite:
+        raise OutputRefused(
+            f"{option} {target} already exists: pass --overwrite to replace it, or pick "
+            "another path"
+        )
+    return path
+
+
+def write_atomically(path: Path, text: str, errors: str = "strict") -> None:
+    """Write ``text`` to ``path`` through a new file beside it, renamed over ``path``: a reader
+    sees the old file or the new one, never half of one."""
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", errors=errors, newline="") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def is_run_folder(path: Path) -> bool:
     """Whether ``path`` is a folder written by :func:`evaluate` (it holds ``protocol.json``)."""
     return (path / "protocol.json").is_file()
@@ -58,8 +138,8 @@ def read_protocol(run_dir: str | Path) -> dict[str, Any]:
             f"{path} not found: expected a run folder written by rag-gym evaluate"
         )
     try:
-        protocol = json.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        protocol = traces.loads(path.read_bytes())
+    except ValueError as exc:
         raise ValueError(
             f"{path} is not valid JSON ({str(exc)[:200]}): the file is damaged"
         ) from None
@@ -166,9 +246,9 @@ def protocol_text(protocol: dict[str, Any]) -> str:
 
 def read_timing(run_dir: Path) -> dict[str, float]:
     try:
-        saved = json.loads((run_dir / "timing.json").read_text())
+        saved = traces.load_file(run_dir / "timing.json")
         return {str(k): float(v) for k, v in saved.items()}
-    except (OSError, ValueError, TypeError, AttributeError):
+    except (OSError, ValueError, TypeError, AttributeError, OverflowError):
         return {}  # only the s/ep column depends on it
 
 

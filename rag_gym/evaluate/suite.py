@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from rag_gym import _names
+from rag_gym import _names, traces
 from rag_gym.evaluate.config import EvalConfig
 from rag_gym.evaluate.run_folder import atomic_write, check_out_dir, run_dir_of
 from rag_gym.metrics import normalize_answer
@@ -40,6 +40,8 @@ from rag_gym.metrics import normalize_answer
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
 """The shipped suite files (``<name>.json``)."""
 SUITE_FILE = "suite.json"
+RUN_FILES = (SUITE_FILE, "suite.md", "suite.csv", "prompt.txt")
+"""The files of a suite run beside its column folders."""
 ALL_QUESTIONS = 10**9
 """A dataset's question count when the suite gives none: every question of its split."""
 METRICS = ("em", "f1")
@@ -107,9 +109,9 @@ def parse_suite(text: str, where: str = "the suite") -> Suite:
     """A :class:`Suite` from a suite file's text; anything missing or malformed is a
     :class:`SuiteError` naming the field."""
     try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SuiteError(f"{where}: not valid JSON ({exc})") from None
+        raw = traces.loads(text)
+    except ValueError as exc:
+        raise SuiteError(f"{where}: not valid JSON ({str(exc)[:200]})") from None
 
     def bad(what: str, expected: str, got: Any) -> SuiteError:
         return SuiteError(f"{where}: expected {what} to be {expected}, got {got!r}")
@@ -162,6 +164,21 @@ def parse_suite(text: str, where: str = "the suite") -> Suite:
     names = [d.name for d in datasets]
     if len(set(names)) != len(names):
         raise SuiteError(f"{where}: expected distinct dataset names, got {names}")
+    folders: dict[str, str] = {}  # a column's folder, lowercased (a case-blind file system)
+    for d in datasets:
+        folder = column_folder(d.name)
+        if folder in (".", "..") or folder.lower() in RUN_FILES:
+            raise SuiteError(
+                f"{where}: expected a dataset name that can name its column's folder, got "
+                f"{d.name!r}, whose folder {folder!r} is the suite run's own: rename the dataset"
+            )
+        if folder.lower() in folders:
+            raise SuiteError(
+                f"{where}: expected dataset names that give distinct column folders, got "
+                f"{folders[folder.lower()]!r} and {d.name!r}, both the folder {folder!r} "
+                "(letters, digits, '-', '_' and '.' are kept, case aside): rename one"
+            )
+        folders[folder.lower()] = d.name
     return Suite(name, str(raw.get("description", "")), k, metric, tuple(datasets), text)
 
 
@@ -305,18 +322,87 @@ def column_folder(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", name)
 
 
+#: the types of the ``config`` fields of ``suite.json`` (``None`` allowed where the default is)
+_CONFIG_TYPES: dict[str, type | tuple[type, ...]] = {
+    "suite": str,
+    "agents": list,
+    "corpus": str,
+    "index": str,
+    "retriever": str,
+    "data_root": str,
+    "datasets": list,
+    "n": int,
+    "seed": int,
+    "batch_size": int,
+    "prompt": str,
+    "prompt_file": str,
+    "lm_spec": str,
+    "out_dir": str,
+    "run_name": str,
+}
+
+
 def read_suite_protocol(run_dir: str | Path) -> dict[str, Any]:
+    """The ``suite.json`` of a suite run, checked to be one :func:`run_suite` writes: the suite's
+    text and checksum, the config, the corpus and each column's data pin. Anything damaged or
+    missing is a :class:`SuiteError` naming the file and the key."""
     path = Path(run_dir) / SUITE_FILE
     if not path.is_file():
         raise SuiteError(
             f"{path} not found: expected a suite run folder (rag-gym evaluate --suite)"
         )
     try:
-        saved = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SuiteError(f"cannot read {path}: {exc}") from None
-    if not isinstance(saved, dict) or "config" not in saved or "suite" not in saved:
-        raise SuiteError(f"{path}: not a suite protocol (no config or suite): rerun the suite")
+        saved = traces.load_file(path)
+    except (OSError, ValueError) as exc:
+        raise SuiteError(
+            f"cannot read {path}: {str(exc)[:300]}; restore it, or rerun the suite"
+        ) from None
+
+    def bad(key: str, expected: str, got: Any) -> SuiteError:
+        shown = json.dumps(got, default=str)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        return SuiteError(
+            f"{path}: expected {key} to be {expected}, got {shown}: the file is damaged or was "
+            "edited; restore it, or rerun the suite"
+        )
+
+    if not isinstance(saved, dict):
+        raise bad("the file", "a JSON object (a suite run's protocol)", type(saved).__name__)
+    suite = saved.get("suite")
+    if not isinstance(suite, dict):
+        raise bad("suite", "an object (the suite's text and checksum)", suite)
+    for key in ("text", "sha256"):
+        if not isinstance(suite.get(key), str):
+            raise bad(f"suite.{key}", "a string", suite.get(key))
+    if hashlib.sha256(suite["text"].encode("utf-8")).hexdigest() != suite["sha256"]:
+        raise bad("suite.sha256", "the checksum of suite.text", suite["sha256"])
+    config = saved.get("config")
+    if not isinstance(config, dict):
+        raise bad("config", "an object (the suite run's options)", config)
+    unknown = sorted(set(config) - set(_CONFIG_TYPES))
+    if unknown:
+        raise bad(f"config.{unknown[0]}", f"absent (the options are {sorted(_CONFIG_TYPES)})", 1)
+    for key, kind in _CONFIG_TYPES.items():
+        value = config.get(key)
+        required = key in ("suite", "agents")
+        if (value is None and required) or (
+            value is not None and (not isinstance(value, kind) or isinstance(value, bool))
+        ):
+            expected = f"a {kind.__name__}" + ("" if required else " or null")  # type: ignore[union-attr]
+            raise bad(f"config.{key}", expected, value)
+    for key in ("agents", "datasets"):
+        names = config.get(key)
+        if names is not None and not all(isinstance(x, str) for x in names):
+            raise bad(f"config.{key}", "a list of names", names)
+    if not isinstance(saved.get("corpus"), dict):
+        raise bad("corpus", "an object (the corpus's checksum or URL)", saved.get("corpus"))
+    data = saved.get("data")
+    if not isinstance(data, dict):
+        raise bad("data", "an object (each column's data file and checksum)", data)
+    for name, pin in data.items():
+        if not isinstance(pin, dict) or not isinstance(pin.get("sha256"), str):
+            got = pin.get("sha256") if isinstance(pin, dict) else pin
+            raise bad(f"data.{name}.sha256", "a checksum", got)
     return saved
 
 
@@ -472,9 +558,8 @@ def run_suite(
     )
     run_dir = run_dir_of(config.out_dir, run_name)
     if (run_dir / SUITE_FILE).is_file():
-        saved = read_suite_protocol(run_dir)
         if resume:
-            _check_same(saved, config, corpus, data, run_dir)
+            _check_same(read_suite_protocol(run_dir), config, corpus, data, run_dir)
         elif overwrite:
             import shutil
 
@@ -573,7 +658,7 @@ def _check_same(
     run_dir: Path,
 ) -> None:
     """A resumed suite run must be the one saved: the same suite text, corpus and data."""
-    if saved["suite"].get("sha256") != config.suite.sha256:
+    if saved["suite"]["sha256"] != config.suite.sha256:
         raise SuiteError(
             f"{run_dir}: the suite file changed since the run; resume with the saved one"
         )
@@ -587,7 +672,14 @@ def _check_same(
             f"{run_dir}: the corpus is not the run's ({saved.get('corpus')} then, {corpus} now)"
         )
     for name, pin in data.items():
-        if name in saved.get("data", {}) and saved["data"][name]["sha256"] != pin["sha256"]:
+        was = saved["data"].get(name)
+        if was is None:
+            raise SuiteError(
+                f"{run_dir / SUITE_FILE}: expected data.{name} (the checksum of the column's data "
+                f"file), got none: the run cannot be checked against its data; restore the file, "
+                "or rerun the suite"
+            )
+        if was["sha256"] != pin["sha256"]:
             raise SuiteError(f"{run_dir}: {name}'s data file changed since the run ({pin['path']})")
 
 

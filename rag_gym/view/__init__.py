@@ -84,20 +84,38 @@ def render_html(data: dict[str, Any]) -> str:
     )
 
 
-def build_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
+def is_report(path: Path) -> bool:
+    """Whether the file ``path`` is a report :func:`build_report` wrote."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2048)
+    except OSError:
+        return False
+    return head.startswith(b"<!DOCTYPE html>") and b"<title>rag-gym report" in head
+
+
+def build_report(
+    run_dir: str | Path, out: str | Path | None = None, overwrite: bool = False
+) -> Path:
     """Write the report of ``run_dir`` (to ``run_dir/report.html`` unless ``out`` is given)
     and return its path.
 
     Raises :class:`NotARunFolder` (a ``FileNotFoundError``) when ``run_dir`` holds no run;
     damaged files in a run render with warnings in the page (see :mod:`rag_gym.view.load`).
+    ``run_dir/report.html`` is replaced each time; an ``out`` file that is one of the run's
+    files is refused, and one that exists needs ``overwrite``
+    (:class:`~rag_gym.evaluate.run_folder.OutputRefused`, a ``FileExistsError``). The file is
+    written whole or not at all.
     """
+    from rag_gym.evaluate.run_folder import check_output, write_atomically
+
     path = check_run_folder(run_dir)
+    target = path / REPORT_FILE
+    if out is not None and Path(out).resolve() != target.resolve():
+        target = check_output(out, [path], "--out", overwrite, ours=is_report)
     html = render_html(load_run(path))
-    target = Path(out) if out is not None else path / REPORT_FILE
-    tmp = target.with_name(f".{target.name}.tmp")
-    try:
-        tmp.write_text(html, encoding="utf-8")
-        tmp.replace(target)
+    try:  # a name that is not UTF-8 (a folder's) is written with replacement characters
+        write_atomically(target, html, errors="replace")
     except OSError as exc:
         raise OSError(
             f"cannot write the report to {target} ({exc.strerror or exc}): "
@@ -107,18 +125,57 @@ def build_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
 
 
 def make_server(report: str | Path, port: int = 8000):
-    """An HTTP server for ``report``'s folder, bound to 127.0.0.1 only (``port`` 0: any free
-    port); :func:`serve` runs it."""
-    import functools
-    import http.server
+    """An HTTP server of the one file ``report``, bound to 127.0.0.1 only (``port`` 0: any free
+    port); :func:`serve` runs it.
 
-    report = Path(report)
+    It answers ``GET``/``HEAD`` of ``/`` and ``/<report name>`` with the report, any other path
+    with 404 (no other file, no folder listing), and a request whose ``Host`` header is not
+    ``127.0.0.1`` or ``localhost`` at its port with 403: a web page that rebinds its own domain
+    name to 127.0.0.1 cannot read the report."""
+    import http.server
+    from urllib.parse import unquote, urlsplit
+
+    report = Path(report).resolve()
     if not report.is_file():
         raise FileNotFoundError(f"expected a report file to serve, got {report}: build it first")
-    handler = functools.partial(
-        http.server.SimpleHTTPRequestHandler, directory=str(report.parent.resolve())
-    )
-    return http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+
+    class ReportHandler(http.server.BaseHTTPRequestHandler):
+        server_version = "rag-gym-view"
+        timeout = 30  # a client that sends nothing is dropped
+
+        def do_GET(self) -> None:
+            self._reply(body=True)
+
+        def do_HEAD(self) -> None:
+            self._reply(body=False)
+
+        def _reply(self, body: bool) -> None:
+            bound = self.server.server_address[1]
+            allowed = {f"127.0.0.1:{bound}", f"localhost:{bound}"}
+            if bound == 80:
+                allowed |= {"127.0.0.1", "localhost"}
+            host = (self.headers.get("Host") or "").strip().lower()
+            if host not in allowed:
+                self.send_error(403, "expected Host 127.0.0.1 or localhost")
+                return
+            if unquote(urlsplit(self.path).path) not in ("/", f"/{report.name}"):
+                self.send_error(404, f"this server serves /{report.name} only")
+                return
+            try:
+                data = report.read_bytes()
+            except OSError:
+                self.send_error(404, "the report file is gone")
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.send_header("Cache-Control", "no-store")
+            self.send_header("X-Content-Type-Options", "nosniff")
+            self.end_headers()
+            if body:
+                self.wfile.write(data)
+
+    return http.server.ThreadingHTTPServer(("127.0.0.1", port), ReportHandler)
 
 
 def serve(report: str | Path, port: int = 8000) -> None:  # pragma: no cover (blocks)

@@ -9,8 +9,8 @@ a run writes is refused (:class:`NotARunFolder`).
 from __future__ import annotations
 
 import csv
-import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +39,26 @@ def _num(value: Any) -> float | None:
     return None
 
 
-def _json_file(path: Path, warnings: list[str]) -> Any:
+def _json_file(path: Path, warnings: list[str], kind: type | None = None) -> Any:
+    """The JSON value in ``path`` (``None`` when it is missing, unreadable or, with ``kind``,
+    of another type: the last two with a warning)."""
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"), parse_constant=lambda c: None)
-    except (OSError, ValueError) as exc:
-        warnings.append(f"{path}: not readable as JSON ({exc}); left out")
+        value = traces.load_file(path, allow_nan=False)
+    except OSError as exc:
+        warnings.append(f"{path}: not readable ({exc.strerror or exc}); left out")
         return None
+    except ValueError as exc:
+        warnings.append(f"{exc}; left out")
+        return None
+    if kind is not None and not isinstance(value, kind):
+        warnings.append(
+            f"{path}: expected a JSON {'object' if kind is dict else 'array'}, got "
+            f"{type(value).__name__}; left out"
+        )
+        return None
+    return value
 
 
 def check_run_folder(run_dir: str | Path) -> Path:
@@ -65,10 +77,18 @@ def check_run_folder(run_dir: str | Path) -> Path:
     return path
 
 
+_CHECKPOINT = re.compile(r"checkpoint-([0-9]{1,18})")
+
+
 def _trainer_states(path: Path) -> list[Path]:
-    found = [p / "trainer_state.json" for p in path.glob("checkpoint-*")]
-    found = [p for p in found if p.is_file()]
-    return sorted(found, key=lambda p: int(p.parent.name.rsplit("-", 1)[-1] or 0))
+    """The ``checkpoint-<step>/trainer_state.json`` files, by step (other folders are not
+    checkpoints: ``checkpoint-abc`` is left alone)."""
+    found = []
+    for p in path.glob("checkpoint-*"):
+        m = _CHECKPOINT.fullmatch(p.name)
+        if m and (p / "trainer_state.json").is_file():
+            found.append((int(m.group(1)), p / "trainer_state.json"))
+    return [p for _, p in sorted(found)]
 
 
 EPISODE_FIELDS = (
@@ -92,7 +112,7 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
     """Everything a report shows about ``run_dir`` (see :func:`rag_gym.view.build_report`)."""
     path = check_run_folder(run_dir)
     warnings: list[str] = []
-    protocol = _json_file(path / "protocol.json", warnings) or {}
+    protocol = _json_file(path / "protocol.json", warnings, dict) or {}
     data: dict[str, Any] = {
         "title": path.resolve().name,
         "run_dir": str(path.resolve()),
@@ -107,7 +127,9 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
     data["episodes"] = episodes
     data["leaderboard"] = _leaderboard(path, episodes, records, warnings)
     steps, passages = _traces(path, warnings)
-    by_key = {(s.get("agent"), s.get("question_id")): s for s in steps if "train_step" not in s}
+    by_key = {
+        (str(s.get("agent")), str(s.get("question_id"))): s for s in steps if "train_step" not in s
+    }
     traced = 0
     for e in episodes:
         s = by_key.get((e["agent"], e["question_id"]))
@@ -138,9 +160,13 @@ def _episodes(path: Path, warnings: list[str]) -> tuple[list[dict], list[dict]]:
         e = {"agent": str(rec["agent"]), "question_id": str(rec["question_id"])}
         for key in EPISODE_FIELDS:
             e[key] = rec.get(key)
-        e["retrieved_ids"] = rec.get("retrieved_ids") or []
+        for key in ("gold_ids", "answers"):  # lists, or unknown
+            if not isinstance(e[key], list):
+                e[key] = None
+        ids = rec.get("retrieved_ids")
+        e["retrieved_ids"] = ids if isinstance(ids, list) else []
         e["hops"] = len(e["gold_ids"] or [])
-        e["tokens"] = (rec.get("prompt_tokens") or 0) + (rec.get("completion_tokens") or 0)
+        e["tokens"] = sum(_num(rec.get(k)) or 0.0 for k in ("prompt_tokens", "completion_tokens"))
         for key in ("em", "f1", "reward"):
             e[key] = _num(e[key])
         out.append(e)
@@ -158,11 +184,11 @@ def _leaderboard(
     by_agent: dict[str, list[dict]] = {a: [] for a in agents}
     for rec in records:
         by_agent[str(rec["agent"])].append(rec)
-    timing = _json_file(path / "timing.json", warnings) or {}
+    timing = _json_file(path / "timing.json", warnings, dict) or {}
     try:
         for a in agents:
-            rows.append(summarise(a, by_agent[a], float(timing.get(a, 0.0) or 0.0)))
-    except (KeyError, TypeError, ValueError) as exc:
+            rows.append(summarise(a, by_agent[a], _num(timing.get(a)) or 0.0))
+    except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError) as exc:
         rows = _leaderboard_csv(path, warnings)
         warnings.append(
             f"{path / 'episodes.jsonl'}: records lack a leaderboard field ({exc!r}): "
@@ -179,17 +205,23 @@ def _leaderboard_csv(path: Path, warnings: list[str]) -> list[dict[str, Any]]:
     if not file.is_file():
         return []
     rows = []
-    with open(file, encoding="utf-8", newline="") as f:
-        for row in csv.DictReader(f):
-            conv: dict[str, Any] = {}
-            for k, v in row.items():
-                if k == "agent":
-                    conv[k] = v
-                    continue
-                try:
-                    conv[k] = float(v)
-                except (TypeError, ValueError):
-                    conv[k] = v or None  # a text cell (the EM interval), or empty
+    try:
+        with open(file, encoding="utf-8", errors="replace", newline="") as f:
+            table = list(csv.DictReader(f))
+    except (OSError, csv.Error) as exc:
+        warnings.append(f"{file}: not readable as CSV ({exc}); left out")
+        return []
+    for row in table:
+        conv: dict[str, Any] = {}
+        for k, v in row.items():
+            if k == "agent":
+                conv[k] = v
+                continue
+            try:
+                conv[str(k)] = float(v)
+            except (TypeError, ValueError):
+                conv[str(k)] = v if isinstance(v, str) and v else None  # the EM interval, or empty
+        if "agent" in conv:
             rows.append(conv)
     return rows
 
@@ -227,7 +259,7 @@ def _training(path: Path, steps: list[dict], warnings: list[str]) -> dict[str, A
     EVO-RAG loop's ``history.json`` by cycle) and the sampled rollouts (``steps.jsonl`` records
     with a ``train_step``)."""
     history = None
-    results = _json_file(path / "results.json", warnings)
+    results = _json_file(path / "results.json", warnings, dict)
     if isinstance(results, dict) and isinstance(results.get("log_history"), list):
         history = results["log_history"]
     elif (path / "history.json").is_file():
@@ -242,7 +274,7 @@ def _training(path: Path, steps: list[dict], warnings: list[str]) -> dict[str, A
     for candidate in [path / "trainer_state.json", *reversed(states)]:
         if history is not None:
             break
-        state = _json_file(candidate, warnings)
+        state = _json_file(candidate, warnings, dict)
         if isinstance(state, dict) and isinstance(state.get("log_history"), list):
             history = state["log_history"]
     rollouts = [s for s in steps if "train_step" in s]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import math
 from typing import Any
 
 
@@ -25,8 +26,12 @@ def _uri(fig) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _z(value: float | None) -> float:
-    return 0.0 if value is None else float(value)
+def _z(value: Any) -> float:
+    """``value`` as a plotted number: 0 for what is not a finite number."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        x = float(value)
+        return x if math.isfinite(x) else 0.0
+    return 0.0
 
 
 def leaderboard_plots(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
@@ -37,7 +42,7 @@ def leaderboard_plots(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
     names = [str(r["agent"]) for r in rows]
     em = [_z(r.get("em")) for r in rows]
     f1 = [_z(r.get("f1")) for r in rows]
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.9 * len(rows) + 2), 3.2))
+    fig, ax = plt.subplots(figsize=(min(40.0, max(4.0, 0.9 * len(rows) + 2)), 3.2))
     x = range(len(rows))
     ax.bar([i - 0.2 for i in x], em, 0.4, label="EM")
     ax.bar([i + 0.2 for i in x], f1, 0.4, label="F1")
