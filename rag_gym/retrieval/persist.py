@@ -114,24 +114,34 @@ def check_target(out: Path, force: bool = False) -> None:
     entries = sorted(p.name for p in out.iterdir())
     if not entries:
         return
-    params = _read_params_quietly(out / PARAMS)
-    if params is None or params.get("kind") not in KINDS or "rag_gym_version" not in params:
+    extra = foreign_files(out)
+    if extra is None:
         raise FileExistsError(
             f"{out} exists and is not a rag-gym index (no {PARAMS} saying so), so building "
             f"there would delete {_shown(entries)}{fix}"
         )
-    listed = set(params.get("files") or _LEGACY_FILES.get(params["kind"], ()))
-    folders = {parent.as_posix() for name in listed for parent in Path(name).parents}
-    extra = [
-        rel
-        for rel in sorted(p.relative_to(out).as_posix() for p in out.rglob("*"))
-        if rel != PARAMS and rel not in listed and rel not in folders
-    ]
     if extra:
         raise FileExistsError(
             f"{out} is a rag-gym index but also holds files that are not its own "
             f"({_shown(extra)}), which replacing it would delete{fix}"
         )
+
+
+def foreign_files(folder: Path) -> list[str] | None:
+    """What an index folder holds beyond its own files (``params.json`` and those its manifest
+    lists), as sorted POSIX paths relative to ``folder``; ``None`` when ``folder`` is not a
+    rag-gym index (no ``params.json`` saying so)."""
+    params = _read_params_quietly(folder / PARAMS)
+    if params is None or params.get("kind") not in KINDS or "rag_gym_version" not in params:
+        return None
+    files = params.get("files")
+    listed = set(files if isinstance(files, dict) else _LEGACY_FILES.get(params["kind"], ()))
+    folders = {parent.as_posix() for name in listed for parent in Path(name).parents}
+    return [
+        rel
+        for rel in sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*"))
+        if rel != PARAMS and rel not in listed and rel not in folders
+    ]
 
 
 # the files of an index written before the manifest (format 1)

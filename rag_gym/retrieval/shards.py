@@ -41,6 +41,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict
@@ -61,7 +62,13 @@ from rag_gym.retrieval.bm25_build import (
     parse_memory,
 )
 from rag_gym.retrieval.bm25_format import BM25Config
-from rag_gym.retrieval.persist import _remove_stale_siblings, _swap_into_place, read_params
+from rag_gym.retrieval.persist import (
+    _remove_stale_siblings,
+    _shown,
+    _swap_into_place,
+    foreign_files,
+    read_params,
+)
 
 MANIFEST = "shards.json"
 #: Sharded index format.
@@ -101,6 +108,62 @@ def corpus_ranges(path: str | Path, n: int) -> list[tuple[int, int]]:
                     f.readline()  # to the start of the next line
                 at = f.tell()
             cuts.append(min(at, size))
+    cuts.append(size)
+    return list(itertools.pairwise(cuts))
+
+
+def check_shard_count(shards: object, passages: int | None = None) -> int:
+    """``shards`` as a shard count: an ``int`` (not a ``bool``) from 1 to ``passages`` (every
+    shard holds at least one passage; ``passages`` shards is allowed). Raises ``TypeError`` or
+    ``ValueError`` naming the bound, before any work that grows with ``shards``."""
+    if not isinstance(shards, int) or isinstance(shards, bool):
+        raise TypeError(f"expected the shard count to be an int, got {shards!r}")
+    if shards < 1:
+        raise ValueError(f"expected a shard count >= 1, got {shards}; pass --shards 1 or more")
+    if passages is not None and shards > passages:
+        raise ValueError(
+            f"expected a shard count <= {passages} (the corpus's passages: each shard holds at "
+            f"least one), got {shards}; pass fewer --shards"
+        )
+    return shards
+
+
+def count_passages(path: str | Path) -> int:
+    """The passages of a corpus JSONL file: its lines that are not blank."""
+    with open(path, "rb") as f:
+        return sum(1 for raw in f if raw.strip())
+
+
+def shard_ranges(path: str | Path, shards: int) -> list[tuple[int, int]]:
+    """``shards`` byte ranges ``[start, end)`` covering a corpus JSONL file, each starting at a
+    passage's line and holding at least one passage, about equal in bytes otherwise.
+
+    ``shards`` is checked first (:func:`check_shard_count`, against the passages counted in
+    one pass over the file), so a count larger than the corpus is refused at once; then one more
+    pass places the cuts."""
+    check_shard_count(shards)
+    path = Path(path)
+    n = count_passages(path)
+    if n == 0:
+        raise ValueError(f"{path} holds no passages; expected at least one")
+    check_shard_count(shards, n)
+    size = path.stat().st_size
+    cuts = [0]
+    i, prev = 1, 0  # the next cut to place; the passage number of the last cut
+    with open(path, "rb") as f:
+        j = at = 0  # passage number, byte offset
+        for raw in f:
+            if i >= shards:
+                break
+            if raw.strip():
+                # cut i is the first passage at or after byte size*i/shards, but after the
+                # previous cut's passage and early enough to leave one for each later shard
+                if j > prev and (at >= size * i // shards or j >= n - shards + i):
+                    cuts.append(at)
+                    prev = j
+                    i += 1
+                j += 1
+            at += len(raw)
     cuts.append(size)
     return list(itertools.pairwise(cuts))
 
@@ -218,7 +281,9 @@ def build_bm25_shards(
         raise FileNotFoundError(f"no corpus file at {corpus}; pass a corpus JSONL (--corpus)")
     config = config or BM25Config()
     budget = parse_memory(memory)
-    ranges = corpus_ranges(corpus, shards)
+    check_shard_count(shards)
+    _check_target(Path(out_dir), force)  # before any work: never build for minutes, then refuse
+    ranges = shard_ranges(corpus, shards)
     cfg = asdict(config)
     parts = map_fn(range_stats, [(str(corpus), a, b, cfg) for a, b in ranges])
     stats = merge_stats(p[0] for p in parts)
@@ -310,11 +375,12 @@ def build_dense_shards(
             f"a sharded dense index needs exact search (index='flat'), got {config.index!r}: "
             "approximate indexes rank differently on shards than on the whole corpus"
         )
-    with open(corpus, "rb") as f:
-        n = sum(1 for raw in f if raw.strip())
+    check_shard_count(shards)
+    _check_target(Path(out_dir), force)
+    n = count_passages(corpus)
     step = max(config.batch_size * 16, 1)
     chunks = -(-n // step)
-    if not isinstance(shards, int) or shards < 1 or shards > chunks:
+    if shards > chunks:
         raise ValueError(
             f"expected 1 <= shards <= {chunks} ({n} passages, encoded {step} at a time), "
             f"got {shards!r}; pass fewer --shards"
@@ -399,17 +465,40 @@ def _write_sharded(
 
 
 def _check_target(out: Path, force: bool) -> None:
-    if force or not out.exists():
+    """Raise ``FileExistsError`` unless ``out`` may be replaced by a sharded build: absent, an
+    empty folder, or a sharded index holding nothing but its own files (``shards.json`` and
+    ``shard-NNN`` index folders that hold only their own files, as
+    :func:`~rag_gym.retrieval.persist.check_target` checks them), or ``force``."""
+    if force or (not out.exists() and not out.is_symlink()):
         return
+    fix = "; pick another --out, or pass --force to replace it"
+    if out.is_symlink():
+        raise FileExistsError(f"{out} is a symbolic link, not an index folder{fix}")
     if not out.is_dir():
+        raise FileExistsError(f"{out} is a file, not an index folder{fix}")
+    names = sorted(p.name for p in out.iterdir())
+    if not names:
+        return
+    if MANIFEST not in names:
         raise FileExistsError(
-            f"{out} is a file, not an index folder; pick another --out, or --force"
+            f"{out} exists and is not a sharded rag-gym index (no {MANIFEST}), so building "
+            f"there would delete {_shown(names)}{fix}"
         )
-    names = {p.name for p in out.iterdir()}
-    if names and MANIFEST not in names:
+    foreign: list[str] = []
+    for name in names:
+        path = out / name
+        if name == MANIFEST:
+            if path.is_symlink() or not path.is_file():
+                foreign.append(name)
+        elif not re.fullmatch(r"shard-\d{3,}", name) or path.is_symlink() or not path.is_dir():
+            foreign.append(name)
+        else:
+            extra = foreign_files(path)
+            foreign += [name] if extra is None else [f"{name}/{rel}" for rel in extra]
+    if foreign:
         raise FileExistsError(
-            f"{out} exists and is not a sharded rag-gym index (no {MANIFEST}); pick another "
-            "--out, or pass --force to replace it"
+            f"{out} is a sharded rag-gym index but also holds files that are not its own "
+            f"({_shown(foreign)}), which replacing it would delete{fix}"
         )
 
 

@@ -180,7 +180,7 @@ def test_a_killed_build_leaves_nothing_loadable(tmp_path, monkeypatch):
 
 def test_too_many_shards_and_repeated_ids_are_clear_errors(tmp_path):
     path = small_corpus(tmp_path, "p", "some words")
-    with pytest.raises(ValueError, match="too few for 40 shards"):
+    with pytest.raises(ValueError, match=r"expected a shard count <= 12 \(the corpus's passages"):
         build_bm25_shards(path, tmp_path / "x", 40)
     dup = tmp_path / "dup.jsonl"
     dup.write_text(path.read_text() + path.read_text().splitlines()[0] + "\n")
@@ -212,3 +212,66 @@ def test_index_build_shards_from_the_command_line(tmp_path):
     assert bad.exit_code != 0 and "give --shards S too" in bad.output
     bad = runner.invoke(app, ["serve", "--index", str(out), "--shards", "2"])
     assert bad.exit_code != 0 and "--shards and --replicas go with --ray" in bad.output
+
+
+def test_the_shard_count_is_checked_before_any_work_that_grows_with_it(tmp_path):
+    """A count over the passages is refused at once (it used to take a pass per shard, and
+    2**63 never ended); a count equal to the passages gives one passage a shard, even when the
+    passages differ in length so much that byte ranges would leave some shards empty."""
+    import time
+
+    from rag_gym.data import Corpus, Passage
+
+    path = tmp_path / "uneven.jsonl"
+    Corpus(
+        [Passage(f"p{i}", "", ("long " * 400 if i % 7 == 0 else "w") + f" {i}") for i in range(30)]
+    ).to_jsonl(path)
+    t0 = time.perf_counter()
+    for bad in (31, 1_000_000, 2**63):
+        with pytest.raises(ValueError, match=r"expected a shard count <= 30 .*pass fewer --shards"):
+            build_bm25_shards(path, tmp_path / "x", bad)
+    for bad in (0, -5):
+        with pytest.raises(ValueError, match="expected a shard count >= 1"):
+            build_bm25_shards(path, tmp_path / "x", bad)
+    for bad in (True, 2.0, "3"):
+        with pytest.raises(TypeError, match="expected the shard count to be an int"):
+            build_bm25_shards(path, tmp_path / "x", bad)
+    assert time.perf_counter() - t0 < 5 and not (tmp_path / "x").exists()
+    one = single(path, tmp_path / "one")
+    for s in (30, 29, 7):
+        out = build_bm25_shards(path, tmp_path / f"s{s}", s)
+        sizes = [e["size"] for e in read_shards(out, s)["shards"]]
+        assert len(sizes) == s and min(sizes) >= 1 and sum(sizes) == 30
+        assert_same(ShardedRetriever.load(out).retrieve(["long 14", "w 3"], 5),
+                    one.retrieve(["long 14", "w 3"], 5))  # fmt: skip
+
+
+def test_a_sharded_rebuild_never_deletes_what_it_did_not_create(tmp_path):
+    """Rebuilding over a sharded index replaces it only while it holds nothing but its own
+    files, as the plain build does; a user's file anywhere in it is named and kept."""
+    path = small_corpus(tmp_path, "p", "some words")
+    out = build_bm25_shards(path, tmp_path / "idx", 2)
+    build_bm25_shards(path, out, 3)  # a sharded index of its own files: replaced
+    assert read_shards(out, 3)
+    for where in ("notes.txt", "shard-001/mine.txt", "shard-000/bm25s/extra.npy", "shard-9x"):
+        kept = out / where
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        kept.write_text("the user's")
+        with pytest.raises(FileExistsError, match=rf"not its own \({where}\).*--force"):
+            build_bm25_shards(path, out, 2)
+        assert kept.read_text() == "the user's" and read_shards(out, 3)
+        kept.unlink()
+    (out / "shard-005").mkdir()  # an empty folder that is no index
+    with pytest.raises(FileExistsError, match=r"not its own \(shard-005\)"):
+        build_bm25_shards(path, out, 2)
+    (out / "shard-005").rmdir()
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "thesis.tex").write_text("years of work")
+    with pytest.raises(FileExistsError, match=r"not a sharded rag-gym index.*thesis\.tex"):
+        build_bm25_shards(path, plain, 2)
+    assert (plain / "thesis.tex").read_text() == "years of work"
+    build_bm25_shards(path, out, 2)  # clean again: replaced
+    assert read_shards(out, 2)
+    build_bm25_shards(path, plain, 2, force=True)  # --force replaces anything
+    assert not (plain / "thesis.tex").exists()
