@@ -34,6 +34,7 @@ import os
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import warnings
 from collections.abc import Iterable, Sequence
@@ -61,6 +62,34 @@ except ImportError:  # pragma: no cover - the server extra installs orjson
 
 class _NotFound(Exception):
     """A 404 or 405 (the path does not exist on this server)."""
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of ``url``, the port defaulted from the scheme."""
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port or {"http": 80, "https": 443}.get(scheme)
+    except ValueError:  # a port that is not a number: no origin to match
+        port = None
+    return scheme, (parts.hostname or "").lower(), port
+
+
+class _SameOriginCredentials(urllib.request.HTTPRedirectHandler):
+    """Follows redirects as urllib does, but drops the ``Authorization`` header when the
+    redirect leads to another origin (scheme, host or port): a bearer token is for the server
+    it was given for, never for wherever that server points."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and _origin(newurl) != _origin(req.full_url):
+            for name in [h for h in new.headers if h.lower() == "authorization"]:
+                del new.headers[name]
+            new.unredirected_hdrs.pop("Authorization", None)
+        return new
+
+
+_opener = urllib.request.build_opener(_SameOriginCredentials)
 
 
 def clean_token(token: str | None, source: str = "the token") -> str | None:
@@ -180,6 +209,13 @@ class HttpRetriever:
             raise ValueError(f"expected a server URL such as http://127.0.0.1:8000, got {url!r}")
         if max_overfetch < 1:
             raise ValueError(f"expected max_overfetch >= 1, got {max_overfetch}")
+        if corpus_size is not None and (
+            not isinstance(corpus_size, int) or isinstance(corpus_size, bool) or corpus_size < 0
+        ):
+            raise ValueError(
+                f"expected corpus_size= to be a passage count (an int >= 0) or None, got "
+                f"{corpus_size!r}"
+            )
         url = url.rstrip("/")
         self.url = url[: -len("/retrieve")] if url.endswith("/retrieve") else url
         self.token = (
@@ -200,7 +236,12 @@ class HttpRetriever:
         self.honours_filters = known
         size = corpus_size
         if size is None and isinstance(health, dict) and health.get("corpus_size") is not None:
-            size = int(health["corpus_size"])
+            size = health["corpus_size"]
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise ValueError(
+                    f"{self.url}/health: expected corpus_size to be a passage count (an int >= "
+                    f"0), got {str(size)[:80]}; is this a retrieval server (rag-gym serve)?"
+                )
         #: the server's corpus size, ``None`` when neither the server nor the caller said
         self.corpus_size = size
         #: the server's ``index_id`` (``rag-gym serve``), ``None`` when it gives none
@@ -234,7 +275,7 @@ class HttpRetriever:
                 time.sleep(min(0.2 * 2 ** (attempt - 1), 5.0))
             req = urllib.request.Request(self.url + path, data=data, headers=headers, method=method)
             try:
-                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                with _opener.open(req, timeout=self.timeout) as resp:
                     raw = resp.read()
                 try:
                     return loads(raw)
