@@ -305,6 +305,7 @@ def evaluate(
     from rich.table import Table
 
     import rag_gym  # noqa: F401  (registers the envs)
+    from rag_gym._text import shown
     from rag_gym.baselines import make_agent, needs_lm
     from rag_gym.evaluate import (
         COLUMNS,
@@ -314,6 +315,7 @@ def evaluate(
         sigterm_as_interrupt,
     )
     from rag_gym.evaluate import evaluate as run
+    from rag_gym.evaluate.runner import MissingResultsWarning, missing_results
 
     def given(name: str) -> bool:  # typer vendors click: compare the enum member by name
         return getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"
@@ -402,9 +404,17 @@ def evaluate(
     def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
         typer.secho(f"warning: {message}", fg=typer.colors.YELLOW, err=True)
 
+    def resume_command(run_dir: Path) -> str:
+        again = ["rag-gym", "evaluate", "--resume", str(run_dir)]
+        again += ["--judge", judge] if judge is not None else []
+        again += ["--track"] if track else []
+        return shlex.join(again)
+
     bar, tick = _episode_bar(progress)
     with bar, warnings.catch_warnings():
         warnings.showwarning = show_warning
+        # printed below as the reason of the exit status, with the command that resumes
+        warnings.simplefilter("ignore", MissingResultsWarning)
 
         episodes = None
         if ray is not None:
@@ -437,48 +447,67 @@ def evaluate(
                 )
         except RunInterrupted as exc:
             bar.stop()
-            again = ["rag-gym", "evaluate", "--resume", str(exc.run_dir)]
-            again += ["--judge", judge] if judge is not None else []
-            again += ["--track"] if track else []
             typer.secho(
                 f"interrupted ({exc.reason}): {exc.saved} finished episodes are saved in "
                 f"{exc.run_dir}; partial leaderboard: {exc.run_dir / 'leaderboard.md'}",
                 fg=typer.colors.YELLOW,
                 err=True,
             )
-            typer.echo(f"resume with: {shlex.join(again)}", err=True)
+            typer.echo(f"resume with: {resume_command(exc.run_dir)}", err=True)
             raise typer.Exit(143 if exc.reason == "SIGTERM" else 130) from None
         except KeyboardInterrupt:
             typer.secho("interrupted before the run folder was written", err=True)
             raise typer.Exit(130) from None
         except (TypeError, ValueError, OSError, ImportError) as exc:
-            _fail("\n".join([str(exc), *getattr(exc, "__notes__", [])]))
+            # a backend's text may hold control characters: shown escaped
+            _fail(shown("\n".join([str(exc), *getattr(exc, "__notes__", [])]), 4000, keep="\n"))
 
-    table = Table(
-        title=f"{config.env_id} · {config.split} · {result.protocol['n']} questions · seed {config.seed}"
-    )
-    for _, header, _ in COLUMNS:
-        table.add_column(header, justify="left" if header == "agent" else "right")
-    for row in sorted(result.rows, key=lambda r: (-_num(r["em"]), -_num(r["f1"]))):
-        table.add_row(*(format_cell(key, row[key]) for key, _, _ in COLUMNS))
-    _console().print(table)
-    typer.echo(f"results: {result.run_dir}")
-    try:
-        from rag_gym.view import build_report
+    try:  # the run is complete: a signal now loses nothing
+        with sigterm_as_interrupt():
+            table = Table(
+                title=f"{config.env_id} · {config.split} · {result.protocol['n']} questions · "
+                f"seed {config.seed}"
+            )
+            for _, header, _ in COLUMNS:
+                table.add_column(header, justify="left" if header == "agent" else "right")
+            for row in sorted(result.rows, key=lambda r: (-_num(r["em"]), -_num(r["f1"]))):
+                table.add_row(*(format_cell(key, row[key]) for key, _, _ in COLUMNS))
+            _console().print(table)
+            typer.echo(f"results: {result.run_dir}")
+            try:
+                from rag_gym.view import build_report
 
-        typer.echo(f"report: {build_report(result.run_dir)}")
-    except ImportError as exc:
-        typer.echo(f"report: {exc}; then run: rag-gym view {result.run_dir}", err=True)
+                typer.echo(f"report: {build_report(result.run_dir)}")
+            except ImportError as exc:
+                typer.echo(f"report: {exc}; then run: rag-gym view {result.run_dir}", err=True)
+    except KeyboardInterrupt as exc:
+        reason = exc.args[0] if exc.args and isinstance(exc.args[0], str) else "SIGINT"
+        typer.secho(
+            f"interrupted ({reason}) while writing the report: the run is complete, its "
+            f"{len(result.episodes)} episodes and leaderboard are saved in {result.run_dir}",
+            fg=typer.colors.YELLOW,
+            err=True,
+        )
+        typer.echo(f"write the report with: rag-gym view {result.run_dir}", err=True)
+        raise typer.Exit(143 if reason == "SIGTERM" else 130) from None
+    status = 0
     failed = [r["agent"] for r in result.rows if r["episodes"] and r["errors"] == r["episodes"]]
     if failed:  # a run in which an agent did nothing but fail is not a result
         first = next(e["error"] for e in result.episodes if e["agent"] == failed[0] and e["error"])
         typer.secho(
-            f"error: every episode of {', '.join(failed)} failed (the first: {first[:300]}); "
+            f"error: every episode of {', '.join(failed)} failed (the first: {shown(first)}); "
             f"see {result.run_dir / 'episodes.jsonl'}",
             fg=typer.colors.RED,
             err=True,
         )
-        raise typer.Exit(1)
+        status = 1
+    missing = missing_results(result.episodes)
+    if missing:  # failed for a backend or judge: figures missing until a resume
+        typer.secho(f"error: {missing}", fg=typer.colors.RED, err=True)
+        typer.echo(f"resume with: {resume_command(result.run_dir)}", err=True)
+        status = 1
+    if status:
+        raise typer.Exit(status)
 
 
 @app.command()

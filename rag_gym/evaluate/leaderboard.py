@@ -27,6 +27,7 @@ COLUMNS = (
     ("cover_em", "cover-EM", "{:.3f}"),
     ("sub_em", "sub-EM", "{:.3f}"),
     ("judge", "judge", "{:.3f}"),
+    ("judge_missing", "judge missing", "{}"),
     ("recall", "recall", "{:.3f}"),
     ("full_recall", "full recall", "{:.3f}"),
     ("map", "mAP", "{:.3f}"),
@@ -72,6 +73,15 @@ def _em_interval(episodes: list[dict[str, Any]]) -> str | None:
     return f"{low:.2f}–{high:.2f}"
 
 
+def _judge_missing(episodes: list[dict[str, Any]]) -> int | None:
+    """How many of the episodes the judge was asked about gave no verdict (``judge_error``):
+    the ``judge`` column is the mean over the others. ``None`` for a run without a judge (its
+    records have no ``judge_error``)."""
+    if not any("judge_error" in e for e in episodes):
+        return None
+    return sum(e.get("judge_error") is not None for e in episodes)
+
+
 def summarise(agent: str, episodes: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
     """One leaderboard row from an agent's episodes."""
 
@@ -94,6 +104,7 @@ def summarise(agent: str, episodes: list[dict[str, Any]], seconds: float) -> dic
         "cover_em": mean("cover_em"),
         "sub_em": _sub_em(episodes),
         "judge": mean("judge"),
+        "judge_missing": _judge_missing(episodes),
         "recall": mean("recall"),
         "full_recall": mean("full_recall"),
         "map": mean("ap"),

@@ -20,6 +20,7 @@ import gymnasium as gym
 
 import rag_gym
 from rag_gym import traces
+from rag_gym._text import shown
 from rag_gym.agents.base import Agent
 from rag_gym.baselines import agent_class
 from rag_gym.evaluate.config import EvalConfig, EvalResult, check_run_dir, claim_run_dir
@@ -36,10 +37,26 @@ from rag_gym.evaluate.run_folder import (
 from rag_gym.evaluate.scheduler import (
     env_id_for,
     make_env,
+    outside_error,
     replayable,
     run_agent,
     sample_indices,
 )
+
+#: episodes in a row that fail for their backend (or their judge's) before a run stops, at
+#: least; a batch fails together, so the bound is ``max(STOP_AFTER_FAILURES, 2 * batch_size)``
+STOP_AFTER_FAILURES = 8
+
+
+class MissingResultsWarning(UserWarning):
+    """At the end of a run: episodes that failed for their backend, or whose judge gave no
+    verdict, counted with their reasons. Their figures are missing from the leaderboard until a
+    resume plays them again."""
+
+
+class JudgeWarning(UserWarning):
+    """The first episode of a run on which the judge gave no verdict (its judge value is
+    recorded as missing)."""
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -258,17 +275,18 @@ def evaluate(
                         progress(name, prior + n_done, total)
 
                 current.update(name=name, t0=time.perf_counter(), prior=timing.get(name, 0.0))
+                failures: dict[str, Any] = {"row": 0, "last": None, "judge_warned": False}
                 last_save = [time.perf_counter()]
 
-                def on_episode(rec: dict[str, Any], name=name, env_id=env_id, last=last_save):
+                def on_episode(
+                    rec: dict[str, Any], name=name, env_id=env_id, last=last_save, failures=failures
+                ):
                     nonlocal new_episodes
                     rec["agent"] = name
                     rec["env_id"] = env_id
                     trace = rec.pop("trace", None)
-                    if judge is not None and rec["prediction"] and rec["answerable"]:
-                        rec["judge"] = float(
-                            judge(rec["question"], rec["prediction"], rec["answers"])
-                        )
+                    if judge is not None:
+                        _judge_episode(judge, rec, failures)
                     line = json.dumps(rec, ensure_ascii=False, default=str)
                     if _SURROGATE.search(line):  # no file can hold it: the episode fails, named
                         rec = _unicode_failure(rec)
@@ -286,6 +304,9 @@ def evaluate(
                     if time.perf_counter() - last[0] > 2.0:
                         save_timing(run_dir, timing, current)
                         last[0] = time.perf_counter()
+                    _check_backend(
+                        name, rec, failures, max(STOP_AFTER_FAILURES, 2 * config.batch_size)
+                    )
 
                 if todo and episodes is not None:
                     episodes(
@@ -338,6 +359,9 @@ def evaluate(
     tracer.close()
     episodes = [done[(name, q)] for name in agents for q in qids_of[name]]
     result = EvalResult(config, run_dir, rows, episodes, protocol)
+    missing = missing_results(episodes)
+    if missing:
+        warnings.warn(f"{run_dir}: {missing}", MissingResultsWarning, stacklevel=2)
     try:
         write_run(result)  # each file replaced atomically: old or new, never half written
         if track:
@@ -347,6 +371,94 @@ def evaluate(
         reason = exc.args[0] if exc.args and isinstance(exc.args[0], str) else "SIGINT"
         raise RunInterrupted(run_dir, len(done), new_episodes, reason) from exc
     return result
+
+
+def _judge_episode(judge: Callable[..., Any], rec: dict[str, Any], failures: dict) -> None:
+    """Ask ``judge`` (its ``verdict`` method when it has one, which raises where a call gives
+    no verdict) about an answered, answerable episode. ``rec["judge"]`` is 1.0 or 0.0; a judge
+    that gives no verdict leaves it ``None`` and sets ``rec["judge_error"]`` to the reason (a
+    warning the first time), so the judge column is taken over the judged episodes only and a
+    resume asks again. A judge that cannot be reached raises ``ConnectionError``: the run
+    stops, as it does for an unreachable LLM backend, and the episode is not recorded."""
+    rec["judge_error"] = None
+    if not (rec["prediction"] and rec["answerable"]):
+        return
+    ask = getattr(judge, "verdict", judge)
+    try:
+        value = ask(rec["question"], rec["prediction"], rec["answers"])
+    except ConnectionError as exc:
+        raise ConnectionError(f"the judge cannot be reached: {shown(exc)}") from exc
+    except Exception as exc:  # no verdict: recorded as missing, never as "no"
+        rec["judge_error"] = f"{type(exc).__name__}: {shown(exc)}"
+    else:
+        if isinstance(value, bool) or (isinstance(value, (int, float)) and value in (0, 1)):
+            rec["judge"] = float(value)
+        else:
+            rec["judge_error"] = (
+                f"TypeError: expected the judge to return True or False, got "
+                f"{shown(repr(value), 80)}"
+            )
+    if rec["judge_error"] is not None and not failures["judge_warned"]:
+        failures["judge_warned"] = True
+        warnings.warn(
+            f"the judge gave no verdict on {rec['agent']}'s episode {rec['question_id']!r} "
+            f"({rec['judge_error']}): its judge value is recorded as missing, and --resume "
+            "asks again (further ones are counted at the end of the run)",
+            JudgeWarning,
+            stacklevel=4,
+        )
+
+
+def _check_backend(name: str, rec: dict[str, Any], failures: dict, limit: int) -> None:
+    """Count the episodes in a row that failed for their backend or their judge's (an error
+    of :func:`~rag_gym.evaluate.scheduler.outside_error`'s kind); at ``limit``, stop the run
+    with a ``ConnectionError`` naming the last failure: the failed episodes are saved and a
+    resume plays them again."""
+    error = rec.get("error")
+    judge_error = rec.get("judge_error")
+    if outside_error(error):
+        failures["row"] += 1
+        failures["last"] = error
+    elif outside_error(judge_error):
+        failures["row"] += 1
+        failures["last"] = f"the judge's {judge_error}"
+    else:
+        failures["row"] = 0
+    if failures["row"] >= limit:
+        raise ConnectionError(
+            f"stopped: the last {failures['row']} episodes of {name} failed for their backend "
+            f"(the last: {shown(failures['last'])}); they are saved as failed, and a resume "
+            "plays them again once the backend works"
+        )
+
+
+def missing_results(episodes: list[dict[str, Any]]) -> str | None:
+    """What a run lacks for a reason outside its agents, as one sentence (``None`` when
+    nothing): episodes failed for their backend and judge verdicts missing, counted, with the
+    first reason of each kind. A resume plays those episodes again."""
+    failed = [e for e in episodes if outside_error(e.get("error"))]
+    unjudged = [e for e in episodes if e.get("judge_error") is not None]
+    if not failed and not unjudged:
+        return None
+    parts = []
+    if failed:
+        parts.append(
+            f"{len(failed)} episodes failed for their backend (the first: "
+            f"{shown(failed[0]['error'], 200)})"
+        )
+    if unjudged:
+        asked = sum(1 for e in episodes if e.get("judge") is not None) + len(unjudged)
+        reasons: dict[str, int] = {}
+        for e in unjudged:
+            kind = e["judge_error"].split(":", 1)[0]
+            reasons[kind] = reasons.get(kind, 0) + 1
+        why = ", ".join(f"{n} {kind}" for kind, n in reasons.items())
+        parts.append(
+            f"the judge gave no verdict on {len(unjudged)} of {asked} judged episodes ({why}; "
+            f"the first: {shown(unjudged[0]['judge_error'], 200)}): the judge column is over "
+            "the others"
+        )
+    return "; ".join(parts) + "; resume the run to play them again"
 
 
 def _seen_questions(name: str, questions: list[str], config: EvalConfig) -> dict[str, Any] | None:

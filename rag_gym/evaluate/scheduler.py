@@ -22,20 +22,28 @@ _SUFFIX = {"search": "", "text": "", "tree": "-Tree", "reader": "-Reader"}
 
 
 #: errors of the machine, not of the agent or the question: an episode recorded with one is
-#: played again by a resumed run
+#: played again by a resumed run. ``BackendError`` is an LLM backend's failure of any other
+#: kind (an HTTP error status, a reply that is not the API's JSON:
+#: :class:`rag_gym.generation.lm.BackendError`); errors are recorded as text, so by name
 _OUTSIDE_ERRORS = frozenset(
     name
     for name, value in vars(builtins).items()
     if isinstance(value, type) and issubclass(value, (OSError, MemoryError))
-)
+) | {"BackendError"}
+
+
+def outside_error(error: object) -> bool:
+    """Whether a recorded ``error`` text (``"Type: message"``) is a failure outside the agent
+    and the question (see :data:`_OUTSIDE_ERRORS`)."""
+    return isinstance(error, str) and error.split(":", 1)[0].strip() in _OUTSIDE_ERRORS
 
 
 def replayable(record: dict[str, Any]) -> bool:
-    """Whether an episode record failed for a reason outside the agent and the question (an
-    ``OSError`` such as a backend's ``TimeoutError`` or ``ConnectionError``, or a
-    ``MemoryError``), so that a resumed run plays it again."""
-    error = record.get("error")
-    return isinstance(error, str) and error.split(":", 1)[0].strip() in _OUTSIDE_ERRORS
+    """Whether an episode record failed for a reason outside the agent and the question, so
+    that a resumed run plays it again: an ``OSError`` (a backend's ``TimeoutError`` or
+    ``ConnectionError``), a ``MemoryError``, an LLM backend's ``BackendError``, or a judge that
+    gave no verdict (``judge_error``)."""
+    return outside_error(record.get("error")) or record.get("judge_error") is not None
 
 
 def make_env(env_id: str, kwargs: dict[str, Any], agent: Agent | None = None) -> gym.Env:

@@ -10,9 +10,12 @@
   ``rag_gym.rewards.core.Correctness("judge", judge)``.
 
 Both take any :class:`~rag_gym.generation.LanguageModel` (an OpenAI-compatible server's model, or
-the embedded SmolLM2 for tests), decode greedily, and read a leading yes/no. A reply with
-neither, or a backend error, counts as "no" (and is counted in ``errors``), so a flaky judge
-never stops a training run. Each counts its ``calls`` and the ``seconds`` they took.
+the embedded SmolLM2 for tests), decode greedily, and read a leading yes/no. Called as a reward
+term, a reply with neither, or a backend error, counts as "no" (and is counted in ``errors``),
+so a flaky judge never stops a training run. :meth:`LLMAnswerJudge.verdict`, which the evaluator
+calls, raises instead: the backend's own error, or :class:`NoVerdictError` for a reply that is
+neither yes nor no, and the evaluator records the verdict as missing. Each counts its ``calls``
+and the ``seconds`` they took.
 
 :class:`LLMAnswerJudge` also serves :class:`rag_gym.wrappers.JudgedAnswerReward` (the judge as a
 reward term during training) and keeps a cache of its verdicts, keyed by the question and the
@@ -26,6 +29,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from rag_gym._text import shown
 from rag_gym.generation.lm import GenerationConfig, LanguageModel
 from rag_gym.metrics import normalize_answer
 
@@ -39,6 +43,10 @@ ANSWER_PROMPT = (
 )
 
 
+class NoVerdictError(ValueError):
+    """A judge's reply that says neither yes nor no (or is not text at all)."""
+
+
 class _YesNoJudge:
     def __init__(self, lm: LanguageModel, max_tokens: int = 4) -> None:
         if not isinstance(lm, LanguageModel):
@@ -49,22 +57,40 @@ class _YesNoJudge:
         self.calls = 0
         self.seconds = 0.0
 
-    def _ask(self, prompt: str) -> bool:
+    def _verdict(self, prompt: str) -> bool:
+        """The judge's yes (``True``) or no; raises the backend's error, or
+        :class:`NoVerdictError` for a reply that is neither (each counted in ``errors``)."""
         self.calls += 1
         start = time.perf_counter()
         try:
             (gens,) = self.lm.generate([[{"role": "user", "content": prompt}]], self.config)
-        except Exception:  # a judge failure must not end a training run
+        except Exception:
             self.errors += 1
-            return False
+            raise
         finally:
             self.seconds += time.perf_counter() - start
-        reply = gens[0].text.strip().lower()
+        text = gens[0].text
+        if not isinstance(text, str):
+            self.errors += 1
+            raise NoVerdictError(
+                f"expected the judge's reply to be text, got {type(text).__name__} "
+                f"{shown(repr(text), 80)}"
+            )
+        reply = text.strip().lower()
         if reply.startswith("yes"):
             return True
-        if not reply.startswith("no"):
-            self.errors += 1
-        return False
+        if reply.startswith("no"):
+            return False
+        self.errors += 1
+        raise NoVerdictError(f"expected the judge to reply yes or no, got {shown(repr(text), 80)}")
+
+    def _ask(self, prompt: str) -> bool:
+        """:meth:`_verdict`, with a failure taken as "no": a judge failure must not end a
+        training run."""
+        try:
+            return self._verdict(prompt)
+        except Exception:
+            return False
 
 
 class LLMSufficiencyJudge(_YesNoJudge):
@@ -94,6 +120,17 @@ class LLMAnswerJudge(_YesNoJudge):
         self.cache_hits = 0
 
     def __call__(self, question: str, prediction: str, golds: Sequence[str]) -> bool:
+        """:meth:`verdict`, with a judge that gives none taken as "no" (a reward term)."""
+        try:
+            return self.verdict(question, prediction, golds)
+        except Exception:
+            return False
+
+    def verdict(self, question: str, prediction: str, golds: Sequence[str]) -> bool:
+        """Whether ``prediction`` matches one of ``golds``. Raises the backend's error
+        (``ConnectionError``, ``TimeoutError``, :class:`~rag_gym.generation.lm.BackendError`…)
+        or :class:`NoVerdictError` when the judge gives no verdict; such a failure is not
+        cached, so the same answer is asked again."""
         key = (
             question,
             normalize_answer(prediction),
@@ -102,11 +139,10 @@ class LLMAnswerJudge(_YesNoJudge):
         if self.cache is not None and key in self.cache:
             self.cache_hits += 1
             return self.cache[key]
-        errors = self.errors
-        verdict = self._ask(
+        verdict = self._verdict(
             ANSWER_PROMPT.format(question=question, golds="; ".join(golds), prediction=prediction)
         )
-        if self.cache is not None and self.errors == errors:
+        if self.cache is not None:
             self.cache[key] = verdict
         return verdict
 

@@ -62,6 +62,23 @@ class Generation:
     error: str | None = field(default=None)
 
 
+class BackendError(OSError):
+    """A language-model backend gave no usable reply: an HTTP error status, a reply that is not
+    the API's JSON or holds no usable choice, a broken HTTP reply. A failure of the machine, not
+    of the agent: the evaluator records the episode as failed and ``--resume`` plays it again
+    (:func:`rag_gym.evaluate.scheduler.replayable`). An unreachable backend raises
+    ``ConnectionError`` (and a slow one ``TimeoutError``) instead, which stops a run.
+
+    ``url``: the URL asked; ``status``: the HTTP status, ``None`` when there was none."""
+
+    def __init__(self, message: str, url: str | None = None, status: int | None = None) -> None:
+        super().__init__(message)
+        self.url, self.status = url, status
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 class LanguageModel(abc.ABC):
     """A text generator. Subclasses implement :meth:`generate`."""
 
