@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -103,3 +104,57 @@ def test_trim_cut_line(tmp_path):
     assert traces.trim_cut_line(path) and path.read_text() == '{"a": 1}\n'
     path.write_text('{"a": 1}\n{"b": 2}')
     assert not traces.trim_cut_line(path) and path.read_text() == '{"a": 1}\n{"b": 2}\n'
+
+
+HOSTILE_LINES = {
+    "nested 100,000 deep": ("[" * 100_000 + "]" * 100_000, "nested deeper than 100"),
+    "an object nested 2,000 deep": (
+        '{"agent": "x", "question_id": "q", "a": ' + "[" * 2_000 + "]" * 2_000 + "}",
+        "nested deeper than 100",
+    ),
+    "a 5,000-digit integer": ('{"agent": "x", "question_id": "q", "em": ' + "7" * 5_000 + "}",
+                              "an integer of 5000 digits"),
+    "a lone surrogate": ('{"agent": "x", "question_id": "\\ud800"}', "lone surrogate"),
+    "not UTF-8": ('{"agent": "x", "question_id": "\udcff"}', "utf-8"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("label", list(HOSTILE_LINES))
+def test_loads_refuses_what_a_run_file_cannot_hold(label):
+    text, message = HOSTILE_LINES[label]
+    with pytest.raises(ValueError, match=message):
+        traces.loads(text.encode("utf-8", "surrogateescape"))
+
+
+def test_loads_reads_what_rag_gym_writes():
+    assert traces.loads('{"a": "\\ud83d\\ude00", "n": -' + "9" * 100 + "}") == {
+        "a": "\U0001f600",
+        "n": -int("9" * 100),
+    }
+    assert traces.loads("[" * 100 + "]" * 100) is not None
+    assert traces.loads('"[[[[' + "[" * 500 + '"') == "[[[[" + "[" * 500
+
+
+@pytest.mark.parametrize("label", list(HOSTILE_LINES))
+def test_read_jsonl_names_a_hostile_line_under_every_policy(tmp_path, label):
+    from rag_gym.evaluate import load_episodes
+
+    text, message = HOSTILE_LINES[label]
+    path = tmp_path / "episodes.jsonl"
+    good = '{"agent": "x", "question_id": "q1"}\n'
+    path.write_bytes((good + text + "\n" + good).encode("utf-8", "surrogateescape"))
+    records, problems = traces.read_jsonl(path, keys=("agent", "question_id"))
+    assert [line for _, line in records] == [1, 3]
+    assert len(problems) == 1 and problems[0].startswith(f"{path}:2: skipped")
+    assert re.search(message, problems[0], re.I)
+    with pytest.raises(traces.BadLine, match=f"{re.escape(str(path))}:2: expected JSON"):
+        traces.read_jsonl(path, "strict")
+    # --resume reads the file under the repair policy: an error naming the line, no traceback
+    with pytest.raises(ValueError, match=f"{re.escape(str(path))}:2: .*delete that line"):
+        load_episodes(path)
+
+
+def test_a_hostile_cut_last_line_is_trimmed(tmp_path):
+    path = tmp_path / "steps.jsonl"
+    path.write_text('{"a": 1}\n' + "[" * 100_000)
+    assert traces.trim_cut_line(path) and path.read_text() == '{"a": 1}\n'
