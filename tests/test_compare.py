@@ -262,3 +262,114 @@ def test_leaderboard_row_carries_the_em_interval():
     assert "EM 95% CI" in [h for _, h, _ in COLUMNS]
     assert row["em_ci"] in leaderboard_markdown([row])
     assert summarise("b", [episode(float("nan"))], 1.0)["em_ci"] is None
+
+
+def _protocol(run, **changes):
+    protocol = {
+        "env_id": "rag_gym/NQ-v0",
+        "split": "test",
+        "env_kwargs": {"data_path": "nq/test.jsonl", "dataset": "flashrag"},
+        "k": 3,
+        "retriever": "BM25Retriever",
+        "corpus_mode": "corpus",
+        "corpus_size": 100,
+        "answer_metric": "em",
+        "max_episode_steps": 8,
+        "agents": {},
+    }
+    protocol.update(changes)
+    (run / "protocol.json").write_text(json.dumps(protocol))
+    return run
+
+
+def test_compare_pairs_questions_only_under_one_protocol(tmp_path):
+    """FlashRAG names every dataset's questions test_0, test_1...: an id pairs only within one
+    dataset and protocol."""
+    ids = [f"test_{i}" for i in range(10)]
+    nq_x = _protocol(_run(tmp_path / "nq-x", [_episode("x", q, 1.0) for q in ids]))
+    tq = {"env_id": "rag_gym/TriviaQA-v0", "env_kwargs": {"data_path": "tq/test.jsonl"}}
+    tq_y = _protocol(_run(tmp_path / "tq-y", [_episode("y", q, 0.0) for q in ids]), **tq)
+    with pytest.raises(CompareError, match=r"'x' in .*nq-x and 'y' in .*tq-y .*env_id") as err:
+        compare([nq_x, tq_y], "x", "y", metrics=["em"])
+    assert "and 9 more questions" in str(err.value) and "--allow-mismatch" in str(err.value)
+    k5 = _protocol(_run(tmp_path / "k5-y", [_episode("y", q, 0.0) for q in ids]), k=5)
+    with pytest.raises(CompareError, match=r"\(k 3 vs 5\)"):
+        compare([nq_x, k5], "x", "y", metrics=["em"])
+    bare = _run(tmp_path / "bare-y", [_episode("y", q, 0.0) for q in ids])
+    with (
+        pytest.warns(RuntimeWarning, match=r"no protocol\.json"),
+        pytest.raises(CompareError, match=r"protocol\.json \(one run has none\)"),
+    ):
+        compare([nq_x, bare], "x", "y", metrics=["em"])
+    # asked for: pairs by id alone, and says what differed
+    res = compare([nq_x, k5], "x", "y", metrics=["em"], allow_mismatch=True)
+    assert res["questions"] == 10 and res["protocol_differences"] == ["k 3 vs 5"]
+    assert "across different protocols (--allow-mismatch): k 3 vs 5" in comparison_markdown(res)
+    # two datasets, both agents in each: every question pairs with its own dataset's
+    nq = _protocol(
+        _run(tmp_path / "nq", [_episode(a, q, float(a == "x")) for a in "xy" for q in ids])
+    )
+    tqa = _protocol(
+        _run(tmp_path / "tq", [_episode(a, q, float(a == "y")) for a in "xy" for q in ids]), **tq
+    )
+    res = compare([nq, tqa], "x", "y", metrics=["em"])
+    assert res["questions"] == 20 and res["metrics"][0]["difference"]["mean"] == 0.0
+    assert res["metrics"][0]["difference"]["wins"] == 10 and res["protocol_differences"] == []
+    damaged = _run(tmp_path / "damaged", [_episode("y", q, 0.0) for q in ids])
+    (damaged / "protocol.json").write_text("[" * 100_000)
+    with pytest.raises(CompareError, match="nested deeper"):
+        compare([nq_x, damaged], "x", "y")
+
+
+def test_cli_compare_never_writes_over_a_run_file(tmp_path):
+    run = _run(
+        tmp_path / "r",
+        [_episode("x", f"q{i}", 1.0) for i in range(10)]
+        + [_episode("y", f"q{i}", float(i < 3)) for i in range(10)],
+    )
+    _protocol(run)
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    base = ["compare", str(run), "--a", "x", "--b", "y", "--metrics", "em", "--resamples", "200"]
+    for name in ("episodes.jsonl", "protocol.json", "leaderboard.csv", "steps.jsonl"):
+        res = CliRunner().invoke(app, [*base, "--json", str(run / name), "--overwrite"])
+        assert res.exit_code == 2 and f"would replace the run's own {name}" in res.output
+        assert "Traceback" not in res.output
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+    mine = tmp_path / "mine.json"
+    mine.write_text("my notes")
+    res = CliRunner().invoke(app, [*base, "--json", str(mine)])
+    assert res.exit_code == 2 and "already exists: pass --overwrite" in res.output
+    assert mine.read_text() == "my notes"
+    res = CliRunner().invoke(app, [*base, "--json", str(mine), "--overwrite"])
+    assert res.exit_code == 0 and json.loads(mine.read_text())["questions"] == 10
+    # a new file in the run folder is not the run's; a comparison there is replaced on request
+    inside = run / "cmp.json"
+    assert CliRunner().invoke(app, [*base, "--json", str(inside)]).exit_code == 0
+    assert CliRunner().invoke(app, [*base, "--json", str(inside), "--overwrite"]).exit_code == 0
+    assert not [p for p in run.iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--metrics", ""], "expected --metrics to name at least one metric"),
+        (["--metrics", " , "], "expected --metrics to name at least one metric"),
+        (["--resamples", str(10**13)], "expected --resamples in 1..1,000,000"),
+        (["--resamples", "0"], "expected --resamples in 1..1,000,000"),
+        (["--confidence", "nan"], "expected 0 < confidence < 1"),
+    ],
+)
+def test_cli_compare_bounds_its_options(tmp_path, args, message):
+    run = _run(tmp_path / "r", [_episode(a, f"q{i}", 1.0) for a in "xy" for i in range(5)])
+    res = CliRunner().invoke(app, ["compare", str(run), "--a", "x", "--b", "y", *args])
+    assert res.exit_code == 2 and message in res.output and "Traceback" not in res.output
+
+
+def test_compare_and_the_bootstrap_refuse_empty_metrics_and_huge_resamples(tmp_path):
+    run = _run(tmp_path / "r", [_episode(a, f"q{i}", 1.0) for a in "xy" for i in range(5)])
+    with pytest.raises(CompareError, match="expected at least one metric"):
+        compare([run], "x", "y", metrics=[])
+    with pytest.raises(ValueError, match=r"n_resamples to be an int in 1\.\.1,000,000"):
+        bootstrap_ci([1.0, 0.0], n_resamples=10**13)
+    with pytest.raises(ValueError, match=r"n_resamples to be an int in 1\.\.1,000,000"):
+        paired_difference([1.0, 0.0], [0.0, 1.0], n_resamples=1_000_001)
