@@ -6,7 +6,8 @@ response is sent. A few hundred such connections hold every file descriptor the 
 open, and good requests are then refused (slowloris). :func:`guarded_protocol` returns a
 subclass of uvicorn's protocol class that closes a connection whose request head is not
 complete ``head_timeout`` seconds after the connection opened or after its previous response,
-or that sends more than ``max_head_bytes`` before its head is complete (answered 431), and, when
+or whose head is longer than ``max_head_bytes``, however it arrives (in one write or many; answered
+431 before uvicorn's parser sees it), and, when
 the open connections reach ``max_open``, closes the one that has waited longest for a head or
 for the rest of a body. A stalled body's deadline is the endpoint's business (it reads the body
 under its own timer).
@@ -73,6 +74,7 @@ def guarded_protocol(
         _head_timer = None
         _cycle_at_arm = None
         _head_bytes = 0
+        _head_tail = b""
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
@@ -85,7 +87,17 @@ def guarded_protocol(
         def data_received(self, data: bytes) -> None:
             head = self._head_timer is not None
             if head:
+                # the head's size however it arrives: up to its first blank line when that is
+                # in this data (the rest may be a body), else all of it; an over-long head is
+                # refused before the parser sees it, so no request of it ever starts
+                seen = self._head_bytes
                 self._head_bytes += len(data)
+                if _head_size(self._head_tail, data, seen) > max_head_bytes:
+                    self._disarm()
+                    self._refuse(b"431 Request Header Fields Too Large")
+                    return
+                if self._head_tail or data.strip(b"\r\n"):
+                    self._head_tail = (self._head_tail + data.lstrip(b"\r\n"))[-2:].rjust(2)
             super().data_received(data)
             cycle = self.cycle
             if head and cycle is not self._cycle_at_arm:
@@ -121,6 +133,7 @@ def guarded_protocol(
             self._disarm()
             self._cycle_at_arm = self.cycle
             self._head_bytes = 0
+            self._head_tail = b""
             self._head_timer = self.loop.call_later(head_timeout, self._expire)
             waiting[self] = None
 
@@ -153,6 +166,26 @@ def guarded_protocol(
 
     Guarded.__name__ = Guarded.__qualname__ = f"Guarded{base.__name__}"
     return Guarded
+
+
+def _head_size(tail: bytes, data: bytes, seen: int) -> int:
+    """The bytes of a request head so far, ``seen`` of them before ``data`` (``tail``: the last
+    two of those after the first byte of the request line, or none yet): up to the head's end (a
+    line feed, an optional carriage return and a line feed, the earliest end any parser takes)
+    when ``data`` holds it, else all of them. Blank lines before a request line (which parsers
+    skip) never count as its end."""
+    if not tail:  # the request line has not begun: skip the blank lines before it
+        skip = len(data) - len(data.lstrip(b"\r\n"))
+        seen, data = seen + skip, data[skip:]
+    buf = tail + data
+    ends = [
+        i + len(m)
+        for m in (b"\n\n", b"\n\r\n")
+        if (i := buf.find(m, max(0, len(tail) - len(m) + 1))) >= 0
+    ]
+    if not ends:
+        return seen + len(data)
+    return seen - len(tail) + min(ends)
 
 
 def disconnect_probe(receive) -> Callable[[], bool] | None:

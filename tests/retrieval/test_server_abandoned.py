@@ -37,13 +37,13 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def live(app, port: int | None = None):
+def live(app, port: int | None = None, http: str = "auto", limits=None):
     """``app`` served by :func:`~rag_gym.retrieval.server.make_server` (rag-gym serve's uvicorn
     set-up) in a thread on 127.0.0.1; yields its URL and stops it on exit."""
     from rag_gym.retrieval.server import make_server
 
     port = port or free_port()
-    server = make_server(app, "127.0.0.1", port)
+    server = make_server(app, "127.0.0.1", port, limits=limits, http=http)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     for _ in range(500):  # up to 5 s

@@ -340,6 +340,47 @@ def test_a_stalled_body_gets_408_and_a_stalled_head_is_closed(wiki, served):
         body.close()
 
 
+def _one_write(url: str, data: bytes) -> bytes | None:
+    port = int(url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(data)
+        return _closed_by_server(s, 10)
+
+
+@pytest.mark.parametrize("http", ["h11", "httptools"])
+def test_a_request_head_over_the_limit_is_refused_however_it_arrives(wiki, http):
+    """A 70 KB head (limit 64 KiB) gets 431 and a closed connection whether it comes in one
+    write, in many, or after blank lines; a head under the limit with its body in the same
+    write is served."""
+    from rag_gym.retrieval.server import ServerLimits, create_app
+    from tests.retrieval.test_server_abandoned import live
+
+    app = create_app(wiki["bm25"])
+    body = json.dumps({"queries": [wiki["q"][0]], "topk": 3}).encode()
+    big = b"X-Pad: " + b"a" * 70_000 + b"\r\n"
+    head = b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    request = head + big + b"Content-Length: %d\r\n\r\n" % len(body) + body
+    assert ServerLimits().max_head_bytes == 65536
+    with live(app, http=http) as (url, _):
+        for data in (request, b"\r\n\r\n" + request):
+            reply = _one_write(url, data)
+            assert reply is not None and reply.startswith(b"HTTP/1.1 431"), reply
+        port = int(url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            for i in range(0, len(request), 4096):
+                with contextlib.suppress(OSError):
+                    s.sendall(request[i : i + 4096])
+            reply = _closed_by_server(s, 10)
+        assert reply is not None and reply.startswith(b"HTTP/1.1 431")
+        small = head + b"X-Pad: " + b"a" * 60_000 + b"\r\nContent-Length: %d\r\n\r\n" % len(body)
+        port = int(url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(small + body)
+            s.settimeout(10)
+            got = s.recv(65536)
+        assert got.startswith(b"HTTP/1.1 200"), got[:200]
+
+
 # ---- server faults, NaN, the token: the app itself, in process ---------------------------------
 def call(app, method: str, path: str, body: bytes = b"", headers=()) -> tuple[int, dict, dict]:
     """One request through the ASGI app: ``(status, JSON reply, headers)``."""
