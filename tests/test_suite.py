@@ -294,3 +294,110 @@ def test_the_shipped_search_r1_suite_runs_on_flashrag_layout_files(tmp_path):
     for d in suite.datasets:
         assert f"{d.name} (1)" in md
     assert "average (7)" in md
+
+
+@pytest.mark.parametrize(
+    ("names", "message"),
+    [
+        (["Hot pot", "Hot_pot"], "'Hot pot' and 'Hot_pot', both the folder 'Hot_pot'"),
+        (["NQ", "nq"], "'NQ' and 'nq', both the folder 'nq'"),
+        (["a/b", "a?b"], "'a/b' and 'a?b', both the folder 'a_b'"),
+        (["suite.json"], "'suite.json', whose folder 'suite.json' is the suite run's own"),
+        ([".."], "'..', whose folder '..' is the suite run's own"),
+    ],
+)
+def test_two_columns_never_share_a_folder(names, message):
+    datasets = [{**SUITE["datasets"][0], "name": n} for n in names]
+    with pytest.raises(SuiteError, match=re.escape(message)):
+        parse_suite(json.dumps({**SUITE, "datasets": datasets}), "tiny.json")
+
+
+def test_suite_json_config_types_cover_every_option():
+    from dataclasses import fields
+
+    from rag_gym.evaluate.suite import _CONFIG_TYPES
+
+    assert set(_CONFIG_TYPES) == {f.name for f in fields(SuiteConfig)}
+
+
+@pytest.fixture(scope="module")
+def suite_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("suite")
+    corpus = _write_world(root)
+    args = ["evaluate", "--suite", str(_suite_file(root)), "--corpus", str(corpus)]
+    args += ["--data-root", str(root), "--agents", "random", "--out", str(root / "runs")]
+    out = runner.invoke(app, [*args, "--run-name", "s", "--no-progress"])
+    assert out.exit_code == 0, out.output
+    return root / "runs" / "s"
+
+
+def _without(d: dict, key: str) -> dict:
+    return {k: v for k, v in d.items() if k != key}
+
+
+DAMAGED = {
+    "suite {}": (lambda s: {**s, "suite": {}}, "expected suite.text to be a string"),
+    "suite a list": (lambda s: {**s, "suite": []}, "expected suite to be an object"),
+    "no suite": (lambda s: _without(s, "suite"), "expected suite to be an object"),
+    "suite text edited": (
+        lambda s: {**s, "suite": {**s["suite"], "text": s["suite"]["text"] + " "}},
+        "expected suite.sha256 to be the checksum of suite.text",
+    ),
+    "config []": (lambda s: {**s, "config": []}, "expected config to be an object"),
+    "no config": (lambda s: _without(s, "config"), "expected config to be an object"),
+    "config without agents": (
+        lambda s: {**s, "config": _without(s["config"], "agents")},
+        "expected config.agents to be a list",
+    ),
+    "config.seed a string": (
+        lambda s: {**s, "config": {**s["config"], "seed": "0"}},
+        "expected config.seed to be an integer or null",
+    ),
+    "config with an unknown key": (
+        lambda s: {**s, "config": {**s["config"], "colour": 1}},
+        "expected config.colour to be absent",
+    ),
+    "config.agents of numbers": (
+        lambda s: {**s, "config": {**s["config"], "agents": [1]}},
+        "expected config.agents to be a list of names",
+    ),
+    "corpus a string": (lambda s: {**s, "corpus": "x"}, "expected corpus to be an object"),
+    "data []": (lambda s: {**s, "data": []}, "expected data to be an object"),
+    "no data": (lambda s: _without(s, "data"), "expected data to be an object"),
+    "a pin without sha256": (
+        lambda s: {**s, "data": {**s["data"], "NQ": {"path": "x"}}},
+        "expected data.NQ.sha256 to be a checksum",
+    ),
+    "data {}": (lambda s: {**s, "data": {}}, "expected data.NQ (the checksum"),
+    "a list": (lambda s: [s], "expected the file to be a JSON object"),
+}
+
+
+@pytest.mark.parametrize("label", list(DAMAGED))
+@pytest.mark.parametrize("option", ["--resume", "--from-run"])
+def test_a_damaged_suite_run_is_an_error_naming_the_key(suite_run, tmp_path, label, option):
+    import shutil
+
+    damage, message = DAMAGED[label]
+    run = tmp_path / "s"
+    shutil.copytree(suite_run, run)
+    saved = json.loads((run / "suite.json").read_text())
+    (run / "suite.json").write_text(json.dumps(damage(saved)))
+    args = ["evaluate", option, str(run), "--no-progress"]
+    if option == "--from-run":
+        args += ["--out", str(tmp_path / "again"), "--run-name", "b"]
+    out = runner.invoke(app, args)
+    assert out.exit_code == 2, out.output
+    assert message in out.output and "suite.json" in out.output
+    assert isinstance(out.exception, SystemExit)
+
+
+def test_a_suite_json_that_is_not_json_is_an_error(suite_run, tmp_path):
+    import shutil
+
+    run = tmp_path / "s"
+    shutil.copytree(suite_run, run)
+    for text in ("[" * 100_000, '{"k": ' + "7" * 5_000 + "}", '{"suite": "\\ud800"}'):
+        (run / "suite.json").write_text(text)
+        out = runner.invoke(app, ["evaluate", "--resume", str(run), "--no-progress"])
+        assert out.exit_code == 2 and "cannot read" in out.output, out.output

@@ -323,7 +323,7 @@ def column_folder(name: str) -> str:
 
 
 #: the types of the ``config`` fields of ``suite.json`` (``None`` allowed where the default is)
-_CONFIG_TYPES: dict[str, type | tuple[type, ...]] = {
+_CONFIG_TYPES: dict[str, type] = {
     "suite": str,
     "agents": list,
     "corpus": str,
@@ -388,7 +388,8 @@ def read_suite_protocol(run_dir: str | Path) -> dict[str, Any]:
         if (value is None and required) or (
             value is not None and (not isinstance(value, kind) or isinstance(value, bool))
         ):
-            expected = f"a {kind.__name__}" + ("" if required else " or null")  # type: ignore[union-attr]
+            expected = {str: "a string", int: "an integer", list: "a list"}[kind]
+            expected += "" if required else " or null"
             raise bad(f"config.{key}", expected, value)
     for key in ("agents", "datasets"):
         names = config.get(key)
