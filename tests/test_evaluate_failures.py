@@ -1,8 +1,9 @@
 """What the evaluator does when something outside the agent fails: a backend that cannot be
-reached stops the run (resumable), episodes failed for such a reason are replayed by a resume,
-text that is not Unicode fails its episode and nothing else, a damaged protocol and a SIGTERM
-during the final write are handled, and the command line exits non-zero when an agent failed
-every episode."""
+reached stops the run (resumable), episodes failed for such a reason (an HTTP failure of the
+backend included) are replayed by a resume, a judge without a verdict leaves its value missing,
+text that is not Unicode fails its episode and nothing else, a damaged protocol and a signal
+during the final write or the report are handled, and the command line exits non-zero when an
+agent failed every episode or results are missing."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from typer.testing import CliRunner
 from rag_gym.baselines import make_agent
 from rag_gym.cli import app
 from rag_gym.evaluate import EvalConfig, RunInterrupted, evaluate, load_episodes
+from rag_gym.evaluate.runner import JudgeWarning, MissingResultsWarning
 from tests.conftest import SMALL_WORLD, EchoLM
+from tests.generation.openai_stand_in import FAILURES, StandIn
 
 runner = CliRunner()
 
@@ -336,3 +339,207 @@ def test_an_unreachable_backend_of_concurrent_clients_stops_the_run(tmp_path):
         config(tmp_path, n=8, batch_size=2), lambda n, env: make_agent(n, lm=lm), resume=True
     )
     assert len(resumed.episodes) == 8 and resumed.rows[0]["errors"] == 0
+
+
+def openai_factory(url: str):
+    from rag_gym.generation.openai_compat import OpenAICompatibleLM
+
+    lm = OpenAICompatibleLM("m", base_url=url, max_retries=0)
+    return lambda n, env: make_agent(n, lm=lm)
+
+
+def rows_without_times(result):
+    """The leaderboard rows but their timing, NaN as None (NaN equals nothing)."""
+    return [
+        {k: None if v != v else v for k, v in r.items() if k != "seconds"} for r in result.rows
+    ]
+
+
+@pytest.mark.parametrize("mode", list(FAILURES))
+def test_episodes_failed_for_an_http_failure_of_the_backend_are_replayed_by_resume(tmp_path, mode):
+    """401, 404, an HTML page, invalid JSON, a body not UTF-8, a broken status line, a reply
+    without choices or with a content that is not text: each episode is recorded failed with a
+    BackendError; once the backend works, a resume plays them again and the leaderboard is an
+    uninterrupted run's."""
+    with StandIn(mode=mode) as server:
+        factory = openai_factory(server.url)
+        with pytest.warns(MissingResultsWarning, match="4 episodes failed for their backend"):
+            failed = evaluate(config(tmp_path), factory)
+        assert failed.rows[0]["errors"] == 4
+        assert all(e["error"].startswith(f"BackendError: {server.url}") for e in failed.episodes)
+        server.mode = "ok"
+        resumed = evaluate(config(tmp_path), factory, resume=True)
+        reference = evaluate(config(tmp_path, run_name="ref"), factory)
+    assert resumed.rows[0]["errors"] == 0
+    assert strip_times(resumed.episodes) == strip_times(reference.episodes)
+    assert rows_without_times(resumed) == rows_without_times(reference)
+
+
+def test_a_backend_that_keeps_failing_stops_the_run_and_resume_finishes_it(tmp_path):
+    from rag_gym.evaluate.runner import STOP_AFTER_FAILURES
+
+    n = STOP_AFTER_FAILURES + 4
+    with StandIn(mode="401") as server:
+        factory = openai_factory(server.url)
+        with pytest.raises(
+            ConnectionError,
+            match=rf"stopped: the last {STOP_AFTER_FAILURES} episodes of naive_rag failed for "
+            rf"their backend \(the last: BackendError: {server.url}/chat/completions answered 401",
+        ) as info:
+            evaluate(config(tmp_path, n=n, batch_size=1), factory)
+        assert any("--resume" in note for note in info.value.__notes__)
+        saved = load_episodes(tmp_path / "run" / "episodes.jsonl")
+        assert len(saved) == STOP_AFTER_FAILURES  # the rest were never started
+        server.mode = "ok"
+        resumed = evaluate(config(tmp_path, n=n, batch_size=1), factory, resume=True)
+        reference = evaluate(config(tmp_path, n=n, batch_size=1, run_name="ref"), factory)
+    assert strip_times(resumed.episodes) == strip_times(reference.episodes)
+    assert rows_without_times(resumed) == rows_without_times(reference)
+
+
+def test_the_command_exits_1_with_the_resume_command_and_escapes_control_bytes(tmp_path):
+    with StandIn(mode="control") as server:
+        result = evaluate_cli(
+            tmp_path,
+            *("--agents", "naive_rag,random", "--lm", f"openai:m@{server.url}"),
+            *("--n", "3", "--run-name", "r"),
+        )
+    assert result.exit_code == 1, result.output
+    assert "3 episodes failed for their backend" in result.output
+    assert f"resume with: rag-gym evaluate --resume {tmp_path / 'r'}" in result.output
+    assert "answered 401: bad key\\x1b[2J\\x1b]0;owned\\x07" in result.output
+    assert "\x1b" not in result.output and "\x07" not in result.output
+
+
+def prediction_judge(prompt: str) -> str:
+    """A judge's replies: yes when the gold answers hold the predicted answer."""
+    golds = prompt.split("Gold answers: ")[1].split("\n")[0].lower()
+    prediction = prompt.split("Predicted answer: ")[1].split("\n")[0].lower()
+    return "Yes." if prediction and prediction in golds else "No."
+
+
+def golden_factory(n, env):
+    """naive_rag answering each question's gold answer for its even-numbered ones."""
+    gold = {ex.question: ex.answers[0] for ex in env.unwrapped.examples}
+
+    def reply(prompt):
+        text = json.dumps(prompt)
+        question = next((q for q in gold if json.dumps(q)[1:-1] in text), None)
+        return f"Answer: {gold[question]}." if question and len(question) % 2 else "Answer: x."
+
+    return make_agent(n, lm=EchoLM(reply=reply))
+
+
+@pytest.mark.parametrize("mode", [*FAILURES, "maybe"])
+def test_a_judge_without_a_verdict_is_missing_never_no_and_resume_asks_again(tmp_path, mode):
+    from rag_gym.generation.judges import LLMAnswerJudge
+    from rag_gym.generation.openai_compat import OpenAICompatibleLM
+
+    reply = "Maybe." if mode == "maybe" else prediction_judge
+    with StandIn(reply=reply, mode="ok" if mode == "maybe" else mode) as server:
+        judge = LLMAnswerJudge(OpenAICompatibleLM("m", base_url=server.url, max_retries=0))
+        with pytest.warns(JudgeWarning, match="the judge gave no verdict"):
+            result = evaluate(config(tmp_path), golden_factory, judge=judge)
+        judged = [e for e in result.episodes if e["prediction"] and e["answerable"]]
+        assert judged and all(e["judge"] is None and e["judge_error"] for e in judged)
+        row = result.rows[0]
+        assert row["judge"] != row["judge"] and row["judge_missing"] == len(judged)  # NaN
+        assert (
+            "| - | " + str(len(judged)) + " |" in (tmp_path / "run" / "leaderboard.md").read_text()
+        )
+        server.mode, server.reply = "ok", prediction_judge
+        resumed = evaluate(config(tmp_path), golden_factory, judge=judge, resume=True)
+        reference = evaluate(config(tmp_path, run_name="ref"), golden_factory, judge=judge)
+    assert 0 < reference.rows[0]["judge"] < 1 and reference.rows[0]["judge_missing"] == 0
+    assert strip_times(resumed.episodes) == strip_times(reference.episodes)
+    assert rows_without_times(resumed) == rows_without_times(reference)
+
+
+def test_the_judge_column_is_over_the_judged_episodes_and_counts_the_missing():
+    from rag_gym.evaluate.leaderboard import format_cell, summarise
+
+    def episode(judge, error=None):
+        return {
+            **{k: 0.0 for k in ("em", "f1", "cover_em", "recall", "full_recall", "ap")},
+            **dict(prediction="x", answers=["x"], answerable=True, refused=False),
+            **dict(searches=1, steps=1, prompt_tokens=0, completion_tokens=0, error=None),
+            "judge": judge,
+            "judge_error": error,
+        }
+
+    row = summarise("a", [episode(1.0), episode(0.0), episode(None, "BackendError: 401")], 1.0)
+    assert row["judge"] == 0.5 and row["judge_missing"] == 1
+    old = episode(1.0)
+    del old["judge_error"]  # a run without a judge, or from before judge_error
+    assert format_cell("judge_missing", summarise("a", [old], 1.0)["judge_missing"]) == "-"
+
+
+def test_an_unreachable_judge_stops_the_run_and_resume_finishes_it(tmp_path):
+    judge = f"openai:m@http://127.0.0.1:{free_port()}/v1"
+    with ChatServer(free_port()) as server:
+        lm = f"openai:m@http://127.0.0.1:{server.httpd.server_address[1]}/v1"
+        args = ("--agents", "naive_rag", "--lm", lm, "--judge", judge, "--n", "2")
+        stopped = evaluate_cli(tmp_path, *args, "--run-name", "r")
+        assert stopped.exit_code == 2, stopped.output
+        assert "the judge cannot be reached: cannot reach" in stopped.output
+        assert f"--resume {tmp_path / 'r'}" in stopped.output
+        assert load_episodes(tmp_path / "r" / "episodes.jsonl") == []  # nothing counted as done
+        port = int(judge.rsplit(":", 1)[1].split("/")[0])
+        with ChatServer(port, reply="yes"):
+            done = runner.invoke(
+                app,
+                ["evaluate", "--resume", str(tmp_path / "r"), "--judge", judge, "--no-progress"],
+            )
+    assert done.exit_code == 0, done.output
+    episodes = load_episodes(tmp_path / "r" / "episodes.jsonl")
+    assert [e["judge"] for e in episodes] == [1.0, 1.0]
+
+
+DRIVER = """
+import sys, time
+from pathlib import Path
+import rag_gym.view
+
+def slow_report(run_dir, *args, **kwargs):
+    Path(run_dir, "reporting").write_text("")
+    time.sleep(60)
+
+rag_gym.view.build_report = slow_report
+from rag_gym.cli import app
+sys.argv[0] = "rag-gym"
+app()
+"""
+
+
+@pytest.mark.parametrize(("sig", "code"), [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a_signal_in_the_report_step_says_the_run_is_saved(tmp_path, sig, code):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    world = json.dumps({"dataset_kwargs": SMALL_WORLD})
+    args = ["evaluate", "--agents", "random", "--n", "3", "--env-kwargs", world]
+    args += ["--out", str(tmp_path), "--run-name", "r", "--no-progress"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "250"}
+    proc = subprocess.Popen(
+        [sys.executable, str(driver), *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "r" / "reporting").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(getattr(signal, sig))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, out + err
+    run = tmp_path / "r"
+    assert f"interrupted ({sig}) while writing the report: the run is complete" in err
+    assert f"its 3 episodes and leaderboard are saved in {run}" in err
+    assert f"write the report with: rag-gym view {run}" in err and "Traceback" not in err
+    assert len(load_episodes(run / "episodes.jsonl")) == 3 and (run / "leaderboard.md").is_file()

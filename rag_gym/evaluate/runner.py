@@ -146,8 +146,17 @@ def evaluate(
     """Run every agent on the sampled questions, write the run folder and return the rows.
 
     ``agent_factory(name, env)`` builds an agent; ``progress(agent, done, total)`` is called per
-    finished episode; ``judge(question, prediction, golds)`` (an LLM judge) adds a ``judge``
-    accuracy; ``track`` logs to Weights & Biases (offline unless configured online).
+    finished episode; ``judge(question, prediction, golds)`` (an LLM judge: its ``verdict``
+    method when it has one) adds a ``judge`` accuracy, over the episodes it gave a verdict on: a
+    judge that gives none leaves the episode's ``judge`` missing, with the reason in
+    ``judge_error`` (:func:`_judge_episode`); ``track`` logs to Weights & Biases (offline unless
+    configured online).
+
+    Episodes that fail for their LLM backend (a ``BackendError``, a ``TimeoutError``) are
+    recorded failed; ``max(STOP_AFTER_FAILURES, 2 * batch_size)`` such failures in a row stop
+    the run with a ``ConnectionError``, as an unreachable backend or judge does at once. At the
+    end, a :class:`MissingResultsWarning` counts the episodes a resume would play again
+    (:func:`missing_results`).
 
     Episodes are appended to ``episodes.jsonl`` as they end. ``resume`` goes on with the run in
     ``out_dir/run_name``: its protocol must be this one (agents may be added), and only the

@@ -448,9 +448,9 @@ def run_agent(
     :mod:`rag_gym.traces`.
 
     Returns the episode records (in question order) and the wall time. An agent or backend
-    exception ends the episodes of that call as failed episodes (``error`` set), and so does an
-    env exception in ``reset`` or ``step`` (a bad record, an action outside the space); the run
-    goes on. An ``OSError`` from the env (retrieval server unreachable) and a
+    exception ends the episodes of that call as failed episodes (``error`` set; a backend's
+    ``BackendError`` or ``TimeoutError`` is :func:`replayable`), and so does an env exception in
+    ``reset`` or ``step`` (a bad record, an action outside the space); the run goes on. An ``OSError`` from the env (retrieval server unreachable) and a
     ``ConnectionError`` from the agent (its LLM server cannot be reached) are raised: every
     episode would fail alike, and the run is to be resumed once the cause is fixed.
     """
