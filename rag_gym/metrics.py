@@ -7,7 +7,9 @@ Answer metrics follow the SQuAD / HotpotQA official evaluation scripts, which th
 MuSiQue, Search-R1 and FlashRAG scorers copy: normalise (lower-case, delete every ASCII
 punctuation character, underscores included, remove the articles *a, an, the*, collapse white
 space), then take the best score over all gold aliases. ``docs/metrics.md`` says which official
-scorer each metric matches, and where they differ.
+scorer each metric matches, and where they differ. A gold alias that normalises to nothing
+(``"The"``, ``"a."``) is a ``ValueError`` in every answer metric: against it the official
+scorers count ``"an"`` as exactly right, a reward a policy could learn to collect.
 
 >>> normalize_answer("The  Eiffel_Tower!")
 'eiffeltower'
@@ -56,14 +58,40 @@ def _as_list(golds: str | Iterable[str]) -> list[str]:
     return [golds] if isinstance(golds, str) else list(golds)
 
 
+def _normalised_golds(golds: str | Iterable[str]) -> list[str]:
+    """The normalised gold aliases; a ``ValueError`` for one that normalises to nothing."""
+    out = []
+    for gold in _as_list(golds):
+        norm = normalize_answer(gold)
+        if not norm:
+            raise ValueError(
+                f"expected gold answers that keep a word after normalisation, got {gold!r}, "
+                "which normalises to '' (articles and punctuation only) and would score answers "
+                "such as 'an' as exactly right: fix the answer or drop the alias (the dataset "
+                "loaders refuse such answers, naming the file and record)"
+            )
+        out.append(norm)
+    return out
+
+
 def exact_match(prediction: str, golds: str | Iterable[str]) -> float:
-    """1.0 when the normalised prediction equals some normalised gold alias, else 0.0."""
+    """1.0 when the normalised prediction equals some normalised gold alias, else 0.0.
+
+    A gold alias that normalises to nothing (``"The"``) is a ``ValueError``, in every answer
+    metric: the official scorers would count ``"an"`` as exactly right against it.
+
+    >>> exact_match("an", ["The"])
+    Traceback (most recent call last):
+    ...
+    ValueError: expected gold answers that keep a word after normalisation, got 'The', which normalises to '' (articles and punctuation only) and would score answers such as 'an' as exactly right: fix the answer or drop the alias (the dataset loaders refuse such answers, naming the file and record)
+    """
+    refs = _normalised_golds(golds)
     pred = normalize_answer(prediction)
-    return float(any(pred == normalize_answer(g) for g in _as_list(golds)))
+    return float(any(pred == ref for ref in refs))
 
 
-def _f1_single(prediction: str, gold: str) -> float:
-    pred, ref = normalize_answer(prediction), normalize_answer(gold)
+def _f1_single(pred: str, ref: str) -> float:
+    """F1 of a normalised prediction against one normalised gold alias."""
     # HotpotQA's official script: a yes/no/noanswer mismatch scores 0 even if tokens overlap.
     if (pred in _YES_NO or ref in _YES_NO) and pred != ref:
         return 0.0
@@ -79,18 +107,21 @@ def _f1_single(prediction: str, gold: str) -> float:
 
 def f1_score(prediction: str, golds: str | Iterable[str]) -> float:
     """Token-level F1 of the normalised prediction, the maximum over gold aliases."""
-    return max((_f1_single(prediction, g) for g in _as_list(golds)), default=0.0)
+    refs = _normalised_golds(golds)
+    pred = normalize_answer(prediction)
+    return max((_f1_single(pred, ref) for ref in refs), default=0.0)
 
 
 def cover_exact_match(prediction: str, golds: str | Iterable[str]) -> float:
     """1.0 when some normalised gold alias occurs as whole tokens in the normalised prediction.
 
-    Token-aligned: ``"Paris"`` is not covered by ``"Parisian"``, and an alias that normalises
-    to nothing covers nothing. This is rag-gym's own, stricter reading of "the answer is in the
-    response"; Search-R1's ``subem_check`` and FlashRAG's ``acc`` are :func:`sub_exact_match`.
+    Token-aligned: ``"Paris"`` is not covered by ``"Parisian"``. This is rag-gym's own,
+    stricter reading of "the answer is in the response"; Search-R1's ``subem_check`` and
+    FlashRAG's ``acc`` are :func:`sub_exact_match`.
     """
+    refs = _normalised_golds(golds)
     pred = f" {normalize_answer(prediction)} "
-    return float(any(g and f" {g} " in pred for g in map(normalize_answer, _as_list(golds))))
+    return float(any(f" {ref} " in pred for ref in refs))
 
 
 def sub_exact_match(prediction: str, golds: str | Iterable[str]) -> float:
@@ -98,11 +129,12 @@ def sub_exact_match(prediction: str, golds: str | Iterable[str]) -> float:
 
     A raw substring test after normalisation, exactly Search-R1's ``subem_check``
     (``qa_em.py``) and FlashRAG's ``acc`` (``Sub_ExactMatch``): ``"Paris"`` is found in
-    ``"Parisian"``, and, as there, an alias that normalises to ``""`` (``"The"``) is found in
-    every prediction. An empty alias list scores 0.0.
+    ``"Parisian"``. An empty alias list scores 0.0; an alias that normalises to ``""``
+    (``"The"``), which those scorers find in every prediction, is a ``ValueError`` here.
     """
+    refs = _normalised_golds(golds)
     pred = normalize_answer(prediction)
-    return float(any(normalize_answer(g) in pred for g in _as_list(golds)))
+    return float(any(ref in pred for ref in refs))
 
 
 def answer_scores(prediction: str, golds: str | Iterable[str]) -> dict[str, float]:

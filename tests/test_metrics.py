@@ -49,7 +49,22 @@ def test_partial_f1_hand_computed():
 def test_cover_em_is_token_aligned():
     assert m.cover_exact_match("I think it is the Eiffel Tower, in Paris", ["Eiffel Tower"]) == 1.0
     assert m.cover_exact_match("Parisian", ["Paris"]) == 0.0
-    assert m.cover_exact_match("anything", [""]) == 0.0
+
+
+METRICS = (m.exact_match, m.f1_score, m.cover_exact_match, m.sub_exact_match, m.answer_scores)
+
+
+@pytest.mark.parametrize("metric", METRICS)
+@pytest.mark.parametrize("gold", ["", "  ", "The", "a.", "An!", ["Paris", "the"]])
+@pytest.mark.parametrize("prediction", ["an", "the", ".", "", "Paris"])
+def test_a_gold_that_normalises_to_nothing_is_refused_by_every_answer_metric(
+    metric, gold, prediction
+):
+    # against such a gold the official scorers give EM 1 to "an" and sub-EM 1 to anything
+    with pytest.raises(
+        ValueError, match=r"expected gold answers that keep a word.*normalises to ''"
+    ):
+        metric(prediction, gold)
 
 
 # Each official behaviour, hand-computed against the SQuAD / HotpotQA normalisation (which the
@@ -72,10 +87,7 @@ def test_cover_em_is_token_aligned():
         ("yes it is", ["yes"], 0.0, 0.0, 1.0, 1.0),
         ("Yes.", ["yes"], 1.0, 1.0, 1.0, 1.0),
         ("no", ["yes"], 0.0, 0.0, 0.0, 0.0),
-        # empty gold: an alias that normalises to "" is a substring of everything (Search-R1,
-        # FlashRAG), covers nothing (token-aligned), and F1 has no token to share (HotpotQA)
-        ("anything", ["The"], 0.0, 0.0, 0.0, 1.0),
-        ("", [""], 1.0, 0.0, 0.0, 1.0),
+        # no gold alias (an unlabelled question); a gold that normalises to "" is refused (above)
         ("anything", [], 0.0, 0.0, 0.0, 0.0),
         # best alias wins in every column
         ("Paris, France", ["Lyon", "Paris"], 0.0, pytest.approx(2 / 3), 1.0, 1.0),

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_gym.data.errors import DataFormatError
+from rag_gym.metrics import normalize_answer
 
 
 def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -166,17 +167,40 @@ def iter_records(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
         )
 
 
+def check_answer(answer: str, path: Path | str, where: str, field: str) -> str:
+    """``answer`` if it keeps a word after answer normalisation; a gold answer that normalises
+    to nothing (``""``, ``"The"``, ``"a."``) would score every answer made of articles and
+    punctuation (``"an"``) as exactly right, so it is a :class:`DataFormatError` naming
+    ``path``, ``where`` and ``field``."""
+    if not normalize_answer(answer):
+        raise DataFormatError(
+            path,
+            where,
+            field,
+            "a gold answer that keeps a word after normalisation (lower-case, punctuation and "
+            "the articles a/an/the removed): fix the answer or drop the alias",
+            answer,
+        )
+    return answer
+
+
 def checked_examples(
     path: Path | str, parsed: Iterable[tuple[str, Any]], id_field: str = "id"
 ) -> list:
     """The examples of ``parsed`` (``(where, QAExample)`` pairs in file order), after the checks
-    every loader shares: at least one record, a non-empty question, and unique ids (a repeated
-    id names both records: the env would otherwise keep the last and never pose the first)."""
+    every loader shares: at least one record, a non-empty question, a non-empty id, gold
+    answers that keep a word after normalisation (:func:`check_answer`; the loaders check each
+    field first, to name it), and unique ids (a repeated id names both records: the env would
+    otherwise keep the last and never pose the first)."""
     examples = []
     first_at: dict[str, str] = {}
     for where, example in parsed:
         if not example.question.strip():
             raise DataFormatError(path, where, "question", "a non-empty question", example.question)
+        if not example.id.strip():
+            raise DataFormatError(path, where, id_field, "a non-empty id", example.id)
+        for answer in example.answers:
+            check_answer(answer, path, where, "answers")
         if example.id in first_at:
             raise DataFormatError(
                 path,

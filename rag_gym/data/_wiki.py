@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rag_gym.data._io import join_sentences, require
+from rag_gym.data._io import check_answer, join_sentences, require
 from rag_gym.data.errors import DataFormatError
 from rag_gym.data.types import Passage
 
@@ -46,6 +46,8 @@ def parse_common(
         for t, i in facts
         if t in first and 0 <= i < len(first[t][1])
     )
+    if answer is not None:
+        check_answer(answer, path, where, "answer")
     return qid, question, (answer,) if answer is not None else (), passages, gold, support
 
 

@@ -12,7 +12,7 @@ import csv
 import io
 from pathlib import Path
 
-from rag_gym.data._io import checked_examples, iter_records, read_text
+from rag_gym.data._io import check_answer, checked_examples, iter_records, read_text
 from rag_gym.data.errors import DataFormatError
 from rag_gym.data.flashrag import parse_record as parse_flashrag
 from rag_gym.data.types import QAExample
@@ -23,6 +23,10 @@ def load(path: str | Path | None = None, split: str = "test") -> list[QAExample]
     if path is None:
         from rag_gym.data.flashrag import load as load_flashrag
 
+        if split != "test":
+            raise ValueError(
+                f"expected split 'test' for Bamboogle from the hub (its only split), got {split!r}"
+            )
         return [_as_bamboogle(ex) for ex in load_flashrag(None, split="test", subset="bamboogle")]
     path = Path(path)
     if path.suffix.lower() in (".tsv", ".csv"):
@@ -71,6 +75,7 @@ def _load_table(path: Path) -> list[QAExample]:
             raise DataFormatError(path, f"line {i + 2}", "Question", "a non-empty question", q)
         if not a:
             raise DataFormatError(path, f"line {i + 2}", "Answer", "a non-empty answer", a)
+        check_answer(a, path, f"line {i + 2}", "Answer")
         examples.append(
             (
                 f"line {i + 2}",

@@ -24,7 +24,12 @@ class DataFormatError(ValueError):
         super().__init__(f"{path}, {where}, field {field!r}: expected {expected}, got {shown}")
 
 
-_PLAIN = ("it is missing", "neither", "no records")  # shown as words, not as repr
+_PLAIN = (
+    "it is missing",
+    "neither",
+    "no records",
+    "no file of that split",
+)  # shown as words, not as repr
 
 
 def _short(value: Any, limit: int = 80) -> str:

@@ -1,7 +1,9 @@
 """FlashRAG's unified JSONL format (Jin et al., 2024), which covers NQ, TriviaQA, PopQA, …
 
 Records: ``{id, question, golden_answers: [...], metadata?}``. There are no passages: pair these
-datasets with a corpus. With ``path=None`` the file comes from the hub dataset
+datasets with a corpus. An id is a non-empty string or an integer (``true`` is refused, not read
+as ``"True"``); a gold answer that normalises to nothing (``"The"``) is refused, naming the
+record and field. With ``path=None`` the file comes from the hub dataset
 ``RUC-NLPIR/FlashRAG_datasets`` (``subset`` names the dataset, e.g. ``"nq"``).
 """
 
@@ -10,11 +12,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rag_gym.data._io import checked_examples, iter_records, require
+from rag_gym.data._io import check_answer, checked_examples, iter_records, require
 from rag_gym.data.errors import DataFormatError
 from rag_gym.data.types import QAExample
 
 HUB_ID = "RUC-NLPIR/FlashRAG_datasets"
+#: The hub's names of rag-gym's splits (FlashRAG calls the validation split ``dev``).
+_HUB_SPLITS = {"validation": "dev"}
 
 
 def load(
@@ -28,8 +32,9 @@ def load(
             )
         from rag_gym.data.hub import load_hub_records
 
-        records = load_hub_records(HUB_ID, subset, split, "FlashRAG")
-        src = Path(f"hub:{HUB_ID}/{subset}/{split}")
+        hub_split = _HUB_SPLITS.get(split, split)
+        records = load_hub_records(HUB_ID, subset, hub_split, "FlashRAG")
+        src = Path(f"hub:{HUB_ID}/{subset}/{hub_split}")
         return checked_examples(
             src,
             ((f"record {i}", parse_record(r, src, f"record {i}")) for i, r in enumerate(records)),
@@ -48,8 +53,10 @@ def parse_record(
     record: dict[str, Any], path: Path, where: str, default_id: str | None = None
 ) -> QAExample:
     qid = record.get("id", default_id)
-    if qid is None or not isinstance(qid, (str, int)):
+    if qid is None or isinstance(qid, bool) or not isinstance(qid, (str, int)):
         raise DataFormatError(path, where, "id", "a string or integer id", qid)
+    if isinstance(qid, str) and not qid.strip():
+        raise DataFormatError(path, where, "id", "a non-empty id", qid)
     question = require(record, "question", str, path, where)
     if "golden_answers" in record:
         answers = record["golden_answers"]
@@ -69,6 +76,9 @@ def parse_record(
         raise DataFormatError(
             path, where, "golden_answers", "the field to be present", "it is missing"
         )
+    field = "golden_answers" if "golden_answers" in record else "answer"
+    for i, answer in enumerate(answers):
+        check_answer(answer, path, where, f"{field}[{i}]" if len(answers) > 1 else field)
     meta = record.get("metadata") or {}
     return QAExample(
         id=str(qid),

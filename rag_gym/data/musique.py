@@ -5,7 +5,9 @@ paragraph_text, is_supporting}], question_decomposition [{id, question, answer,
 paragraph_support_idx}]``. Passage ids are ``"<question id>::<idx>"`` (MuSiQue paragraphs are
 not unique by title). Gold passages follow the decomposition's ``paragraph_support_idx`` (hop
 order); paragraphs flagged ``is_supporting`` but not named by the decomposition follow. MuSiQue-Full's
-``answerable: false`` questions are kept as unanswerable; ``answer_aliases`` are kept as answers.
+``answerable: false`` questions are kept as unanswerable (a blank ``answer`` there means none);
+``answer_aliases`` are kept as answers. A gold answer or alias that normalises to nothing
+(``"The"``) is a :class:`~rag_gym.data.errors.DataFormatError` naming the record and field.
 """
 
 from __future__ import annotations
@@ -13,7 +15,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rag_gym.data._io import checked_examples, iter_records, require, require_pool
+from rag_gym.data._io import (
+    check_answer,
+    checked_examples,
+    iter_records,
+    require,
+    require_pool,
+)
 from rag_gym.data.errors import DataFormatError
 from rag_gym.data.types import Passage, QAExample
 
@@ -94,6 +102,12 @@ def parse_record(record: dict[str, Any], path: Path, where: str) -> QAExample:
     gold = tuple(ordered + [pid for pid in flagged if pid not in ordered])
     require_pool(passages, record, "paragraphs", path, where)
 
+    if not answerable and answer is not None and not answer.strip():
+        answer = None  # an unanswerable question's blank answer: it has none
+    if answer is not None:
+        check_answer(answer, path, where, "answer")
+    for i, alias in enumerate(aliases):
+        check_answer(alias, path, where, f"answer_aliases[{i}]")
     answers = tuple(dict.fromkeys(([answer] if answer is not None else []) + aliases))
     return QAExample(
         id=qid,

@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 
 from rag_gym._names import unknown_name
+from rag_gym.data.splits import canonical_split
 from rag_gym.data.types import Corpus, Passage, QAExample
 
 SPLITS = ("train", "validation", "test")
@@ -332,9 +333,8 @@ def world_for(preset: str = "default", **overrides: Any) -> SynthHopWorld:
 
 
 def _check_split(split: str) -> str:
-    if split not in SPLITS:
-        raise ValueError(f"expected split in {SPLITS}, got {split!r}")
-    return split
+    """The split of :data:`SPLITS` that ``split`` names (``"dev"``: ``"validation"``)."""
+    return canonical_split(split)
 
 
 # ---- generation -------------------------------------------------------------------------------

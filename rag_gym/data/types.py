@@ -22,6 +22,7 @@ from typing import Any
 
 from rag_gym.data._io import iter_jsonl, require
 from rag_gym.data.errors import DataFormatError
+from rag_gym.metrics import normalize_answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +53,9 @@ class QAExample:
         id: The dataset's own question id.
         question: The question text.
         answers: Every accepted answer alias; the first is the canonical answer. Empty only for
-            unlabelled test files.
+            unlabelled test files (and unanswerable questions without one). An alias must keep
+            a word after :func:`~rag_gym.metrics.normalize_answer` (``"The"`` is a
+            ``ValueError``).
         supporting_ids: Ids of the gold passages, in hop order where the dataset gives it.
         passages: The question's own passage pool (distractor setting); empty when the dataset
             has none (Bamboogle, FlashRAG files).
@@ -73,6 +76,16 @@ class QAExample:
     answerable: bool = True
     type: str = ""
     meta: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        for answer in self.answers:
+            if not isinstance(answer, str) or not normalize_answer(answer):
+                raise ValueError(
+                    f"expected question {self.id!r}'s answers to be strings that keep a word "
+                    f"after normalisation, got {answer!r}: an answer that normalises to '' "
+                    "(articles and punctuation only) would score 'an' as exactly right; fix "
+                    "the answer or drop it"
+                )
 
     @property
     def answer(self) -> str:

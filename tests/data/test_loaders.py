@@ -102,7 +102,7 @@ def test_musique_full_unanswerable_kept(tmp_path):
     record = {
         "id": "2hop__1_2",
         "question": "q?",
-        "answer": "a",
+        "answer": "Vell",
         "answer_aliases": [],
         "answerable": False,
         "paragraphs": [
@@ -136,12 +136,17 @@ def test_flashrag_format(tmp_path):
     path = tmp_path / "nq_test.jsonl"
     path.write_text(
         json.dumps(
-            {"id": "test_0", "question": "who?", "golden_answers": ["A", "B"], "metadata": {"x": 1}}
+            {
+                "id": "test_0",
+                "question": "who?",
+                "golden_answers": ["Ann", "Bo"],
+                "metadata": {"x": 1},
+            }
         )
         + "\n"
     )
     (ex,) = load("flashrag", path=path)
-    assert ex.answers == ("A", "B") and ex.meta == {"x": 1} and ex.passages == ()
+    assert ex.answers == ("Ann", "Bo") and ex.meta == {"x": 1} and ex.passages == ()
 
 
 @pytest.mark.shared_data
@@ -205,7 +210,7 @@ def test_musique_bad_support_idx(tmp_path):
     rec = {
         "id": "x",
         "question": "q",
-        "answer": "a",
+        "answer": "Vell",
         "paragraphs": [{"idx": 0, "title": "T", "paragraph_text": "p"}],
         "question_decomposition": [{"paragraph_support_idx": 7}],
     }
@@ -220,7 +225,7 @@ def test_musique_bad_support_idx(tmp_path):
 
 def test_jsonl_bad_json_line(tmp_path):
     path = tmp_path / "b.jsonl"
-    path.write_text('{"id": "1", "question": "q", "answer": "a"}\n{not json\n')
+    path.write_text('{"id": "1", "question": "q", "answer": "Vell"}\n{not json\n')
     with pytest.raises(
         DataFormatError, match=r"b\.jsonl, line 2, field '\(json\)': expected valid JSON"
     ):
@@ -468,3 +473,89 @@ def test_musique_support_idx_that_is_not_an_int_is_refused(tmp_path, support):
     path = _write(tmp_path, name, [{**rec, "question_decomposition": steps}])
     with pytest.raises(DataFormatError, match=r"paragraph_support_idx': expected the idx of one"):
         load("musique", path=path)
+
+
+#: Where each loader's answer lives: (field to set, value for an answer, field the error names)
+ANSWER_FIELDS = {
+    "hotpotqa": ("answer", lambda a: a, "answer"),
+    "2wikimultihopqa": ("answer", lambda a: a, "answer"),
+    "musique": ("answer", lambda a: a, "answer"),
+    "flashrag": ("golden_answers", lambda a: ["Paris", a], r"golden_answers\[1\]"),
+    "bamboogle": ("answer", lambda a: a, "answer"),
+}
+
+
+@pytest.mark.parametrize("dataset", sorted(GOOD))
+@pytest.mark.parametrize("answer", ["", "  ", "The", "a.", "An!"])
+def test_a_gold_answer_that_normalises_to_nothing_is_refused(tmp_path, dataset, answer):
+    # against it, "an" would score EM 1 and reward 1
+    name, rec = GOOD[dataset]
+    field, value, named = ANSWER_FIELDS[dataset]
+    bad = {**rec, "_id": "b", "id": "b", field: value(answer)}
+    path = _write(tmp_path, name, [rec, bad])
+    with pytest.raises(
+        DataFormatError,
+        match=rf"{name}, {_where(name, 1)}, field '{named}': expected a gold answer that keeps a "
+        rf"word after normalisation",
+    ):
+        load(dataset, path=path)
+
+
+def test_musique_aliases_and_a_tsv_answer_that_normalise_to_nothing_are_refused(tmp_path):
+    name, rec = GOOD["musique"]
+    path = _write(tmp_path, name, [{**rec, "answer_aliases": ["Paris", "the"]}])
+    with pytest.raises(DataFormatError, match=r"line 1, field 'answer_aliases\[1\]'"):
+        load("musique", path=path)
+    tsv = tmp_path / "b.tsv"
+    tsv.write_text("Question\tAnswer\nq?\tThe\n")
+    with pytest.raises(DataFormatError, match=r"b\.tsv, line 2, field 'Answer'.*got 'The'"):
+        load("bamboogle", path=tsv)
+
+
+def test_unanswerable_and_unlabelled_questions_keep_loading_without_answers(tmp_path):
+    name, rec = GOOD["musique"]
+    unans = {**rec, "answerable": False, "answer": ""}
+    (ex,) = load("musique", path=_write(tmp_path, name, [unans]))
+    assert ex.answers == () and ex.answerable is False
+    hot = {k: v for k, v in GOOD["hotpotqa"][1].items() if k != "answer"}  # a test file
+    assert load("hotpotqa", path=_write(tmp_path, "h.json", [hot]))[0].answers == ()
+    flash = {**GOOD["flashrag"][1], "golden_answers": []}
+    assert load("flashrag", path=_write(tmp_path, "f.jsonl", [flash]))[0].answers == ()
+
+
+def test_a_qaexample_refuses_an_answer_that_normalises_to_nothing():
+    from rag_gym.data import QAExample
+
+    with pytest.raises(ValueError, match=r"question 'q1''s answers .* got 'The'"):
+        QAExample("q1", "Who?", ("Ada", "The"))
+    with pytest.raises(ValueError, match=r"got 5"):
+        QAExample("q1", "Who?", (5,))  # type: ignore[arg-type]
+    assert QAExample("q1", "Who?", ()).answers == ()
+
+
+@pytest.mark.parametrize(
+    ("qid", "match"),
+    [
+        (True, "expected a string or integer id, got True"),
+        (False, "expected a string or integer id, got False"),
+        ("", "expected a non-empty id, got ''"),
+        ("  ", "expected a non-empty id, got '  '"),
+        (None, "expected a string or integer id, got None"),
+    ],
+)
+def test_a_flashrag_id_that_is_a_bool_or_empty_is_refused(tmp_path, qid, match):
+    path = _write(tmp_path, "f.jsonl", [{**GOOD["flashrag"][1], "id": qid}])
+    with pytest.raises(DataFormatError, match=rf"f\.jsonl, line 1, field 'id': {match}"):
+        load("flashrag", path=path)
+    assert (
+        load("flashrag", path=_write(tmp_path, "g.jsonl", [{**GOOD["flashrag"][1], "id": 7}]))[0].id
+        == "7"
+    )
+
+
+@pytest.mark.parametrize("dataset", ["hotpotqa", "2wikimultihopqa", "musique"])
+def test_an_empty_id_is_refused_by_every_loader(tmp_path, dataset):
+    name, rec = GOOD[dataset]
+    path = _write(tmp_path, name, [{**rec, "_id": " ", "id": " "}])
+    with pytest.raises(DataFormatError, match=r"field '_?id': expected a non-empty id"):
+        load(dataset, path=path)

@@ -65,8 +65,11 @@ def test_split_by_id_partitions_a_file_whatever_its_order_or_company(tmp_path):
 
 def test_split_by_id_errors_are_clear(tmp_path):
     path = _write(tmp_path / "a.json", [_hotpot_record("x")])
-    with pytest.raises(ValueError, match=r"split \(with split_by_id\).*got 'dev'"):
-        load("hotpotqa", "dev", path=path, split_by_id=True)
+    with pytest.raises(ValueError, match=r"expected a split in \[.*\], got 'dve'; did you mean"):
+        load("hotpotqa", "dve", path=path, split_by_id=True)
+    assert load("hotpotqa", "dev", path=path, split_by_id=True) == load(
+        "hotpotqa", "validation", path=path, split_by_id=True
+    )
     with pytest.raises(ValueError, match="split_by_id splits the questions of a file"):
         load("synthhop", "train", split_by_id=True)
     with pytest.raises(TypeError, match="split_by_id to be True or False"):
@@ -147,3 +150,96 @@ def test_the_samples_split_is_disjoint_and_covers_every_question():
     assert [ex.id for ex in select(whole, "test")] == [
         ex.id for ex in load("hotpotqa", "test", path=SHARED_DATA / "hotpotqa", split_by_id=True)
     ]
+
+
+def test_a_folder_reads_only_the_files_of_the_requested_split(tmp_path):
+    # the official names: HotpotQA's dev and train files side by side, 100 + 500 questions
+    _write(
+        tmp_path / "hotpot_dev_distractor_v1.json", [_hotpot_record(f"d{i}") for i in range(100)]
+    )
+    (tmp_path / "hotpot_train_v1.1.jsonl").write_text(
+        "".join(json.dumps(_hotpot_record(f"t{i}")) + "\n" for i in range(500))
+    )
+    env = gym.make("rag_gym/HotpotQA-v0", data_path=str(tmp_path), split="dev")
+    examples = env.unwrapped.examples
+    assert len(examples) == 100 and all(ex.id.startswith("d") for ex in examples)
+    assert {ex.meta["source_file"] for ex in examples} == {"hotpot_dev_distractor_v1.json"}
+    env.close()
+    for split in ("validation", "val", "dev"):
+        assert len(load("hotpotqa", split, path=tmp_path)) == 100
+    assert {ex.id[0] for ex in load("hotpotqa", "train", path=tmp_path)} == {"t"}
+    # no file of the split: refused, naming the folder, the files and the fix
+    with pytest.raises(
+        DataFormatError,
+        match=r"(?s)expected a data file of split 'test' \(a name holding 'test'\) beside "
+        r"hotpot_dev_distractor_v1\.json \(validation\), hotpot_train_v1\.1\.jsonl \(train\): "
+        r"pass the split these files hold, or add the file, got no file of that split",
+    ):
+        load("hotpotqa", "test", path=tmp_path)
+    # with split_by_id every file is read, and the ids choose
+    assert len(load("hotpotqa", "train", path=tmp_path, split_by_id=True)) == len(
+        select(
+            load("hotpotqa", "train", path=tmp_path) + load("hotpotqa", "dev", path=tmp_path),
+            "train",
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("names", "split", "expected"),
+    [
+        (["dev.json", "train.json", "test.json"], "dev", ["dev.json"]),  # 2Wiki, FlashRAG
+        (["musique_ans_v1.0_dev.jsonl", "musique_ans_v1.0_train.jsonl"], "validation", [0]),
+        (["train-00000-of-00002.parquet", "validation-00000-of-00001.parquet"], "train", [0]),
+        (["a.json", "b.json"], "test", ["a.json", "b.json"]),  # no name declares a split
+    ],
+)
+def test_the_split_a_file_name_declares(tmp_path, names, split, expected):
+    from rag_gym.data import _files_of_split
+
+    files = [tmp_path / n for n in names]
+    chosen = _files_of_split(tmp_path, files, split)
+    assert [f.name for f in chosen] == [names[e] if isinstance(e, int) else e for e in expected]
+
+
+@pytest.mark.parametrize("other", ["notes.json", "train_dev.json"])
+def test_a_folder_mixing_named_and_unnamed_files_is_refused(tmp_path, other):
+    _write(tmp_path / "dev.json", [_hotpot_record("x")])
+    _write(tmp_path / other, [_hotpot_record("y")])
+    with pytest.raises(
+        DataFormatError,
+        match=rf"field '\(file names\)': expected every data file's name to declare one split.*"
+        rf"dev\.json \(validation\).*got \['{other}'\]",
+    ):
+        load("hotpotqa", "dev", path=tmp_path)
+
+
+@pytest.mark.parametrize("split", ["nosuch", "Dev", "", "dev "])
+def test_an_unknown_split_is_refused_everywhere(tmp_path, split):
+    path = _write(tmp_path / "a.json", [_hotpot_record("x")])
+    match = rf"expected a split in \['dev', 'test', 'train', 'val', 'valid', 'validation'\], got {split!r}"
+    with pytest.raises(ValueError, match=match):
+        load("hotpotqa", split, path=path)
+    with pytest.raises(ValueError, match=match):
+        load("synthhop", split, n_passages=2000, n_questions=(40, 10, 10))
+    with pytest.raises(ValueError, match=match):
+        gym.make("rag_gym/HotpotQA-v0", data_path=str(path), split=split)
+    with pytest.raises(TypeError, match="expected split to be a str, got list"):
+        load("hotpotqa", ["dev"], path=path)
+
+
+@pytest.mark.shared_data
+def test_the_multihop_suite_reads_the_split_it_labels():
+    import json as _json
+
+    from rag_gym.evaluate.suite import SUITES_DIR
+
+    shared_file("hotpotqa/hotpot_dev_distractor_300.json")
+    suite = _json.loads((SUITES_DIR / "multihop.json").read_text())
+    loaders = {"HotpotQA": "hotpotqa", "2Wiki": "2wikimultihopqa", "MuSiQue": "musique"}
+    for d in suite["datasets"]:
+        if d["name"] in loaders:  # the sample files are all dev files, named so
+            examples = load(loaders[d["name"]], d["split"], path=SHARED_DATA / d["data"])
+            assert examples and all("dev" in ex.meta["source_file"] for ex in examples)
+            with pytest.raises(DataFormatError, match="no file of that split"):
+                load(loaders[d["name"]], "train", path=SHARED_DATA / d["data"])
