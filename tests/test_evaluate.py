@@ -248,8 +248,13 @@ def read_episodes(run):
 
 
 def test_interrupted_run_keeps_its_episodes_and_resumes_to_the_same_leaderboard(tmp_path):
-    agents = ("random", "direct")  # direct fails on its backend: errors are kept as they are
-    lm = EchoLM(fail=True)
+    agents = ("random", "direct")  # direct fails on its own: errors are kept as they are
+
+    class Broken(EchoLM):  # an error of the agent's, not a backend's (a resume keeps it)
+        def generate(self, prompts, config=None):
+            raise ValueError("the prompt is too long")
+
+    lm = Broken()
     full = evaluate(
         config(tmp_path, run_name="full", agents=agents, batch_size=3),
         lambda n, env: make_agent(n, lm=lm, seed=1),

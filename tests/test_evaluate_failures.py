@@ -140,7 +140,8 @@ def test_episodes_failed_outside_the_agent_are_replayed_by_resume(tmp_path):
 
 
 def test_an_agent_error_is_kept_by_resume(tmp_path):
-    """A ValueError (a reply without a usable choice, say) is the agent's: not replayed."""
+    """A ValueError from the agent's model (not a backend's ``BackendError``) is the agent's:
+    not replayed."""
 
     class Broken(EchoLM):
         def generate(self, prompts, config=None):
