@@ -37,6 +37,7 @@ from rag_gym import metrics
 from rag_gym._names import unknown_name
 from rag_gym.data import Corpus, QAExample, canonical_name, dataset_defaults, pooled_corpus
 from rag_gym.data import load as load_dataset
+from rag_gym.data.splits import canonical_split
 from rag_gym.retrieval import BM25Retriever, Retriever, load_index
 from rag_gym.retrieval.base import corpus_size
 
@@ -77,7 +78,8 @@ class DataConfig:
     """Dataset name: ``synthhop``, ``hotpotqa``, ``2wikimultihopqa``, ``musique``,
     ``bamboogle`` or ``flashrag``."""
     split: str = "train"
-    """The split questions are drawn from."""
+    """The split questions are drawn from: ``train``, ``validation`` (``dev``, ``val``) or
+    ``test``; any other name is a ``ValueError``."""
     data_path: str | None = None
     """A file in the dataset's official format (``None``: SynthHop, or the hub for HotpotQA)."""
     dataset_kwargs: Mapping[str, Any] | None = None
@@ -104,6 +106,7 @@ class DataConfig:
                 raise TypeError(
                     f"expected {name} to be a str, got {type(getattr(self, name)).__name__}"
                 )
+        canonical_split(self.split)  # "dev" is "validation"; an unknown name is a ValueError
         for name in ("data_path", "corpus", "index"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, (str, os.PathLike)):
@@ -369,6 +372,51 @@ class QAEnv(gym.Env):
         pooled, examples = pooled_corpus(examples, name=f"{self.dataset}-{self.split}")
         return _SharedData(examples, pooled, corpus_mode or "pool", BM25Retriever(pooled))
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(self._not_copyable("pickled"))
+
+    def __deepcopy__(self, memo: dict) -> Any:
+        raise TypeError(self._not_copyable("deep-copied"))
+
+    def __copy__(self) -> QAEnv:
+        """A shallow copy, as ``copy.copy`` makes of any object (it shares every attribute)."""
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        return new
+
+    def _not_copyable(self, how: str) -> str:
+        """Why this env cannot be ``how`` (pickled, deep-copied), and what to do instead."""
+        import types
+
+        retriever = self.__dict__.get("retriever")
+        slots = getattr(type(retriever), "__slots__", ())
+        fields = {
+            **getattr(retriever, "__dict__", {}),
+            **{k: getattr(retriever, k, None) for k in slots},
+        }
+        modules = sorted(v.__name__ for v in fields.values() if isinstance(v, types.ModuleType))
+        holder = f"its retriever ({type(retriever).__name__})"
+        if modules:
+            holder += (
+                f" holds the module{'s' * (len(modules) > 1)} {' and '.join(modules)} (its "
+                "search backend), and"
+            )
+        else:
+            holder = f"it holds {holder}, and"
+        spec = self.__dict__.get("spec")
+        remake = (
+            f"gym.make(env.spec) in this process (for {spec.id}; it reuses the loaded data), or "
+            "send env.spec (picklable; env.spec.to_json()) to the other process and gym.make "
+            "it there"
+            if spec is not None
+            else f"build another {type(self).__name__} with the same arguments"
+        )
+        return (
+            f"a {type(self).__name__} cannot be {how}: {holder} its questions, corpus and index "
+            f"are shared with every env made with the same data arguments. Make another env "
+            f"instead: {remake}"
+        )
+
     @property
     def current_example(self) -> QAExample:
         """The question of the current episode (for reward wrappers and evaluation code, not
@@ -398,7 +446,7 @@ class QAEnv(gym.Env):
         return super().reset(seed=seed, options=options)
 
     def _choose_example(self, options: dict[str, Any] | None) -> QAExample:
-        options = options or {}
+        options = reset_options(options)
         if "question_id" in options:
             qid = options["question_id"]
             if qid not in self._by_id:
@@ -406,7 +454,7 @@ class QAEnv(gym.Env):
             index = self._by_id[qid]
         elif "index" in options:
             index = options["index"]
-            if not isinstance(index, (int, np.integer)) or not 0 <= index < len(self.examples):
+            if not 0 <= index < len(self.examples):
                 raise ValueError(
                     f"expected options['index'] in [0, {len(self.examples)}), got {index!r}"
                 )
@@ -470,6 +518,53 @@ class QAEnv(gym.Env):
             return obs
         print(obs)
         return None
+
+
+def reset_options(options: Any) -> dict[str, Any]:
+    """``reset``'s ``options`` as a dict, checked: ``None`` or a dict, whose ``question_id``
+    is a str and whose ``index`` is an int (not a bool), not both; other keys pass through
+    (a subclass's or a wrapper's). A ``TypeError`` or ``ValueError`` names the option.
+
+    >>> reset_options(None), reset_options({"index": 2})
+    ({}, {'index': 2})
+    >>> reset_options({"index": True})
+    Traceback (most recent call last):
+    ...
+    TypeError: expected options['index'] to be an int (a question's position), got bool: True
+    """
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping):
+        raise TypeError(
+            f"expected options to be a dict or None, got {type(options).__name__}: "
+            f"{_short(options)}; pass options={{'index': 0}} or {{'question_id': '...'}}"
+        )
+    options = dict(options)
+    if "question_id" in options and "index" in options:
+        raise ValueError(
+            "expected options['question_id'] or options['index'], got both "
+            f"({_short(options['question_id'])} and {_short(options['index'])}); pass one"
+        )
+    qid = options.get("question_id")
+    if "question_id" in options and not isinstance(qid, str):
+        raise TypeError(
+            f"expected options['question_id'] to be a str (a question's id), got "
+            f"{type(qid).__name__}: {_short(qid)}"
+        )
+    index = options.get("index")
+    if "index" in options and (
+        isinstance(index, (bool, np.bool_)) or not isinstance(index, (int, np.integer))
+    ):
+        raise TypeError(
+            f"expected options['index'] to be an int (a question's position), got "
+            f"{type(index).__name__}: {_short(index)}"
+        )
+    return options
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def check_bool(name: str, value: Any) -> bool:

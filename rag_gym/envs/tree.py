@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from rag_gym.envs.base import DataConfig, QAEnv, check_int, clip_text, read_text_action
+from rag_gym.envs.base import (
+    DataConfig,
+    QAEnv,
+    check_int,
+    clip_text,
+    read_text_action,
+    reset_options,
+)
 from rag_gym.envs.spaces import UnicodeText, sanitize
 from rag_gym.envs.tags import parse
 from rag_gym.metrics import average_precision
@@ -169,8 +176,13 @@ class TreeSearchEnv(QAEnv):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
-        options = dict(options or {})
-        context = list(options.pop("context_ids", []) or [])
+        options = reset_options(options)
+        context = options.pop("context_ids", None) or []
+        if not isinstance(context, (list, tuple)) or not all(isinstance(c, str) for c in context):
+            raise TypeError(
+                f"expected options['context_ids'] to be a list of passage ids (str), got "
+                f"{type(context).__name__}: {context!r:.80}"
+            )
         example = self._choose_example(options)
         missing = [pid for pid in context if pid not in self.corpus]
         if missing:

@@ -10,7 +10,7 @@ import rag_gym  # noqa: F401
 from rag_gym.data import Corpus, Passage, QAExample
 from rag_gym.envs import ActionType, SearchEnv
 from rag_gym.retrieval import BM25Retriever
-from tests.conftest import shared_file
+from tests.conftest import SMALL_WORLD, shared_file
 
 S, A, B, R, E = (
     ActionType.SEARCH,
@@ -250,7 +250,7 @@ def test_exclude_seen():
 
 def test_observation_is_sanitised():
     corpus = Corpus([Passage("x", "Bell\x07", "Text with a bell\x07 and emoji \U0001f600.")])
-    q = QAExample("q", "Who?", ("a",), ("x",))
+    q = QAExample("q", "Who?", ("Vell",), ("x",))
     env = SearchEnv(examples=[q], retriever=BM25Retriever(corpus), k=1)
     env.reset()
     obs = env.step(act(S, "text"))[0]
@@ -333,3 +333,77 @@ def test_k_above_the_candidates_returns_every_candidate():
     env.reset()
     _, _, _, _, info = env.step(act(S, "Ada Vell"))
     assert sorted(info["retrieved_ids"]) == ["p1", "p2"]
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        ("index", TypeError, r"expected options to be a dict or None, got str: 'index'"),
+        ([("index", 0)], TypeError, r"expected options to be a dict or None, got list"),
+        ({"question_id": ["q1"]}, TypeError, r"options\['question_id'\] to be a str.*got list"),
+        ({"question_id": 1}, TypeError, r"options\['question_id'\] to be a str.*got int: 1"),
+        ({"question_id": None}, TypeError, r"options\['question_id'\] to be a str.*NoneType"),
+        ({"index": True}, TypeError, r"options\['index'\] to be an int.*got bool: True"),
+        ({"index": np.bool_(False)}, TypeError, r"options\['index'\] to be an int.*got bool"),
+        ({"index": 1.0}, TypeError, r"options\['index'\] to be an int.*got float: 1\.0"),
+        ({"index": "1"}, TypeError, r"options\['index'\] to be an int.*got str: '1'"),
+        ({"index": None}, TypeError, r"options\['index'\] to be an int.*got NoneType"),
+        ({"index": -1}, ValueError, r"expected options\['index'\] in \[0, 2\), got -1"),
+        ({"index": 2}, ValueError, r"expected options\['index'\] in \[0, 2\), got 2"),
+        ({"index": 0, "question_id": "q2"}, ValueError, r"question_id'\] or .*'index'\], got both"),
+    ],
+)
+def test_bad_reset_options_are_typed_errors(options, error, match):
+    env = make_env()
+    with pytest.raises(error, match=match):
+        env.reset(options=options)
+    # the good forms: an int (numpy's too), a question id, a read-only mapping
+    from types import MappingProxyType
+
+    assert env.reset(options={"index": np.int64(1)})[1]["question_id"] == "q2"
+    assert env.reset(options=MappingProxyType({"question_id": "q1"}))[1]["question_id"] == "q1"
+
+
+def test_tree_context_ids_must_be_a_list_of_ids():
+    from rag_gym.envs import TreeSearchEnv
+
+    env = TreeSearchEnv(examples=QUESTIONS, retriever=BM25Retriever(Corpus(PASSAGES)))
+    with pytest.raises(TypeError, match=r"options\['context_ids'\] to be a list of passage ids"):
+        env.reset(options={"index": 0, "context_ids": "p1"})
+    with pytest.raises(TypeError, match=r"expected options to be a dict or None, got str"):
+        env.reset(options="index")
+    assert env.reset(options={"index": 0, "context_ids": ["p1"]})[1]["question_id"] == "q1"
+
+
+def test_pickle_and_deepcopy_say_what_holds_the_module_and_what_to_do():
+    import copy
+    import pickle
+
+    env = gym.make("rag_gym/SynthHop-v0", dataset_kwargs=SMALL_WORLD)
+    message = (
+        r"a SearchEnv cannot be {}: its retriever \(BM25Retriever\) holds the modules bm25s and "
+        r"rag_gym\.retrieval\._bm25_numba \(its search backend\).*Make another env instead: "
+        r"gym\.make\(env\.spec\) .*rag_gym/SynthHop-v0"
+    )
+    with pytest.raises(TypeError, match=message.format("pickled")):
+        pickle.dumps(env)
+    with pytest.raises(TypeError, match=message.format("deep-copied")):
+        copy.deepcopy(env)
+    # what the message proposes works, in this process and through a pickle of the spec
+    again = gym.make(pickle.loads(pickle.dumps(env.spec)))
+    assert again.unwrapped.examples == env.unwrapped.examples
+    assert copy.copy(env.unwrapped).retriever is env.unwrapped.retriever  # a shallow copy
+    plain = make_env()  # no spec: built directly
+    with pytest.raises(TypeError, match=r"build another SearchEnv with the same arguments"):
+        pickle.dumps(plain)
+    env.close()
+    again.close()
+
+
+@pytest.mark.parametrize("split", ["nosuch", "Dev", ""])
+def test_an_unknown_split_is_refused_at_construction(split):
+    with pytest.raises(ValueError, match=rf"expected a split in \[.*\], got {split!r}"):
+        make_env(split=split)
+    with pytest.raises(ValueError, match=rf"expected a split in \[.*\], got {split!r}"):
+        gym.make("rag_gym/SynthHop-v0", dataset_kwargs=SMALL_WORLD, split=split)
+    assert make_env(split="dev").split == "dev"
