@@ -23,6 +23,7 @@ returns the base class unchanged with a warning.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 
@@ -154,6 +155,8 @@ def guarded_protocol(
             if cycle is self._cycle_at_arm and (cycle is None or cycle.response_complete):
                 if self._head_bytes:
                     self._refuse(b"408 Request Timeout")
+                elif self.transport.get_write_buffer_size():
+                    _reset(self.transport)  # a reply its client never read: free it now
                 elif not self.transport.is_closing():
                     self.transport.close()  # idle: close quietly, as keep-alive expiry does
 
@@ -186,6 +189,26 @@ def _head_size(tail: bytes, data: bytes, seen: int) -> int:
     if not ends:
         return seen + len(data)
     return seen - len(tail) + min(ends)
+
+
+def drop_connection(receive) -> None:
+    """Close the connection of the request whose ``receive`` this is at once, discarding what
+    is still buffered for it (``transport.abort()``; ``close()`` would wait for a client that
+    reads nothing to read it all) with a reset. Nothing under another server."""
+    transport = getattr(getattr(receive, "__self__", None), "transport", None)
+    if transport is not None and hasattr(transport, "abort"):
+        _reset(transport)
+
+
+def _reset(transport) -> None:
+    import socket
+    import struct
+
+    sock = transport.get_extra_info("socket")
+    with contextlib.suppress(AttributeError, OSError):  # a reset, not a FIN queued behind the
+        # unread bytes: the kernel frees its buffer too, and the client learns at once
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
 
 
 def disconnect_probe(receive) -> Callable[[], bool] | None:

@@ -47,6 +47,7 @@ import asyncio
 import contextlib
 import gc
 import hmac
+import itertools
 import logging
 import math
 import secrets
@@ -59,7 +60,7 @@ from typing import Any
 import numpy as np
 
 from rag_gym.data.types import Corpus
-from rag_gym.retrieval._uvicorn_compat import disconnect_probe
+from rag_gym.retrieval._uvicorn_compat import disconnect_probe, drop_connection
 from rag_gym.retrieval.base import Retriever, corpus_size
 from rag_gym.retrieval.http import HttpRetriever, clean_token, dumps, loads
 from rag_gym.retrieval.load import load_index  # re-exported: it lives in retrieval.load
@@ -100,6 +101,9 @@ class ServerLimits:
     response (then the connection is closed)."""
     max_head_bytes: int = 64 * 1024
     """Bytes of a request head (then 431)."""
+    send_timeout: float = 30.0
+    """Seconds a reply may wait for its client to read the next part of it; a client that reads
+    nothing for that long is disconnected and what the server held for it is freed."""
     keep_alive: int = 5
     """Seconds an idle keep-alive connection is kept (uvicorn's ``timeout_keep_alive``)."""
     max_connections: int = 1024
@@ -117,7 +121,7 @@ class ServerLimits:
         for name in ("max_body_bytes", "max_head_bytes", "keep_alive", "max_connections"):
             if getattr(self, name) < 1:
                 raise ValueError(f"expected {name} >= 1, got {getattr(self, name)}")
-        for name in ("body_timeout", "head_timeout"):
+        for name in ("body_timeout", "head_timeout", "send_timeout"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"expected {name} > 0 seconds, got {value!r}")
@@ -429,7 +433,38 @@ class _RetrieveEndpoint:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(receive(), self.limits.body_timeout)
             return
+        if isinstance(reply, _StreamedReply):
+            await self._stream(reply, receive, send)
+            return
         await _send_json(send, status, reply)
+
+    async def _stream(self, reply: "_StreamedReply", receive, send) -> None:
+        """Send a large reply a part at a time, each part once the client has read enough of
+        the previous ones (uvicorn's flow control), so that the server holds about one part for
+        a client that reads slowly; a client that reads nothing for ``send_timeout`` seconds is
+        disconnected, and its reply is dropped."""
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
+        for part in itertools.chain(reply.parts(), [b""]):
+            message = {"type": "http.response.body", "body": part, "more_body": part != b""}
+            try:
+                await asyncio.wait_for(send(message), self.limits.send_timeout)
+            except TimeoutError:
+                logger.warning(
+                    "POST /retrieve: the client read nothing of its reply (%d queries) for "
+                    "%ss; disconnected it",
+                    len(reply.lengths),
+                    self.limits.send_timeout,
+                )
+                drop_connection(receive)
+                with contextlib.suppress(TimeoutError):  # uvicorn marks it gone: no error log
+                    await asyncio.wait_for(receive(), self.limits.body_timeout)
+                return
 
     def _log_unknown(self, names: list[str]) -> None:
         key = tuple(names[:10])
@@ -528,7 +563,29 @@ class _RetrieveEndpoint:
             }
         if gone is not None and gone():
             raise _ClientGone
+        if not single and sum(len(row) for row in ids) > self.stream_docs:
+            return self.streamed(ids, scores, req.return_scores)
         return self.reply(ids, scores, req.return_scores, single)
+
+    #: a reply of more passages than this is sent a part at a time (:meth:`_stream`)
+    stream_docs = 2048
+
+    def streamed(self, ids, scores, return_scores: bool) -> tuple[int, Any]:
+        """A 200 reply to send in parts, holding each passage as its row and score (16 bytes)
+        until its part is encoded; a 500 if a score is not a number."""
+        index = self.corpus._index
+        flat = np.fromiter((s for row in scores for s in row), dtype=np.float64)
+        bad = np.flatnonzero(~np.isfinite(flat))
+        if len(bad):
+            pid = [p for row in ids for p in row][bad[0]]
+            logger.error("passage %r scored %r", pid, flat[bad[0]])
+            return 500, {
+                "error": f"the index scored passage {pid!r} {flat[bad[0]]}, not a number; "
+                "the index is damaged: rebuild it"
+            }
+        rows = np.fromiter((index[p] for row in ids for p in row), dtype=np.int64)
+        lengths = np.fromiter((len(row) for row in ids), dtype=np.int64)
+        return 200, _StreamedReply(self, rows, flat, lengths, return_scores)
 
     def reply(self, ids, scores, return_scores: bool, single: bool) -> tuple[int, dict]:
         # the corpus's columns directly: a Passage per document would cost more than its query
@@ -567,6 +624,48 @@ class _RetrieveEndpoint:
             self.batcher.stop()
         if self.executor is not None:
             self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+class _StreamedReply:
+    """A ``{"result": [...]}`` reply encoded a few queries at a time (:meth:`parts`), the same
+    bytes as encoding it whole."""
+
+    #: bytes of a part
+    part_bytes = 1 << 18
+
+    def __init__(self, endpoint, rows, scores, lengths, return_scores: bool) -> None:
+        self.endpoint = endpoint
+        self.rows = rows
+        self.scores = scores
+        self.lengths = lengths
+        self.return_scores = return_scores
+
+    def parts(self):
+        corpus, verbatim = self.endpoint.corpus, self.endpoint.contents
+        ids, titles, texts = corpus.ids, corpus.titles, corpus.texts
+        out, size, start = [b'{"result":['], 11, 0
+        for q, n in enumerate(self.lengths.tolist()):
+            docs = []
+            for row, score in zip(
+                self.rows[start : start + n].tolist(),
+                self.scores[start : start + n].tolist(),
+                strict=True,
+            ):
+                if verbatim is not None:
+                    text = verbatim[row]
+                else:
+                    text = f"{titles[row]}\n{texts[row]}" if titles[row] else texts[row]
+                doc = {"id": ids[row], "contents": text}
+                docs.append({"document": doc, "score": score} if self.return_scores else doc)
+            start += n
+            encoded = dumps(docs)
+            out.append(b"," + encoded if q else encoded)
+            size += len(encoded) + 1
+            if size >= self.part_bytes:
+                yield b"".join(out)
+                out, size = [], 0
+        out.append(b"]}")
+        yield b"".join(out)
 
 
 class _Route:

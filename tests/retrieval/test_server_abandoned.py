@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import itertools
 import json
 import logging
 import math
@@ -382,3 +383,44 @@ def test_serve_strips_a_token_given_with_spaces_and_says_so(world, tmp_path):
         proc.wait(timeout=10)
     assert status == 200
     assert "warning: --token has whitespace around it (' abc'); using 'abc'" in log.read_text()
+
+
+def test_a_large_reply_is_streamed_and_a_client_that_never_reads_it_is_dropped(world, caplog):
+    """A reply of 4,096 queries x topk 100 is sent a part at a time, byte for byte the reply
+    encoded whole; a client that sends it and reads nothing is disconnected after
+    ``send_timeout`` (a reset), with a log line, while a good client is answered meanwhile."""
+    import select
+
+    from rag_gym.retrieval.server import ServerLimits, create_app
+
+    retriever = BM25Retriever(world.corpus)
+    limits = ServerLimits(send_timeout=1.0)
+    queries = [f"{p.title} {i}" for i, p in zip(range(4096), itertools.cycle(world.corpus))]
+    body = {"queries": queries, "topk": 100, "return_scores": True}
+    want = retriever.retrieve(queries, 100)
+    with live(create_app(retriever, limits=limits), limits=limits) as (url, _):
+        status, reply = post(url, body, timeout=120)
+        assert status == 200 and len(reply["result"]) == 4096
+        assert [[d["document"]["id"] for d in r] for r in reply["result"]] == want.ids
+        assert [[d["score"] for d in r] for r in reply["result"]] == [
+            [float(x) for x in row] for row in want.scores
+        ]
+        host, port = url.removeprefix("http://").split(":")
+        data = json.dumps(body).encode()
+        silent = socket.socket()
+        silent.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        silent.connect((host, int(port)))
+        with caplog.at_level(logging.WARNING, logger="rag_gym.retrieval.server"):
+            silent.sendall(
+                b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n" % len(data) + data
+            )
+            poller = select.poll()
+            poller.register(silent.fileno(), select.POLLHUP | select.POLLERR | select.POLLRDHUP)
+            started = time.monotonic()
+            while not poller.poll(0) and time.monotonic() - started < 60:
+                assert post(url, {"queries": ["alpha"], "topk": 3})[0] == 200
+                time.sleep(0.2)
+            assert poller.poll(0), "the client that reads nothing is still connected"
+        assert "read nothing of its reply (4096 queries) for 1.0s" in caplog.text
+        silent.close()
