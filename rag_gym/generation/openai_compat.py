@@ -56,10 +56,13 @@ def _origin(url: str) -> tuple[str, str, int | None]:
 
 
 class _SameOriginKey(urllib.request.HTTPRedirectHandler):
-    """Follows a redirect (a 307 or 308 of a ``POST`` with its body, which urllib refuses), and
-    sends the ``Authorization`` header on only to the request's own scheme, host and port."""
+    """Follows a redirect to ``http`` or ``https`` (a 307 or 308 of a ``POST`` with its body,
+    which urllib refuses), and sends the ``Authorization`` header on only to the request's own
+    scheme, host and port."""
 
     def redirect_request(self, req, fp, code, msg, headers, newurl):
+        if urllib.parse.urlsplit(newurl).scheme.lower() not in _DEFAULT_PORTS:
+            return None  # an HTTP API is not on ftp://, file://…: the 3xx is the answer
         if req.get_method() == "POST" and code in (307, 308):
             new = urllib.request.Request(
                 newurl,

@@ -239,3 +239,11 @@ def test_a_judge_reply_that_is_not_text_is_no_verdict():
     with pytest.raises(NoVerdictError, match="expected the judge's reply to be text, got int 5"):
         judge.verdict("q?", "north", ["north"])
     assert judge("q?", "north", ["north"]) is False
+
+
+def test_a_redirect_off_http_is_not_followed():
+    with StandIn(mode="redirect") as server:
+        server.code, server.location = 302, "ftp://127.0.0.1:1/x"
+        lm = OpenAICompatibleLM("m", base_url=server.url, max_retries=0)
+        with pytest.raises(BackendError, match=r"chat/completions answered 302: Found"):
+            lm.generate(CHAT)
