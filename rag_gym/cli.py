@@ -1190,7 +1190,7 @@ def serve(
 
     from rag_gym.retrieval import load_index
     from rag_gym.retrieval.base import corpus_size
-    from rag_gym.retrieval.persist import read_params
+    from rag_gym.retrieval.persist import IndexWatch, read_params
     from rag_gym.retrieval.search_engine import SearchEngineRetriever, is_engine_url
     from rag_gym.retrieval.server import ServerLimits, VerbatimContents, create_app, run_server
     from rag_gym.retrieval.shards import ShardedRetriever, is_sharded, read_shards
@@ -1212,6 +1212,7 @@ def serve(
             max_connections=max_connections,
         )
         index_id = None  # a random one per start: another index, as far as clients can tell
+        watch = None
         if ray is None and (shards is not None or replicas != 1):
             _fail("--shards and --replicas go with --ray (a sharded index served on Ray)")
         if ray is not None:
@@ -1245,10 +1246,12 @@ def serve(
             manifest = read_shards(index)
             kind, source = manifest["kind"], f"{index} ({retriever!r})"
             index_id = manifest["manifest_sha256"][:16]
+            watch = IndexWatch(index)
         else:
             retriever, kind = load_index(str(index))
             source = index
             index_id = read_params(index)["params_sha256"][:16]
+            watch = IndexWatch(index)  # files changed in place: 503 and a log line, not SIGBUS
         contents = VerbatimContents.from_jsonl(corpus, retriever.corpus) if corpus else None
         token = _token_option(token)
         app_ = create_app(
@@ -1260,6 +1263,7 @@ def serve(
             micro_batching=micro_batching,
             contents=contents,
             index_id=index_id,
+            watch=watch,
         )
     except (ValueError, TypeError, ImportError, OSError, RuntimeError) as exc:
         _fail(str(exc))

@@ -19,6 +19,7 @@ No pickle anywhere.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -379,3 +380,58 @@ def verify_files(d: Path, params: dict[str, Any], full: bool = False) -> None:
                 f"{path} does not match its checksum in {d / PARAMS}: it was replaced or "
                 "damaged; rebuild the index"
             )
+
+
+# ---- serving ------------------------------------------------------------------------------------
+class IndexWatch:
+    """The files of an index folder (or of every shard of a sharded one) as they were when it
+    was loaded: each held open, its size and modification time noted.
+
+    An index is read through memory maps, so a file rewritten in place while it is served
+    (``cp -r`` over the folder, ``np.save`` onto a file) changes under the server: a truncated
+    file faults the process (``SIGBUS``) on its next read, a rewritten one is read as another
+    index's data. :meth:`changed` (an ``fstat`` per file: microseconds) names the first file
+    whose size or modification time differs, so a server asks it before each batch and stops
+    serving. A file *replaced* (a new file renamed over the old one, as ``rag-gym index build``
+    does) is not a change: the server keeps the old file open and mapped, and serves it as it
+    was loaded.
+    """
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        self._files: list[tuple[Path, int, int, int]] = []
+        manifest = self.folder / "shards.json"
+        if manifest.is_file():
+            entries = json.loads(manifest.read_text(encoding="utf-8")).get("shards", [])
+            dirs = [self.folder / e["dir"] for e in entries]
+            self._hold(manifest)
+        else:
+            dirs = [self.folder]
+        try:
+            for d in dirs:
+                params = read_params(d)
+                for name in [PARAMS, *sorted(params["files"])]:
+                    self._hold(d / name)
+        except BaseException:
+            self.close()
+            raise
+
+    def _hold(self, path: Path) -> None:
+        fd = os.open(path, os.O_RDONLY)
+        st = os.fstat(fd)
+        self._files.append((path, fd, st.st_size, st.st_mtime_ns))
+
+    def changed(self) -> Path | None:
+        """The first file changed in place since loading (its size or modification time), or
+        ``None``."""
+        for path, fd, size, mtime in self._files:
+            st = os.fstat(fd)
+            if st.st_size != size or st.st_mtime_ns != mtime:
+                return path
+        return None
+
+    def close(self) -> None:
+        for _, fd, _, _ in self._files:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._files = []

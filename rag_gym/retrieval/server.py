@@ -202,6 +202,7 @@ def create_app(
     contents: VerbatimContents | None = None,
     max_batch_cost: int = 16_384,
     index_id: str | None = None,
+    watch=None,
 ):
     """The FastAPI app serving ``retriever`` (see the module doc).
 
@@ -221,6 +222,10 @@ def create_app(
         max_in_flight: batches retrieved at the same time, each in its own worker thread.
         contents: each row's verbatim ``contents`` (:class:`VerbatimContents`); default
             ``title\\ntext``.
+        watch: the served folder's files as loaded
+            (:class:`~rag_gym.retrieval.persist.IndexWatch`), checked before each batch and
+            each part of a reply: once one was changed in place, every request and ``/health``
+            is answered 503 and the server's log names the file.
     """
     try:
         from fastapi import FastAPI
@@ -271,7 +276,7 @@ def create_app(
         if micro_batching
         else None
     )
-    endpoint = _RetrieveEndpoint(retriever, RetrieveRequest, limits, batcher, contents)
+    endpoint = _RetrieveEndpoint(retriever, RetrieveRequest, limits, batcher, contents, watch)
     # POST /retrieve goes straight to its endpoint (middleware order: the last added is outermost)
     app.add_middleware(_Route, path="/retrieve", method="POST", endpoint=endpoint)
     app.add_middleware(_Guard, token=token, max_body_bytes=limits.max_body_bytes)
@@ -285,13 +290,21 @@ def create_app(
         "index_id": index_id or secrets.token_hex(8),
     }
 
+    def health_reply():
+        stale = endpoint.stale()
+        if stale is None:
+            return status
+        from fastapi.responses import JSONResponse
+
+        return JSONResponse({**status, "status": "index changed", **stale}, status_code=503)
+
     @app.get("/health")
     async def health():
-        return status
+        return health_reply()
 
     @app.get("/healthz")
     async def healthz():
-        return status
+        return health_reply()
 
     return app
 
@@ -301,7 +314,12 @@ def run_server(
     http: str = "auto",
 ) -> None:  # fmt: skip
     """Serve ``app`` with uvicorn under ``limits`` until the process is stopped (see
-    :func:`make_server`)."""
+    :func:`make_server`). A fatal signal (a ``SIGBUS`` from an index file truncated under its
+    memory map) writes the Python traceback of every thread to stderr before the process
+    dies (:mod:`faulthandler`)."""
+    import faulthandler
+
+    faulthandler.enable()
     make_server(app, host, port, limits, http).run()
 
 
@@ -368,7 +386,7 @@ class _RetrieveEndpoint:
     encoder cost more than a batched BM25 query does)."""
 
     def __init__(
-        self, retriever: Retriever, model, limits: ServerLimits, batcher, contents
+        self, retriever: Retriever, model, limits: ServerLimits, batcher, contents, watch=None
     ) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
@@ -378,6 +396,8 @@ class _RetrieveEndpoint:
         self.limits = limits
         self.batcher = batcher
         self.contents = contents
+        self.watch = watch
+        self._stale: dict | None = None
         # a remote index (OpenSearch, Elasticsearch) holds passages this process has not seen:
         # its retriever checks the pools itself, and its size is the index's
         self.remote = hasattr(self.corpus, "server_size")
@@ -450,7 +470,17 @@ class _RetrieveEndpoint:
                 "headers": [(b"content-type", b"application/json")],
             }
         )
-        for part in itertools.chain(reply.parts(), [b""]):
+        parts = itertools.chain(reply.parts(), [b""])
+        while True:
+            try:
+                part = next(parts)
+            except StopIteration:
+                return
+            except _IndexChanged:  # the rest would be read from changed files: cut the reply
+                drop_connection(receive)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(receive(), self.limits.body_timeout)
+                return
             message = {"type": "http.response.body", "body": part, "more_body": part != b""}
             try:
                 await asyncio.wait_for(send(message), self.limits.send_timeout)
@@ -465,6 +495,28 @@ class _RetrieveEndpoint:
                 with contextlib.suppress(TimeoutError):  # uvicorn marks it gone: no error log
                     await asyncio.wait_for(receive(), self.limits.body_timeout)
                 return
+
+    def stale(self) -> dict | None:
+        """``None`` while the served files are as loaded; else the 503 reply (from then on:
+        the change is logged once, naming the file)."""
+        if self.watch is None:
+            return None
+        if self._stale is None:
+            path = self.watch.changed()
+            if path is None:
+                return None
+            logger.error(
+                "the index at %s was changed in place while served (%s changed size or time); "
+                "answering 503 until this server is restarted. Restart rag-gym serve; to "
+                "replace a served index, use rag-gym index build (it swaps folders atomically)",
+                self.watch.folder,
+                path,
+            )
+            self._stale = {
+                "error": "the server's index files were changed in place while it served "
+                "them; the server must be restarted (see its log)"
+            }
+        return self._stale
 
     def _log_unknown(self, names: list[str]) -> None:
         key = tuple(names[:10])
@@ -540,6 +592,8 @@ class _RetrieveEndpoint:
                     }
         if gone is not None and gone():
             raise _ClientGone
+        if (stale := self.stale()) is not None:
+            return 503, stale
         try:
             if self.batcher is not None:
                 ids, scores = await self.batcher.submit(queries, topk, req.exclude, within, gone)
@@ -563,6 +617,8 @@ class _RetrieveEndpoint:
             }
         if gone is not None and gone():
             raise _ClientGone
+        if (stale := self.stale()) is not None:
+            return 503, stale
         if not single and sum(len(row) for row in ids) > self.stream_docs:
             return self.streamed(ids, scores, req.return_scores)
         return self.reply(ids, scores, req.return_scores, single)
@@ -645,6 +701,8 @@ class _StreamedReply:
         ids, titles, texts = corpus.ids, corpus.titles, corpus.texts
         out, size, start = [b'{"result":['], 11, 0
         for q, n in enumerate(self.lengths.tolist()):
+            if size == 0 and self.endpoint.stale() is not None:
+                raise _IndexChanged
             docs = []
             for row, score in zip(
                 self.rows[start : start + n].tolist(),
@@ -754,6 +812,10 @@ async def _send_json(
         headers.extend(extra)
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+class _IndexChanged(Exception):
+    """The served index's files were changed in place: nothing more is read from them."""
 
 
 class _ClientGone(Exception):

@@ -22,6 +22,7 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -661,3 +662,38 @@ def test_http_retriever_uses_filters_of_a_rag_gym_server(wiki, served):
     top = wiki["bm25"].retrieve([query], 5).ids[0]
     got = client.retrieve([query], 2, exclude=[top[:2]], within=[top])
     assert got.ids == [top[2:4]]
+
+
+# ---- an index changed in place while served ----------------------------------------------------
+def test_an_index_overwritten_in_place_gets_503_and_a_log_line_not_sigbus(wiki, tmp_path):
+    """``cp -r`` of another index over the served folder rewrites its files in place (the
+    mapped ones shrink): the server stays up, answers 503 naming the fix, says so in its log,
+    and /health reports it; an index rebuilt with ``rag-gym index build`` (an atomic swap)
+    keeps being served as loaded."""
+    served_dir = tmp_path / "served"
+    shutil.copytree(wiki["index"], served_dir)
+    other = tmp_path / "other"
+    BM25Retriever(Corpus([Passage("z1", "", "tiny"), Passage("z2", "", "corpus")])).save(other)
+    log = open(tmp_path / "server.log", "w+b")  # noqa: SIM115
+    proc, url = start_server(["--index", str(served_dir)], log=log)
+    try:
+        q = wiki["q"][:5]
+        want = wiki["bm25"].retrieve(q, 3).ids
+        status, reply = post(url + "/retrieve", {"queries": q, "topk": 3})
+        assert status == 200 and [[d["id"] for d in r] for r in reply["result"]] == want
+        subprocess.run(["cp", "-r", f"{other}/.", str(served_dir)], check=True)
+        for _ in range(3):
+            status, reply = post(url + "/retrieve", {"queries": q, "topk": 3})
+            assert status == 503 and "changed in place" in reply["error"]
+            assert "must be restarted" in reply["error"]
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(url + "/health", timeout=5)
+        assert info.value.code == 503
+        assert proc.poll() is None, f"the server died ({proc.returncode})"
+        log.seek(0)
+        text = log.read().decode()
+        assert f"the index at {served_dir} was changed in place while served" in text
+        assert "use rag-gym index build" in text
+    finally:
+        stop(proc)
+        log.close()
