@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import os
 import threading
 import time
@@ -40,6 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from rag_gym.retrieval.shards import ShardedRetriever, read_shards, shard_search
+
+logger = logging.getLogger("rag_gym.retrieval.ray_shards")
 
 
 class ClusterError(ConnectionError):
@@ -110,6 +113,51 @@ def _check_reachable(host: str, port: int, address: str, timeout: float) -> None
             time.sleep(0.5)
 
 
+def _check_cpus(ray, n_shards: int, replicas: int, cpus: float) -> None:
+    """Refuse at once when the cluster has fewer CPUs in all than the replicas reserve (Ray
+    would otherwise wait for nodes that never come); log when the CPUs exist but others hold
+    them (the replicas then start as they free up)."""
+    need = n_shards * replicas * cpus
+    total = float(ray.cluster_resources().get("CPU", 0))
+    if need > total:
+        raise ValueError(
+            f"{n_shards} shards x {replicas} replicas x {cpus:g} CPUs need {need:g} CPUs, the "
+            f"Ray cluster has {total:g}: pass fewer --replicas, a smaller --cpus-per-replica "
+            f"(e.g. {total / (n_shards * replicas):.2g}), or add nodes to the cluster"
+        )
+    free = float(ray.available_resources().get("CPU", 0))
+    if need > free:
+        logger.warning(
+            "the replicas need %g CPUs and %g of the cluster's %g are free now: they start as "
+            "other work frees them",
+            need,
+            free,
+            total,
+        )
+
+
+def _wait_ready(ray, refs: list, timeout: float, every: float = 15.0) -> None:
+    """Wait for every replica's ``ready`` call, logging progress every ``every`` seconds;
+    ``TimeoutError`` after ``timeout``, ``ray.get``'s error if a replica failed to load."""
+    deadline = time.monotonic() + timeout
+    pending = list(refs)
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"{len(pending)} of {len(refs)} replicas not ready")
+        done, pending = ray.wait(pending, num_returns=len(pending), timeout=min(every, left))
+        ray.get(done)  # a replica that failed to load raises here
+        if pending:
+            logger.warning(
+                "%d of %d replicas ready after %.0fs; waiting (up to %.0fs) for the others: "
+                "check that the cluster has the CPUs free and every node sees the index",
+                len(refs) - len(pending),
+                len(refs),
+                timeout - max(0.0, deadline - time.monotonic()),
+                timeout,
+            )
+
+
 class _Replica:
     """One replica of one shard (a Ray actor): the shard's retriever, loaded once."""
 
@@ -154,9 +202,12 @@ class RayShardedRetriever(ShardedRetriever):
     ) -> None:
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
             raise ValueError(f"expected replicas >= 1, got {replicas!r}")
+        if not (isinstance(cpus_per_replica, (int, float)) and cpus_per_replica > 0):
+            raise ValueError(f"expected cpus_per_replica > 0, got {cpus_per_replica!r}")
         path = Path(path).resolve()
         manifest = read_shards(path, shards)
         ray = connect(address)
+        _check_cpus(ray, manifest["n_shards"], replicas, cpus_per_replica)
         self._ray = ray
         self.path = path
         self.manifest = manifest
@@ -172,7 +223,9 @@ class RayShardedRetriever(ShardedRetriever):
             for s in range(manifest["n_shards"])
         ]
         try:
-            ray.get([a.ready.remote() for row in self.replicas for a in row], timeout=start_timeout)
+            _wait_ready(
+                ray, [a.ready.remote() for row in self.replicas for a in row], start_timeout
+            )
         except Exception as exc:
             self.shutdown()
             raise RuntimeError(

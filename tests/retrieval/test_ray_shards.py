@@ -165,3 +165,38 @@ def test_an_unreachable_cluster_is_a_clear_error(tmp_path):
     )  # fmt: skip
     assert cli.returncode != 0 and "no Ray cluster at '127.0.0.1:9'" in cli.stderr
     assert "Traceback" not in cli.stderr
+
+
+class _FakeRay:
+    """What ``_check_cpus`` and ``_wait_ready`` ask of Ray: the cluster's CPUs, and replicas
+    that become ready after ``ready_after`` waits."""
+
+    def __init__(self, total: float, free: float, ready_after: int = 0) -> None:
+        self.total, self.free, self.ready_after, self.waits = total, free, ready_after, 0
+
+    def cluster_resources(self):
+        return {"CPU": self.total}
+
+    def available_resources(self):
+        return {"CPU": self.free}
+
+    def wait(self, refs, num_returns, timeout):
+        self.waits += 1
+        return (list(refs), []) if self.waits > self.ready_after else ([], list(refs))
+
+    def get(self, refs):
+        return refs
+
+
+def test_replicas_that_need_more_cpus_than_the_cluster_has_are_refused_at_once(caplog):
+    from rag_gym.retrieval.ray_shards import _check_cpus, _wait_ready
+
+    with pytest.raises(ValueError, match=r"need 8 CPUs, the Ray cluster has 4: pass fewer"):
+        _check_cpus(_FakeRay(4, 4), 4, 2, 1.0)
+    with caplog.at_level("WARNING", logger="rag_gym.retrieval.ray_shards"):
+        _check_cpus(_FakeRay(8, 2), 4, 2, 1.0)  # they exist, others hold them: a log line
+        assert "need 8 CPUs and 2 of the cluster's 8 are free now" in caplog.text
+        _wait_ready(_FakeRay(8, 8, ready_after=2), ["a", "b"], timeout=60, every=0.01)
+        assert "0 of 2 replicas ready after" in caplog.text
+    with pytest.raises(TimeoutError, match="2 of 2 replicas not ready"):
+        _wait_ready(_FakeRay(8, 8, ready_after=10**9), ["a", "b"], timeout=0.05, every=0.01)
