@@ -351,9 +351,7 @@ def openai_factory(url: str):
 
 def rows_without_times(result):
     """The leaderboard rows but their timing, NaN as None (NaN equals nothing)."""
-    return [
-        {k: None if v != v else v for k, v in r.items() if k != "seconds"} for r in result.rows
-    ]
+    return [{k: None if v != v else v for k, v in r.items() if k != "seconds"} for r in result.rows]
 
 
 @pytest.mark.parametrize("mode", list(FAILURES))
