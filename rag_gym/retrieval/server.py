@@ -33,7 +33,10 @@ each batch and each slice, and its reply is never built.
 
 Limits (:class:`ServerLimits`): queries per request (4,096), characters per query, ``topk``, the
 body size, a deadline for a request head and one for its body (a client that stalls is answered
-408 and dropped), the keep-alive time and the open connections. A request the server cannot
+408 and dropped), the keep-alive time, the open connections, and how long a reply may wait for
+its client to read it: a reply of more than 2,048 passages is sent a part at a time as the client
+reads it, and a client that reads nothing for ``send_timeout`` seconds is dropped, so a client
+that never reads holds little of the server's memory. A request the server cannot
 serve gets a 4xx with a message; a fault of the server itself (a damaged index that raises, or a
 score that is not a number) gets a 500 that names the fault's type (its details, which may
 hold server-side paths, go to the server's log), never a ``null`` score. The server binds
