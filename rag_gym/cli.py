@@ -520,6 +520,7 @@ def view(
             "run folder."
         ),
     ] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing file at --out.")] = False,
     serve: Annotated[
         bool, typer.Option(help="Then serve the report on http://127.0.0.1 until Ctrl-C.")
     ] = False,
@@ -552,7 +553,6 @@ def _episode_bar(enabled: bool) -> tuple[Any, Callable[[str, int, int], None]]:
     bar = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
-    overwrite: Annotated[bool, typer.Option(help="Replace an existing file at --out.")] = False,
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         console=Console(stderr=True),
@@ -743,6 +743,14 @@ def compare(
         Path | None,
         typer.Option("--json", help="Also write the comparison here (never a file of a run)."),
     ] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing file at --json.")] = False,
+    allow_mismatch: Annotated[
+        bool,
+        typer.Option(
+            help="Pair episodes by question id alone, even across runs whose protocols differ "
+            "(dataset, split, k...); the table lists the differences."
+        ),
+    ] = False,
 ) -> None:
     """Agent a against agent b, question by question (paired bootstrap intervals)."""
     import json
@@ -775,6 +783,7 @@ def compare(
             confidence=confidence,
             n_resamples=resamples,
             seed=seed,
+            allow_mismatch=allow_mismatch,
         )
     except CompareError as exc:
         _fail(str(exc))
@@ -784,17 +793,22 @@ def compare(
     if json_out is not None:
         try:
             write_atomically(json_out, json.dumps(result, indent=2) + "\n")
-    overwrite: Annotated[bool, typer.Option(help="Replace an existing file at --json.")] = False,
-    allow_mismatch: Annotated[
-        bool,
-        typer.Option(
-            help="Pair episodes by question id alone, even across runs whose protocols differ "
-            "(dataset, split, k...); the table lists the differences."
-        ),
-    ] = False,
         except OSError as exc:
             _fail(f"cannot write --json {json_out}: {exc}")
         typer.echo(f"wrote {json_out}")
+
+
+def _is_comparison(path: Path) -> bool:
+    """Whether ``path`` holds a comparison ``rag-gym compare --json`` wrote."""
+    from rag_gym.traces import load_file
+
+    try:
+        if path.stat().st_size > 1 << 24:
+            return False
+        saved = load_file(path)
+    except (OSError, ValueError):
+        return False
+    return isinstance(saved, dict) and {"a", "b", "metrics", "n_resamples"} <= saved.keys()
 
 
 @app.command()
@@ -812,7 +826,6 @@ def agents() -> None:
     _console().print(table)
 
 
-            allow_mismatch=allow_mismatch,
 @app.command()
 def envs() -> None:
     """List the registered rag-gym environments."""
@@ -827,19 +840,6 @@ def envs() -> None:
         steps = str(e.max_episode_steps) if e.max_episode_steps else "1 (one step)"
         table.add_row(f"{NAMESPACE}/{e.name}", e.kind, e.kwargs["dataset"], steps, e.description)
     _console().print(table)
-def _is_comparison(path: Path) -> bool:
-    """Whether ``path`` holds a comparison ``rag-gym compare --json`` wrote."""
-    from rag_gym.traces import load_file
-
-    try:
-        if path.stat().st_size > 1 << 24:
-            return False
-        saved = load_file(path)
-    except (OSError, ValueError):
-        return False
-    return isinstance(saved, dict) and {"a", "b", "metrics", "n_resamples"} <= saved.keys()
-
-
 
 
 def _console():
