@@ -133,6 +133,10 @@ def test_shipped_suites_load_and_name_registered_envs():
             json.dumps({**SUITE, "datasets": [{**SUITE["datasets"][0], "n": 0}]}),
             "datasets[0].n",
         ),
+        (
+            json.dumps({**SUITE, "datasets": [{**SUITE["datasets"][0], "split": "tset"}]}),
+            "datasets[0].split: expected a split in",
+        ),
     ],
 )
 def test_a_bad_suite_file_is_an_error_naming_the_field(text, message):

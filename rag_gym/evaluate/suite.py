@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_gym import _names, traces
+from rag_gym.data.splits import canonical_split
 from rag_gym.evaluate.config import EvalConfig
 from rag_gym.evaluate.run_folder import atomic_write, check_out_dir, run_dir_of
 from rag_gym.metrics import normalize_answer
@@ -147,6 +148,10 @@ def parse_suite(text: str, where: str = "the suite") -> Suite:
         for key in ("name", "env", "split", "data"):
             if not isinstance(entry.get(key), str) or not entry[key]:
                 raise bad(f"{at}.{key}", "a non-empty string", entry.get(key))
+        try:
+            canonical_split(entry["split"])
+        except ValueError as exc:
+            raise SuiteError(f"{where}: {at}.split: {exc}") from None
         n = entry.get("n")
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise bad(f"{at}.n", "an integer >= 1 or absent", n)
