@@ -74,6 +74,10 @@ OPTION_FIELDS: dict[str, dict[str, tuple[type, str]]] = {
         "seed": (EvalConfig, "seed"),
         "agents": (EvalConfig, "agents"),
         "batch_size": (EvalConfig, "batch_size"),
+        "n_ctx": (EvalConfig, "n_ctx"),
+        "max_new_tokens": (EvalConfig, "max_new_tokens"),
+        "temperature": (EvalConfig, "temperature"),
+        "chat_template": (EvalConfig, "chat_template"),
         "out": (EvalConfig, "out_dir"),
         "run_name": (EvalConfig, "run_name"),
         "data_root": (SuiteConfig, "data_root"),
@@ -180,6 +184,16 @@ def _fields(command: str, cls: type, params: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+#: the options of ``evaluate`` that configure its LLM backend (EvalConfig fields of those names)
+LM_OPTIONS = ("n_ctx", "max_new_tokens", "temperature", "chat_template")
+
+
+def _lm_options(config: EvalConfig) -> dict[str, Any]:
+    """The LM options of an evaluation's config, as :func:`~rag_gym.generation.backends.make_lm`
+    takes them."""
+    return {name: getattr(config, name) for name in LM_OPTIONS}
+
+
 def _fail(message: str) -> None:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)
@@ -205,6 +219,25 @@ def evaluate(
             help="LLM backend: llama_cpp[:file.gguf], transformers[:id], vllm:id, openai:model@url."
         ),
     ] = "llama_cpp",
+    n_ctx: Annotated[
+        int | None,
+        typer.Option(help="The LLM's context window in tokens (llama_cpp default 4096; vllm)."),
+    ] = _EVAL.n_ctx,
+    max_new_tokens: Annotated[
+        int | None,
+        typer.Option(help="Most new tokens of every LLM reply (default: each agent's own)."),
+    ] = _EVAL.max_new_tokens,
+    temperature: Annotated[
+        float | None,
+        typer.Option(help="Sampling temperature of every LLM agent (default: greedy)."),
+    ] = _EVAL.temperature,
+    chat_template: Annotated[
+        str | None,
+        typer.Option(
+            help="Chat template for a model without one (or to replace its own): chatml, "
+            "gemma, llama3 or a Jinja template file (default: the model's own)."
+        ),
+    ] = _EVAL.chat_template,
     data_path: Annotated[str | None, typer.Option(help="Dataset file for real-data envs.")] = None,
     corpus: Annotated[
         str | None, typer.Option(help="Corpus JSONL to search (required for Bamboogle).")
@@ -392,7 +425,7 @@ def evaluate(
         from rag_gym.generation.backends import make_lm
 
         if any(needs_lm(a) for a in config.agents):
-            backend = make_lm(lm, seed=config.seed)
+            backend = make_lm(lm, seed=config.seed, **_lm_options(config))
             config.lm_spec = lm
         if judge is not None:
             from rag_gym.generation.judges import LLMAnswerJudge
@@ -422,7 +455,7 @@ def evaluate(
 
             try:
                 episodes = RayEpisodes(
-                    AgentRecipe(config.lm_spec, config.seed, prompt_text),
+                    AgentRecipe(config.lm_spec, config.seed, prompt_text, _lm_options(config)),
                     address=ray,
                     workers=ray_workers,
                     cpus_per_worker=cpus_per_worker,
@@ -594,6 +627,12 @@ def _evaluate_suite(ctx: typer.Context, given: Callable[[str], bool]) -> None:
     from rag_gym.evaluate.suite import SuiteConfig, SuiteError, cell_text, load_suite, run_suite
 
     p = ctx.params
+    lm_options = [o for o in LM_OPTIONS if given(o)]
+    if lm_options:  # a suite run has no fields for them yet
+        _fail(
+            f"--{lm_options[0].replace('_', '-')} is not taken by suite runs yet: run each "
+            "dataset with rag-gym evaluate --env (or use the backend's defaults)"
+        )
     single = ("env", "split", "data_path", "k", "env_kwargs", "judge", "track")
     if p["suite"] is not None:
         wrong = [o for o in single if given(o)]

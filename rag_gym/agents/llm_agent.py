@@ -22,6 +22,7 @@ episode (``search_r1`` answers its give-up answer).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from rag_gym.agents.base import Agent
@@ -43,9 +44,17 @@ class LLMAgent(Agent):
         if not isinstance(lm, LanguageModel):
             raise TypeError(f"expected a rag_gym LanguageModel, got {type(lm).__name__}")
         self.lm = lm
-        self.config = GenerationConfig(
-            max_tokens=max_tokens or self.max_tokens, temperature=0.0, stop=self.stop
+        # the model's options (--max-new-tokens, --temperature) over the agent's own
+        self.config = lm.agent_config(
+            GenerationConfig(
+                max_tokens=max_tokens or self.max_tokens, temperature=0.0, stop=self.stop
+            )
         )
+        if max_tokens is not None:  # given for this agent: it wins
+            self.config = replace(self.config, max_tokens=max_tokens)
+        # every agent here prompts with chat messages: a model that cannot render them is
+        # refused now, before a run starts, not episode by episode
+        lm.check_chat()
         self._states: dict[int, dict[str, Any]] = {}
 
     def on_reset(self, slot: int, seed: int | None) -> None:
@@ -99,6 +108,8 @@ class LLMAgent(Agent):
             "prompt_version": f"{self.name}/{self.prompt_version}",
             "lm": self.lm.describe(),
             "max_tokens": self.config.max_tokens,
+            # sampled (--temperature); greedy runs, the default, record nothing
+            **({"temperature": self.config.temperature} if self.config.temperature else {}),
         }
 
 

@@ -16,7 +16,8 @@ So a checkpoint trained here (a full model, or a LoRA adapter over its base; see
 :func:`rag_gym.generation.backends.make_lm`), or a released Search-R1 checkpoint served by vLLM,
 is evaluated under rag-gym's protocol unchanged. Backends that cannot render a chat template
 locally (an OpenAI-compatible server) get the episode as chat messages instead: each reply an
-assistant message, each observation a user message.
+assistant message, each observation a user message. A local backend whose model has no chat
+template, and none named, is refused when the agent is made (never a guessed format).
 
 Tag presets: ``search_r1`` (default), ``eval_rar``, ``evo_rag``, ``when_to_search``, ``all``.
 """
@@ -25,12 +26,13 @@ from __future__ import annotations
 
 import hashlib
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from rag_gym.agents.llm_agent import LLMAgent
 from rag_gym.envs.tags import TagSet, parse, tag_set
-from rag_gym.generation.lm import GenerationConfig, LanguageModel
+from rag_gym.generation.lm import LanguageModel
 from rag_gym.wrappers.text_actions import OBS_TEMPLATE, start_messages
 
 #: the answer that ends an episode whose policy ran out of turns
@@ -114,10 +116,7 @@ class SearchR1Agent(LLMAgent):
         if not isinstance(max_turns, int) or max_turns < 1:
             raise ValueError(f"expected max_turns >= 1, got {max_turns!r}")
         self.max_turns = max_turns
-        self.config = GenerationConfig(
-            max_tokens=self.config.max_tokens, temperature=0.0, stop=turn_stops(self.tags)
-        )
-        self._render = getattr(lm, "chat_prompt", None)
+        self.config = replace(self.config, stop=turn_stops(self.tags))
 
     def start(self, obs: Any, info: dict[str, Any]) -> dict[str, Any]:
         if self.prompt is None:
@@ -126,12 +125,10 @@ class SearchR1Agent(LLMAgent):
             messages = [
                 {"role": "user", "content": self.prompt.replace("{question}", info["question"])}
             ]
-        head = None
-        if self._render is not None:
-            try:
-                head = self._render(messages)
-            except (NotImplementedError, ValueError):
-                head = None
+        try:
+            head = self.lm.chat_prompt(messages)
+        except NotImplementedError:  # a server renders the chat (OpenAI-compatible backends)
+            head = None
         return {"messages": messages, "head": head, "turns": [], "steps": 0}
 
     def decide(self, state: dict[str, Any], obs: Any, info: dict[str, Any]) -> Any:

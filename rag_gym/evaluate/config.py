@@ -43,6 +43,18 @@ class EvalConfig:
     """Episodes stepped together (one batched agent call per step)."""
     lm_spec: str | None = None
     """The backend spec (``llama_cpp``, ``openai:model@url``…), recorded for re-runs."""
+    n_ctx: int | None = None
+    """The LLM's context window in tokens (llama.cpp, vLLM; ``None``: the backend's default,
+    4,096 tokens for llama.cpp)."""
+    max_new_tokens: int | None = None
+    """Most new tokens of every LLM reply (``None``: each agent's own limit, e.g. 32 for
+    naive_rag and 128 a turn for search_r1)."""
+    temperature: float | None = None
+    """Sampling temperature of every LLM agent (``None``: each agent's own, greedy)."""
+    chat_template: str | None = None
+    """The chat template of the LLM: ``chatml``, ``gemma``, ``llama3`` or a Jinja template file,
+    for a model without one or to replace its own (``None``: the model's own; a model without
+    one is refused). See :mod:`rag_gym.generation.chat_templates`."""
     out_dir: str = "runs"
     """Parent folder of the run folder."""
     run_name: str | None = None
@@ -77,9 +89,29 @@ class EvalConfig:
                 f"{self.env_kwargs['split']!r}: the questions come from split (--split); drop "
                 "'split' from env_kwargs (--env-kwargs)"
             )
+        self._check_lm_options()
         check_out_dir(self.out_dir)
         if self.run_name is not None:
             run_dir_of(self.out_dir, self.run_name)
+
+    def _check_lm_options(self) -> None:
+        from rag_gym.generation.chat_templates import BUILTIN, chat_template
+
+        for name in ("n_ctx", "max_new_tokens"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise TypeError(f"expected {name} to be an integer, got {value!r}")
+            if value is not None and value < 1:
+                raise ValueError(f"expected {name} >= 1, got {value!r}")
+        if self.temperature is not None and (
+            isinstance(self.temperature, bool)
+            or not isinstance(self.temperature, (int, float))
+            or not self.temperature >= 0
+        ):
+            raise ValueError(f"expected temperature >= 0, got {self.temperature!r}")
+        template = chat_template(self.chat_template)  # an unknown name or a bad file: now
+        if template is not None and self.chat_template not in BUILTIN:
+            self.chat_template = template.file  # absolute: a resume elsewhere finds it
 
     @classmethod
     def from_run(cls, run_dir: str | Path, **overrides: Any) -> EvalConfig:

@@ -30,18 +30,22 @@ from typing import Any
 @dataclass(frozen=True)
 class AgentRecipe:
     """What a worker needs to build an agent by name: its LLM backend's spec (``None`` for
-    agents that need none), the run's seed and the prompt template. Picklable, unlike a built
-    agent."""
+    agents that need none), the run's seed, the prompt template and the backend's options
+    (:func:`~rag_gym.generation.backends.make_lm`'s ``n_ctx``, ``chat_template``…). Picklable,
+    unlike a built agent."""
 
     lm_spec: str | None = None
     seed: int = 0
     prompt: str | None = None
+    lm_options: dict[str, Any] | None = None
 
     def __call__(self, name: str, env: Any):
         from rag_gym.baselines import make_agent, needs_lm
         from rag_gym.generation.backends import make_lm
 
-        lm = make_lm(self.lm_spec, seed=self.seed) if self.lm_spec and needs_lm(name) else None
+        options = self.lm_options or {}
+        wanted = self.lm_spec and needs_lm(name)
+        lm = make_lm(self.lm_spec, seed=self.seed, **options) if wanted else None
         return make_agent(name, lm=lm, seed=self.seed, env=env, prompt=self.prompt)
 
 

@@ -229,6 +229,7 @@ def check_resumable(saved: dict[str, Any], protocol: dict[str, Any], run_dir: Pa
         now = protocol["agents"].get(name)
         if now is not None:  # what a checkpoint trained on is a report, not a setting
             now, desc = ({k: v for k, v in d.items() if k != "seen_questions"} for d in (now, desc))
+            now, desc = _same_template(now, desc)
         if now is not None and _normal(now) != _normal(desc):
             problems.append(f"agent {name} as {now} (the run has {desc})")
     if problems:
@@ -238,6 +239,22 @@ def check_resumable(saved: dict[str, Any], protocol: dict[str, Any], run_dir: Pa
             + ". Resume with the run's own settings (rag-gym evaluate --resume RUN alone), "
             "or start a new run"
         )
+
+
+def _same_template(now: dict[str, Any], saved: dict[str, Any]) -> tuple[dict, dict]:
+    """An agent's descriptions now and in the run, with the chat template left out of both
+    when it is the same (:func:`~rag_gym.generation.chat_templates.same_template`: a run made
+    before templates were recorded used the model's own)."""
+    from rag_gym.generation.chat_templates import same_template
+
+    lm_now, lm_saved = now.get("lm"), saved.get("lm")
+    if not (isinstance(lm_now, dict) and isinstance(lm_saved, dict)):
+        return now, saved
+    if not same_template(lm_saved.get("chat_template"), lm_now.get("chat_template")):
+        return now, saved
+    drop = ({k: v for k, v in lm.items() if k != "chat_template"} for lm in (lm_now, lm_saved))
+    lm_now, lm_saved = drop
+    return {**now, "lm": lm_now}, {**saved, "lm": lm_saved}
 
 
 def protocol_text(protocol: dict[str, Any]) -> str:

@@ -133,3 +133,19 @@ def restore(ctx: Any, data: Any, seq: int) -> None:
 
     if not llama_cpp.llama_state_seq_set_data(ctx.ctx, data, len(data), seq):
         raise RuntimeError(f"llama.cpp could not load a saved state into sequence {seq}")
+
+
+def chat_formatter(llm: Any, template: str) -> Any:
+    """llama-cpp-python's own renderer of the chat template ``template`` (a
+    ``Jinja2ChatFormatter``, the one ``Llama`` makes of a GGUF's ``tokenizer.chat_template``),
+    with the model's BOS and EOS token texts and its EOS as the stop token, as ``Llama`` sets
+    them up."""
+    from llama_cpp import llama_chat_format
+
+    eos, bos = llm.token_eos(), llm.token_bos()
+    return llama_chat_format.Jinja2ChatFormatter(
+        template=template,
+        eos_token=llm._model.token_get_text(eos) if eos != -1 else "",
+        bos_token=llm._model.token_get_text(bos) if bos != -1 else "",
+        stop_token_ids=[eos],
+    )

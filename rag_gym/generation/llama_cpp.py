@@ -7,7 +7,11 @@ Plain-text prompts run on :class:`~rag_gym.generation.llama_engine.LlamaEngine`:
 continues from the cells cached for its longest canonically evaluated prefix (exact: greedy text
 is the same as from an empty cache), and sampled generation decodes a batch's prompts together.
 Chat-message prompts go through ``Llama.create_chat_completion`` one at a time, from an empty
-cache.
+cache. Chats are rendered with the model's own chat template, or the one named with
+``chat_template=``; a model with neither is refused
+(:class:`~rag_gym.generation.chat_templates.MissingChatTemplate`), never given llama-cpp-python's
+fallback format. :meth:`LlamaCppLM.chat_prompt` renders a chat as text with the same template, so
+an agent that continues it (``search_r1``) runs on the engine with every template.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from rag_gym.generation import chat_templates
 from rag_gym.generation import llama_compat as compat
 from rag_gym.generation.cpu_load import CpuMeter
 from rag_gym.generation.llama_engine import CHUNK, LlamaEngine, Request
@@ -80,6 +85,10 @@ class LlamaCppLM(LanguageModel):
             differ in the first decimal), so greedy text can differ from sequential decoding;
             a run that turns it on records it in :meth:`describe`. Sampled generation
             (``temperature > 0``) is always batched.
+        chat_template: the chat template for chat prompts: ``None`` is the model's own (its
+            GGUF's ``tokenizer.chat_template``; a model without one is refused when given a
+            chat), else ``"chatml"``, ``"gemma"``, ``"llama3"`` or a Jinja template file (see
+            :mod:`~rag_gym.generation.chat_templates`).
     """
 
     def __init__(
@@ -94,7 +103,9 @@ class LlamaCppLM(LanguageModel):
         kv_chunk: int | None = None,
         parallel: int = 8,
         batch_greedy: bool = False,
+        chat_template: str | Path | None = None,
     ) -> None:
+        named = chat_templates.chat_template(chat_template)
         try:
             from llama_cpp import Llama
         except ImportError as exc:
@@ -152,7 +163,14 @@ class LlamaCppLM(LanguageModel):
         self.batch_greedy = batch_greedy
         chunk = kv_chunk if kv_chunk is not None else min(CHUNK, self._llm.n_batch - 1)
         self.engine = LlamaEngine(self._llm, chunk=chunk, kv_reuse=kv_reuse, parallel=parallel)
-        self._template = None
+        self.chat_template_option = chat_template
+        own = chat_templates.own_template(self._llm.metadata.get("tokenizer.chat_template"))
+        self._template: chat_templates.ChatTemplate | None = named or own
+        self._formatter = None
+        if self._template is not None:
+            self._formatter = compat.chat_formatter(self._llm, self._template.source)
+        if named is not None:  # create_chat_completion renders with it too
+            self._llm.chat_handler = self._formatter.to_chat_handler()
 
     def with_adapter(self, adapter: str | Path) -> LlamaCppLM:
         """This model with a LoRA adapter: a ``.gguf`` adapter file, or an adapter folder
@@ -170,36 +188,33 @@ class LlamaCppLM(LanguageModel):
             kv_chunk=self.kv_chunk,
             parallel=self.parallel,
             batch_greedy=self.batch_greedy,
-        )
+            chat_template=self.chat_template_option,
+        ).set_options(self.max_new_tokens, self.temperature)
+
+    @property
+    def chat_template(self) -> chat_templates.ChatTemplate:
+        """The template chats are rendered with (:func:`~rag_gym.generation.chat_templates.decide`:
+        the named one, else the model's own; ``MissingChatTemplate`` when there is neither)."""
+        return chat_templates.decide(self._template, self._template, self.model_path.name)
+
+    def check_chat(self) -> None:
+        self.chat_template  # noqa: B018 (raises when there is none)
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> str:
-        """``messages`` rendered by the model's own chat template (its GGUF metadata), with the
-        assistant's generation prompt: the text a transformers tokenizer's
-        ``apply_chat_template(..., add_generation_prompt=True)`` gives."""
-        if self._template is None:
-            source = self._llm.metadata.get("tokenizer.chat_template")
-            if not source:
-                raise ValueError(
-                    f"{self.model_path.name} has no chat template in its GGUF metadata; pass a "
-                    "plain-text prompt instead"
-                )
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-            self._template = env.from_string(source)
-        vocab = self._llm
-        return self._template.render(
-            messages=messages,
-            add_generation_prompt=True,
-            bos_token=vocab.detokenize([vocab.token_bos()]).decode("utf-8", "replace"),
-            eos_token=vocab.detokenize([vocab.token_eos()]).decode("utf-8", "replace"),
-        )
+        """``messages`` rendered by :attr:`chat_template` with the assistant's generation
+        prompt, by the renderer ``create_chat_completion`` uses (llama-cpp-python's
+        ``Jinja2ChatFormatter``, with the model's BOS and EOS texts): the text a transformers
+        tokenizer's ``apply_chat_template(..., add_generation_prompt=True)`` gives."""
+        self.check_chat()
+        return self._formatter(messages=messages).prompt
 
     def generate(
         self, prompts: Sequence[Prompt], config: GenerationConfig | None = None
     ) -> list[list[Generation]]:
         config = config or GenerationConfig()
         prompts = check_prompts(prompts)
+        if any(not isinstance(p, str) for p in prompts):
+            self.check_chat()  # never llama-cpp-python's fallback format
         self._follow_load()
         out: list[list[Generation | None]] = [[None] * config.n for _ in prompts]
         requests: list[Request] = []
@@ -306,6 +321,8 @@ class LlamaCppLM(LanguageModel):
         }
         if self.adapter is not None:
             out["adapter"] = str(self.adapter)
+        if self._template is not None:
+            out["chat_template"] = self._template.describe()
         if self.batch_greedy:
             out["decode"] = f"batched (up to {self.parallel} sequences)"
         return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 Chat = list[dict[str, str]]
@@ -85,6 +85,12 @@ class LanguageModel(abc.ABC):
     name: str = "lm"
     concurrent_clients: bool = False
     """True when :meth:`run_clients` batches the ``generate`` calls of its clients together."""
+    max_new_tokens: int | None = None
+    """Most new tokens per reply for every agent on this model (``None``: each agent's own
+    limit); set by :func:`~rag_gym.generation.backends.make_lm` (``--max-new-tokens``)."""
+    temperature: float | None = None
+    """Sampling temperature for every agent on this model (``None``: each agent's own, greedy);
+    set by :func:`~rag_gym.generation.backends.make_lm` (``--temperature``)."""
 
     @abc.abstractmethod
     def generate(
@@ -107,6 +113,34 @@ class LanguageModel(abc.ABC):
         prompt, as plain text (a policy continues it). Backends that cannot render templates
         locally raise ``NotImplementedError``."""
         raise NotImplementedError(f"{type(self).__name__} cannot render a chat template")
+
+    def check_chat(self) -> None:
+        """Raise :class:`~rag_gym.generation.chat_templates.MissingChatTemplate` when this
+        model cannot render chat prompts (no template of its own, none named). Here nothing:
+        a backend that sends chat messages to a server leaves the template to the server."""
+        return None
+
+    def agent_config(self, config: GenerationConfig) -> GenerationConfig:
+        """An agent's generation settings with this model's :attr:`max_new_tokens` and
+        :attr:`temperature` applied (where set)."""
+        changes: dict[str, object] = {}
+        if self.max_new_tokens is not None:
+            changes["max_tokens"] = self.max_new_tokens
+        if self.temperature is not None:
+            changes["temperature"] = self.temperature
+        return replace(config, **changes) if changes else config
+
+    def set_options(
+        self, max_new_tokens: int | None = None, temperature: float | None = None
+    ) -> LanguageModel:
+        """Set :attr:`max_new_tokens` and :attr:`temperature` (checked as
+        :class:`GenerationConfig` checks them); returns this model."""
+        GenerationConfig(
+            max_tokens=1 if max_new_tokens is None else max_new_tokens,
+            temperature=0.0 if temperature is None else temperature,
+        )
+        self.max_new_tokens, self.temperature = max_new_tokens, temperature
+        return self
 
     def with_adapter(self, adapter: str | Path) -> LanguageModel:
         """The same model with a LoRA adapter applied (a new backend; this one is unchanged)."""

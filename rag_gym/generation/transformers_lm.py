@@ -138,6 +138,11 @@ class TransformersLM(LanguageModel):
         batch_size: rows (prompt samples) decoded together.
         reuse_prefix: start a prompt from the longest prefix whose keys and values a slot
             still holds (see the module doc); ``False`` computes every prompt whole.
+        chat_template: the chat template for chat prompts: ``None`` is the model's own (its
+            tokenizer's ``chat_template``; a model without one is refused when given a chat),
+            else ``"chatml"``, ``"gemma"``, ``"llama3"`` or a Jinja template file (see
+            :mod:`~rag_gym.generation.chat_templates`); rendered by the tokenizer's
+            ``apply_chat_template``.
     """
 
     concurrent_clients = True
@@ -149,7 +154,11 @@ class TransformersLM(LanguageModel):
         dtype: str | None = None,
         batch_size: int = 8,
         reuse_prefix: bool = True,
+        chat_template: str | Path | None = None,
     ) -> None:
+        from rag_gym.generation import chat_templates
+
+        named = chat_templates.chat_template(chat_template)
         try:
             import torch
             from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -166,6 +175,8 @@ class TransformersLM(LanguageModel):
         self.name = label if adapter is None else f"{label}+{adapter.name}"
         self._options = {"device": device, "dtype": dtype, "batch_size": batch_size}
         self._options["reuse_prefix"] = reuse_prefix
+        self._options["chat_template"] = chat_template
+        self._named_template = named
         self._source = model
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = dtype or ("float32" if self.device == "cpu" else "bfloat16")
@@ -195,7 +206,12 @@ class TransformersLM(LanguageModel):
 
     @classmethod
     def from_model(
-        cls, model: Any, tokenizer: Any, batch_size: int = 8, reuse_prefix: bool = True
+        cls,
+        model: Any,
+        tokenizer: Any,
+        batch_size: int = 8,
+        reuse_prefix: bool = True,
+        chat_template: str | Path | None = None,
     ) -> TransformersLM:
         """Wrap a model already in memory (a policy being trained, PEFT-wrapped or not) without
         loading anything: its device and dtype are kept, and so is its train/eval mode (the
@@ -203,7 +219,10 @@ class TransformersLM(LanguageModel):
         training switch it to eval mode around the call, as dropout would otherwise apply)."""
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"expected batch_size >= 1, got {batch_size!r}")
+        from rag_gym.generation import chat_templates
+
         lm = cls.__new__(cls)
+        lm._named_template = chat_templates.chat_template(chat_template)
         lm.name = (
             getattr(getattr(model, "config", None), "name_or_path", None) or type(model).__name__
         )
@@ -287,8 +306,22 @@ class TransformersLM(LanguageModel):
         if isinstance(prompt, str):
             return prompt
         return self.tokenizer.apply_chat_template(
-            prompt, add_generation_prompt=True, tokenize=False
+            prompt, add_generation_prompt=True, tokenize=False, chat_template=self.template.source
         )
+
+    @property
+    def template(self) -> Any:
+        """The :class:`~rag_gym.generation.chat_templates.ChatTemplate` chats are rendered with
+        (:func:`~rag_gym.generation.chat_templates.decide`: the named one, else the tokenizer's
+        own; ``MissingChatTemplate`` when there is neither)."""
+        from rag_gym.generation import chat_templates
+
+        own = chat_templates.own_template(getattr(self.tokenizer, "chat_template", None))
+        model = getattr(self, "_source", None) or self.name
+        return chat_templates.decide(getattr(self, "_named_template", None), own, str(model))
+
+    def check_chat(self) -> None:
+        self.template  # noqa: B018 (raises when there is none)
 
     def generate(
         self, prompts: Sequence[Prompt], config: GenerationConfig | None = None
@@ -345,7 +378,7 @@ class TransformersLM(LanguageModel):
         lm.model.eval()
         lm.name = f"{lm.name}+{folder.name}"
         lm._setup(self._options["batch_size"], self._options["reuse_prefix"])
-        return lm
+        return lm.set_options(self.max_new_tokens, self.temperature)
 
     def describe(self) -> dict[str, object]:
         return {
@@ -354,7 +387,17 @@ class TransformersLM(LanguageModel):
             "device": self.device,
             "engine": "continuous_batching" if self._engine.enabled else "model.generate",
             "engine_fallback": self.engine_fallback,
+            **self._template_record(),
         }
+
+    def _template_record(self) -> dict[str, object]:
+        """``{"chat_template": …}`` for :meth:`describe` (nothing when there is none)."""
+        from rag_gym.generation import chat_templates
+
+        try:
+            return {"chat_template": self.template.describe()}
+        except chat_templates.MissingChatTemplate:
+            return {}
 
     # -- internals --
     def _run_rows(self, rows: list[_Row]) -> None:
