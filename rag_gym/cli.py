@@ -335,19 +335,12 @@ def evaluate(
     import shlex
     import warnings
 
-    from rich.table import Table
-
     import rag_gym  # noqa: F401  (registers the envs)
     from rag_gym._text import shown
     from rag_gym.baselines import make_agent, needs_lm
-    from rag_gym.evaluate import (
-        COLUMNS,
-        RunInterrupted,
-        check_run_dir,
-        format_cell,
-        sigterm_as_interrupt,
-    )
+    from rag_gym.evaluate import RunInterrupted, check_run_dir, sigterm_as_interrupt
     from rag_gym.evaluate import evaluate as run
+    from rag_gym.evaluate.leaderboard import terminal_table
     from rag_gym.evaluate.runner import MissingResultsWarning, missing_results
 
     def given(name: str) -> bool:  # typer vendors click: compare the enum member by name
@@ -497,15 +490,19 @@ def evaluate(
 
     try:  # the run is complete: a signal now loses nothing
         with sigterm_as_interrupt():
-            table = Table(
-                title=f"{config.env_id} · {config.split} · {result.protocol['n']} questions · "
-                f"seed {config.seed}"
+            console = _console()
+            if console.width < 80:  # the terminal wraps the lines: no figure is cut
+                from rich.console import Console
+
+                console = Console(width=80)
+            console.print(
+                terminal_table(
+                    result.rows,
+                    f"{config.env_id} · {config.split} · {result.protocol['n']} questions · "
+                    f"seed {config.seed}",
+                    console.width,
+                )
             )
-            for _, header, _ in COLUMNS:
-                table.add_column(header, justify="left" if header == "agent" else "right")
-            for row in sorted(result.rows, key=lambda r: (-_num(r["em"]), -_num(r["f1"]))):
-                table.add_row(*(format_cell(key, row[key]) for key, _, _ in COLUMNS))
-            _console().print(table)
             typer.echo(f"results: {result.run_dir}")
             try:
                 from rag_gym.view import build_report
@@ -577,26 +574,38 @@ def view(
             _fail(f"cannot serve on 127.0.0.1:{port} ({exc.strerror or exc}): pass another --port")
 
 
-def _episode_bar(enabled: bool) -> tuple[Any, Callable[[str, int, int], None]]:
-    """A progress bar on stderr (off unless ``enabled``) and ``tick(key, done, total)``, which
-    moves the bar's task ``key``, adding it the first time."""
+def _episode_bar(enabled: bool) -> tuple[Any, Callable[..., None]]:
+    """A progress bar on stderr (off unless ``enabled``) and ``tick(key, done, total, em=None)``,
+    which moves the bar's task ``key``, adding it the first time, and shows ``em``, the running
+    EM of its finished episodes. Each task shows its count, elapsed time and time left."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     bar = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
+        TextColumn("{task.fields[em]}"),
         TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
         console=Console(stderr=True),
         disable=not enabled,
     )
     tasks: dict[str, int] = {}
 
-    def tick(key: str, done: int, total: int) -> None:
+    def tick(key: str, done: int, total: int, em: float | None = None) -> None:
+        shown_em = "EM  -   " if em is None else f"EM {em:.3f}"
         if key not in tasks:
-            tasks[key] = bar.add_task(key, total=total)
-        bar.update(tasks[key], completed=done)
+            tasks[key] = bar.add_task(key, total=total, em=shown_em)
+        bar.update(tasks[key], completed=done, em=shown_em)
 
     return bar, tick
 
@@ -704,8 +713,8 @@ def _evaluate_suite(ctx: typer.Context, given: Callable[[str], bool]) -> None:
         def started(dataset) -> None:
             column["name"] = dataset.name
 
-        def tick(agent: str, done: int, total: int) -> None:
-            tick_key(f"{column['name']} · {agent}", done, total)
+        def tick(agent: str, done: int, total: int, em: float | None = None) -> None:
+            tick_key(f"{column['name']} · {agent}", done, total, em)
 
         try:
             with sigterm_as_interrupt():
@@ -752,10 +761,6 @@ def _evaluate_suite(ctx: typer.Context, given: Callable[[str], bool]) -> None:
         table.add_row(agent, *(cell_text(row.get(name)) for name in names))
     _console().print(table)
     typer.echo(f"results: {result.run_dir} (suite.md, suite.csv, suite.json)")
-
-
-def _num(value: float) -> float:
-    return -1.0 if value != value else value  # NaN last
 
 
 @app.command()

@@ -14,7 +14,7 @@ unparsable tool calls, truncation), where a policy that games its reward shows f
 | ``refused_with_gold`` | the episode refused after its searches had retrieved every gold passage |
 
 :func:`episode_flags` sets them for one episode; :func:`rates` gives a batch's share of
-episodes with each flag. ``rag-gym evaluate`` records the flags in each episode record
+episodes with each flag; :func:`summary` puts those shares in one short text. ``rag-gym evaluate`` records the flags in each episode record
 (``health``) and puts the rates in the leaderboard (``health_<flag>``); the GRPO trainer logs them
 every step (``health/<flag>``).
 """
@@ -35,6 +35,16 @@ FLAGS = (
     "over_long",
     "refused_with_gold",
 )
+
+#: each flag's name in one-line summaries (:func:`summary`)
+LABELS = {
+    "repeated_query": "repeated query",
+    "unparsable": "unparsable",
+    "truncated": "truncated",
+    "answered_unsearched": "answered unsearched",
+    "over_long": "over-long",
+    "refused_with_gold": "refused with gold",
+}
 
 _SPACE = re.compile(r"\s+")
 
@@ -107,3 +117,33 @@ def rates(flags: Iterable[Mapping[str, bool | None] | None]) -> dict[str, float]
     return {
         flag: (sum(values) / len(values) if values else math.nan) for flag, values in known.items()
     }
+
+
+def summary(shares: Mapping[str, float]) -> str:
+    """The flags raised, in one short text: the flag of the largest share of episodes with its
+    share, and how many other flags are raised (``"over-long 0.15 +1"``); ``"none"`` when every
+    known flag is clear, ``"-"`` when none is known (every episode failed).
+
+    ``shares`` maps flags to :func:`rates`' values, or a leaderboard row's ``health_<flag>``
+    values (its other keys are ignored).
+
+    >>> summary({"truncated": 0.1, "over_long": 0.25, "unparsable": 0.0})
+    'over-long 0.25 +1'
+    >>> summary({"health_truncated": 0.0, "health_over_long": float("nan")})
+    'none'
+    """
+    known: dict[str, float] = {}
+    for flag in FLAGS:
+        value = shares.get(flag, shares.get(f"health_{flag}"))
+        if isinstance(value, (int, float)) and not math.isnan(value):
+            known[flag] = float(value)
+    if not known:
+        return "-"
+    raised = sorted(
+        (flag for flag, share in known.items() if share > 0),
+        key=lambda f: (-known[f], FLAGS.index(f)),
+    )
+    if not raised:
+        return "none"
+    top = f"{LABELS[raised[0]]} {known[raised[0]]:.2f}"
+    return top if len(raised) == 1 else f"{top} +{len(raised) - 1}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -95,7 +96,10 @@ def test_evaluate_random_writes_a_leaderboard_that_matches_its_episodes(tmp_path
     table = (run / "leaderboard.md").read_text()
     line = next(x for x in table.splitlines() if x.startswith("| random"))
     assert f"{mean('steps'):.2f}" in line and f"{mean('em'):.3f}" in line
-    assert f"{mean('steps'):.2f}" in result.output and "results: " in result.output
+    # the printed table: the agent, its EM with the interval, its searches, and the files
+    printed = next(x for x in result.output.splitlines() if x.startswith("random "))
+    assert f"{mean('em'):.3f} ({row['em_ci']})" in printed
+    assert f"{mean('searches'):.2f}" in printed and "results: " in result.output
     for name in ("em_f1.png", "accuracy_vs_retrievals.png", "timing.json"):
         assert (run / name).stat().st_size > 0, name
     # the report is built at the end and its path printed
@@ -331,3 +335,77 @@ def test_evaluate_run_folder_errors_are_clear(tmp_path, args, message):
     assert (tmp_path / "notes" / "notes.txt").read_text() == "mine"
     assert not (tmp_path.parent.parent / f"{tmp_path.name}-escaped").exists()
     assert not Path("/etc/x").exists()
+
+
+def leaderboard_row(agent, em, ci, f1, recall, searches, errors=0, **flags):
+    from rag_gym.evaluate.leaderboard import COLUMNS
+    from rag_gym.health import FLAGS
+
+    row = {key: float("nan") for key, _, _ in COLUMNS}
+    row.update(agent=agent, em=em, em_ci=ci, f1=f1, recall=recall, searches=searches)
+    row.update(errors=errors, episodes=100, bad_replies=0, judge_missing=None)
+    row.update({f"health_{flag}": flags.get(flag, 0.0) for flag in FLAGS})
+    return row
+
+
+#: the main command's leaderboard (README.md)
+MAIN_ROWS = [
+    leaderboard_row("naive_rag", 0.0, "0.00–0.00", 0.059, 0.610, 1.00, over_long=0.15),
+    leaderboard_row("random", 0.0, "0.00–0.00", 0.013, 0.060, 0.40, answered_unsearched=0.40),
+    leaderboard_row("search_r1:synthhop", 0.880, "0.81–0.94", 0.885, 0.990, 1.99),
+]
+
+
+def render(rows, width=80):
+    from rich.console import Console
+
+    from rag_gym.evaluate.leaderboard import terminal_table
+
+    console = Console(width=width, record=True, file=io.StringIO())
+    console.print(terminal_table(rows, "rag_gym/SynthHop-v0 · validation · 100 questions", width))
+    return console.export_text()
+
+
+def test_the_printed_leaderboard_fits_80_columns_with_every_name_and_em_in_full():
+    text = render(MAIN_ROWS)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    header = next(line for line in lines if line.startswith("agent"))
+    assert header.split() == ["agent", "EM", "(95%", "CI)", "F1", "recall", "searches", "health"]
+    by_agent = {line.split()[0]: line for line in lines[lines.index(header) + 2 :] if line.strip()}
+    # best first, each name whole on its line, with its EM, interval, F1, recall and searches
+    assert list(by_agent)[:3] == ["search_r1:synthhop", "naive_rag", "random"]
+    assert by_agent["search_r1:synthhop"].split() == [
+        "search_r1:synthhop", "0.880", "(0.81–0.94)", "0.885", "0.990", "1.99", "none"
+    ]  # fmt: skip
+    assert by_agent["naive_rag"].split()[1:] == [
+        "0.000", "(0.00–0.00)", "0.059", "0.610", "1.00", "over-long", "0.15"
+    ]  # fmt: skip
+    assert "answered" in by_agent["random"] and "0.40" in text  # the health text wraps, whole
+    assert "leaderboard.md" in text  # the caption says where every column is
+
+
+def test_the_printed_leaderboard_keeps_long_names_failures_and_missing_figures_whole():
+    rows = [
+        *MAIN_ROWS,
+        leaderboard_row("search_r1:runs/grpo-2026-11-23/final", 0.5, "0.40–0.60", 0.6, 0.9, 2.5),
+        leaderboard_row("ircot", float("nan"), None, float("nan"), 0.2, 3.0, errors=100),
+    ]
+    rows[0]["health_truncated"] = 0.05  # naive_rag: two flags raised
+    text = render(rows)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    # a name longer than its column folds onto the next lines, whole
+    at = next(i for i, line in enumerate(lines) if line.startswith("search_r1:runs"))
+    width = len(lines[at].split()[0])
+    folded = [lines[at][:width]]
+    folded += [x[:width] for x in lines[at + 1 :] if x[:width].strip() and not x[width:].strip()]
+    assert "".join(x.rstrip() for x in folded) == "search_r1:runs/grpo-2026-11-23/final"
+    assert "0.500 (0.40–0.60)" in text
+    # an agent whose every episode failed: no figure invented, the failures named
+    ircot = next(line for line in lines if line.startswith("ircot"))
+    assert ircot.split()[:4] == ["ircot", "-", "-", "0.200"] and "100 failed" in ircot
+    assert "over-long 0.15 +1" in " ".join(text.split())
+    # wider consoles get the same columns, each cell on one line
+    wide = render(rows, width=160).splitlines()
+    assert any(line.startswith("search_r1:runs/grpo-2026-11-23/final ") for line in wide)

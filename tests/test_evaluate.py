@@ -6,6 +6,7 @@ import csv
 import json
 import re
 import threading
+import warnings
 
 import pytest
 
@@ -448,3 +449,65 @@ def test_env_kwargs_reward_preset_builds_the_paper_stack_outside_the_time_limit(
     _, reward, terminated, _, info = env.step({"type": 1, "text": "surely wrong"})
     assert terminated and reward == 0.0
     assert set(info["reward_terms"]) == {"answer", "evaluation"}
+
+
+def test_trained_agents_play_first_and_the_run_is_written_in_its_own_order(tmp_path):
+    """``search_r1:RUN`` plays first (its progress shows first), yet every agent's episodes and
+    row equal those of a run of that agent alone, and the files follow the run's order."""
+    from rag_gym.agents.provenance import SeenQuestionsWarning
+    from rag_gym.data.synthhop import world_for
+    from rag_gym.evaluate.runner import play_order
+
+    world = world_for("default", **SMALL_WORLD)
+    answers = {q.question: q.answer for q in world.questions["validation"]}
+
+    def reply(prompt) -> str:  # naive_rag's reader (chat) or search_r1's turns (text)
+        text = prompt if isinstance(prompt, str) else prompt[-1]["content"]
+        question = re.search(r"Question: (.*)", text).group(1).strip()
+        return f"Answer: {answers[question]}." if isinstance(prompt, list) else "<answer>x"
+
+    lm = EchoLM(reply=reply)
+
+    def factory(name, env):  # "search_r1:ckpt" stands for a trained agent: untrained here
+        return make_agent("search_r1" if name.startswith("search_r1") else name, lm=lm, seed=1)
+
+    agents = ("naive_rag", "random", "search_r1:ckpt")
+    assert play_order(agents) == ["search_r1:ckpt", "naive_rag", "random"]
+    calls = []
+    with pytest.warns(SeenQuestionsWarning, match="could not check"):
+        result = evaluate(
+            config(tmp_path, agents=agents, batch_size=3),
+            factory,
+            progress=lambda *args: calls.append(args),
+        )
+    played = list(dict.fromkeys(c[0] for c in calls))
+    assert played == ["search_r1:ckpt", "naive_rag", "random"]
+    # the running EM: None before the first episode, then the agent's mean EM so far
+    assert calls[0] == ("search_r1:ckpt", 0, 12, None)
+    for name in agents:
+        mine = [c for c in calls if c[0] == name]
+        assert [c[1] for c in mine] == list(range(13)), name
+        row = next(r for r in result.rows if r["agent"] == name)
+        assert mine[-1][3] == pytest.approx(row["em"]), name
+    naive = [c[3] for c in calls if c[0] == "naive_rag"]
+    assert naive[1:] == [1.0] * 12  # its oracle reader is right every time
+    # the files and the rows follow the run's order
+    assert [r["agent"] for r in result.rows] == list(agents)
+    saved = read_episodes(tmp_path / "run")
+    assert [e["agent"] for e in saved] == [a for a in agents for _ in range(12)]
+    with open(tmp_path / "run" / "leaderboard.csv") as f:
+        assert [r["agent"] for r in csv.DictReader(f)] == list(agents)
+    assert list(json.loads((tmp_path / "run" / "protocol.json").read_text())["agents"]) == list(
+        agents
+    )
+    # each agent's episodes and row are those of a run of that agent alone
+    for name in agents:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            alone = evaluate(config(tmp_path, agents=(name,), run_name=f"alone-{name}"), factory)
+        assert strip_times(alone.episodes) == strip_times(
+            [e for e in result.episodes if e["agent"] == name]
+        ), name
+        assert strip_row_times(alone.rows) == strip_row_times(
+            [r for r in result.rows if r["agent"] == name]
+        ), name

@@ -110,3 +110,18 @@ def test_evaluate_records_the_flags_and_the_leaderboard_rates(tmp_path):
     assert "repeated query" in board and "refused with gold" in board
     report = build_report(tmp_path / "run").read_text()
     assert "answered unsearched" in report
+
+
+def test_summary_names_the_most_frequent_flag_and_counts_the_others():
+    from rag_gym.health import summary
+
+    assert summary({"truncated": 0.1, "over_long": 0.25, "unparsable": 0.0}) == "over-long 0.25 +1"
+    assert summary({"truncated": 0.1}) == "truncated 0.10"
+    # a tie goes to the flag shown first in the leaderboard
+    assert summary({"over_long": 0.2, "repeated_query": 0.2}) == "repeated query 0.20 +1"
+    # a leaderboard row's health_<flag> values; other keys are ignored
+    row = {"agent": "x", "em": 0.5, "health_answered_unsearched": 0.4, "health_truncated": 0.0}
+    assert summary(row) == "answered unsearched 0.40"
+    assert summary({flag: 0.0 for flag in FLAGS}) == "none"
+    # unknown everywhere (every episode failed): nothing to report, not "none"
+    assert summary({flag: math.nan for flag in FLAGS}) == "-" and summary({}) == "-"

@@ -1,5 +1,6 @@
 """The leaderboard of a run: one row per agent (:func:`summarise`), its CSV and Markdown, the
-plots, W&B, and the run folder written whole (:func:`write_run`)."""
+plots, W&B, the run folder written whole (:func:`write_run`), and the table ``rag-gym evaluate``
+prints (:func:`terminal_table`)."""
 
 from __future__ import annotations
 
@@ -250,8 +251,76 @@ def leaderboard_markdown(rows: list[dict[str, Any]]) -> str:
     header = "| " + " | ".join(h for _, h, _ in COLUMNS) + " |"
     sep = "|" + "|".join("---" for _ in COLUMNS) + "|"
     lines = [header, sep]
-    for row in sorted(
-        rows, key=lambda r: (-np.nan_to_num(r["em"], nan=-1), -np.nan_to_num(r["f1"], nan=-1))
-    ):
+    for row in ranked(rows):
         lines.append("| " + " | ".join(format_cell(k, row[k]) for k, _, _ in COLUMNS) + " |")
     return "\n".join(lines)
+
+
+def ranked(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows best first: by EM, then F1 (a missing value last)."""
+    return sorted(
+        rows, key=lambda r: (-np.nan_to_num(r["em"], nan=-1), -np.nan_to_num(r["f1"], nan=-1))
+    )
+
+
+def health_cell(row: dict[str, Any]) -> str:
+    """A row's health in one short text: its failed episodes, then the trajectory-health flags
+    (:func:`rag_gym.health.summary`)."""
+    flags = health.summary(row)
+    if row.get("errors"):
+        failed = f"{row['errors']} failed"
+        return failed if flags in ("none", "-") else f"{failed}; {flags}"
+    return flags
+
+
+#: the terminal table's columns: (header, cell of a row, justify). The files keep every column
+#: of :data:`COLUMNS`; this is what a reader needs first, in 80 terminal columns.
+TERMINAL_COLUMNS = (
+    ("agent", lambda r: str(r["agent"]), "left"),
+    (
+        "EM (95% CI)",
+        lambda r: (
+            format_cell("em", r["em"]) + ("" if r.get("em_ci") is None else f" ({r['em_ci']})")
+        ),
+        "right",
+    ),
+    ("F1", lambda r: format_cell("f1", r["f1"]), "right"),
+    ("recall", lambda r: format_cell("recall", r["recall"]), "right"),
+    ("searches", lambda r: format_cell("searches", r["searches"]), "right"),
+    ("health", health_cell, "left"),
+)
+
+
+def terminal_table(rows: list[dict[str, Any]], title: str | None = None, width: int = 80) -> Any:
+    """The leaderboard as ``rag-gym evaluate`` prints it: a ``rich`` table of
+    :data:`TERMINAL_COLUMNS`, best row first, laid out for a console ``width`` characters wide
+    (80 at least). The figures never wrap; an agent's name is never shortened (one too long for
+    its column folds onto more lines, whole), nor is the health text (it wraps). The caption
+    names the files that hold every column."""
+    from rich import box
+    from rich.table import Table
+
+    cells = [[cell(row) for _, cell, _ in TERMINAL_COLUMNS] for row in ranked(rows)]
+    need = [
+        max([len(header), *(len(line[i]) for line in cells)])
+        for i, (header, _, _) in enumerate(TERMINAL_COLUMNS)
+    ]
+    # each column is followed by one space of padding, and each but the last by the box's
+    # separator; the agent's name and the health text share what the figures leave
+    room = max(width, 80) - sum(need[1:-1]) - 2 * len(need) + 1
+    health_width = min(need[-1], max(10, room - need[0]))
+    agent_width = max(len("agent"), min(need[0], room - health_width))
+    widths = [agent_width, *need[1:-1], health_width]
+    table = Table(
+        title=title,
+        caption="every column: leaderboard.md, leaderboard.csv, report.html",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        padding=(0, 1, 0, 0),
+    )
+    for (header, _, justify), w in zip(TERMINAL_COLUMNS, widths, strict=True):
+        wraps = header in ("agent", "health")
+        table.add_column(header, justify=justify, width=w, no_wrap=not wraps, overflow="fold")
+    for line in cells:
+        table.add_row(*line)
+    return table

@@ -145,12 +145,16 @@ def evaluate(
 ) -> EvalResult:
     """Run every agent on the sampled questions, write the run folder and return the rows.
 
-    ``agent_factory(name, env)`` builds an agent; ``progress(agent, done, total)`` is called per
-    finished episode; ``judge(question, prediction, golds)`` (an LLM judge: its ``verdict``
-    method when it has one) adds a ``judge`` accuracy, over the episodes it gave a verdict on: a
-    judge that gives none leaves the episode's ``judge`` missing, with the reason in
-    ``judge_error`` (:func:`_judge_episode`); ``track`` logs to Weights & Biases (offline unless
-    configured online).
+    ``agent_factory(name, env)`` builds an agent; ``progress(agent, done, total, em)`` is called
+    as an agent starts and per finished episode, with ``em`` the mean EM of its finished
+    episodes (``None`` before the first); ``judge(question, prediction, golds)`` (an LLM judge:
+    its ``verdict`` method when it has one) adds a ``judge`` accuracy, over the episodes it gave
+    a verdict on: a judge that gives none leaves the episode's ``judge`` missing, with the reason
+    in ``judge_error`` (:func:`_judge_episode`); ``track`` logs to Weights & Biases (offline
+    unless configured online).
+
+    Agents are played in :func:`play_order` (the trained ones first); the episodes file, the
+    rows and the protocol follow ``config.agents``.
 
     Episodes that fail for their LLM backend (a ``BackendError``, a ``TimeoutError``) are
     recorded failed; ``max(STOP_AFTER_FAILURES, 2 * batch_size)`` such failures in a row stop
@@ -251,13 +255,14 @@ def evaluate(
 
     path = run_dir / "episodes.jsonl"
     qids_of: dict[str, list[str]] = {}
-    rows = []
+    rows: dict[str, dict[str, Any]] = {}  # agent -> its leaderboard row
     new_episodes = 0
     current: dict[str, Any] = {}  # the agent playing: its name, start, prior seconds
     f = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed below, also on interrupts)
     tracer = traces.TraceWriter(run_dir)
     try:
-        for name, agent in agents.items():
+        for name in play_order(config.agents):
+            agent = agents[name]
             kind = agent_class(name).env_kind
             env_id = env_id_for(config.env_id, kind)
             kwargs = dict(config.env_kwargs)
@@ -275,20 +280,30 @@ def evaluate(
                 qids = qids_of[name] = [q for q in question_ids if q in available]
                 todo = [(i, q) for i, q in enumerate(qids) if (name, q) not in done]
                 prior = len(qids) - len(todo)
+                # the running EM: the sum and count of the finished episodes' EM values
+                em_sum = [0.0, 0]
+                for q in qids:
+                    if (name, q) in done:
+                        _add_em(em_sum, done[(name, q)])
                 tick = None
                 if progress is not None:
                     total = len(qids)
-                    progress(name, prior, total)
+                    progress(name, prior, total, _mean_em(em_sum))
 
-                    def tick(n_done: int, name=name, prior=prior, total=total) -> None:
-                        progress(name, prior + n_done, total)
+                    def tick(n_done: int, name=name, prior=prior, total=total, em=em_sum) -> None:
+                        progress(name, prior + n_done, total, _mean_em(em))
 
                 current.update(name=name, t0=time.perf_counter(), prior=timing.get(name, 0.0))
                 failures: dict[str, Any] = {"row": 0, "last": None, "judge_warned": False}
                 last_save = [time.perf_counter()]
 
                 def on_episode(
-                    rec: dict[str, Any], name=name, env_id=env_id, last=last_save, failures=failures
+                    rec: dict[str, Any],
+                    name=name,
+                    env_id=env_id,
+                    last=last_save,
+                    failures=failures,
+                    em=em_sum,
                 ):
                     nonlocal new_episodes
                     rec["agent"] = name
@@ -310,6 +325,7 @@ def evaluate(
                     f.flush()
                     new_episodes += 1
                     done[(name, rec["question_id"])] = json.loads(line)  # as a resume reads it
+                    _add_em(em, rec)
                     if time.perf_counter() - last[0] > 2.0:
                         save_timing(run_dir, timing, current)
                         last[0] = time.perf_counter()
@@ -348,7 +364,7 @@ def evaluate(
                 current.clear()
             finally:
                 probe.close()
-            rows.append(summarise(name, [done[(name, q)] for q in qids], timing.get(name, 0.0)))
+            rows[name] = summarise(name, [done[(name, q)] for q in qids], timing.get(name, 0.0))
     except BaseException as exc:
         f.close()
         tracer.close()
@@ -367,7 +383,7 @@ def evaluate(
     f.close()
     tracer.close()
     episodes = [done[(name, q)] for name in agents for q in qids_of[name]]
-    result = EvalResult(config, run_dir, rows, episodes, protocol)
+    result = EvalResult(config, run_dir, [rows[name] for name in agents], episodes, protocol)
     missing = missing_results(episodes)
     if missing:
         warnings.warn(f"{run_dir}: {missing}", MissingResultsWarning, stacklevel=2)
@@ -380,6 +396,36 @@ def evaluate(
         reason = exc.args[0] if exc.args and isinstance(exc.args[0], str) else "SIGINT"
         raise RunInterrupted(run_dir, len(done), new_episodes, reason) from exc
     return result
+
+
+def play_order(agents: tuple[str, ...] | list[str]) -> list[str]:
+    """The order :func:`evaluate` plays a run's agents in: those with a checkpoint
+    (``search_r1:RUN``, the trained agents a run is usually about) first, then the others, each
+    group in the run's order, so that the agent of interest shows its progress first.
+
+    Only the playing order: an episode's seed depends on its question's place in the protocol,
+    never on the agent's, and the episodes file, the leaderboard and a resume follow the run's
+    own order of agents.
+
+    >>> play_order(("naive_rag", "random", "search_r1:synthhop"))
+    ['search_r1:synthhop', 'naive_rag', 'random']
+    """
+    from rag_gym.baselines import split_agent_name
+
+    trained = [a for a in agents if split_agent_name(a)[1] is not None]
+    return [*trained, *(a for a in agents if a not in trained)]
+
+
+def _add_em(em_sum: list, rec: dict[str, Any]) -> None:
+    """Add an episode's EM (when it has one) to a running ``[sum, count]``."""
+    value = rec.get("em")
+    if isinstance(value, (int, float)) and value == value:  # not None, not NaN
+        em_sum[0] += float(value)
+        em_sum[1] += 1
+
+
+def _mean_em(em_sum: list) -> float | None:
+    return em_sum[0] / em_sum[1] if em_sum[1] else None
 
 
 def _judge_episode(judge: Callable[..., Any], rec: dict[str, Any], failures: dict) -> None:

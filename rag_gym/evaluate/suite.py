@@ -543,7 +543,7 @@ def run_suite(
     config: SuiteConfig,
     agent_factory: Callable[[str, Any], Any],
     *,
-    progress: Callable[[str, int, int], None] | None = None,
+    progress: Callable[[str, int, int, float | None], None] | None = None,
     column_started: Callable[[SuiteDataset], None] | None = None,
     lm_description: dict[str, Any] | None = None,
     command: str | None = None,
