@@ -305,8 +305,15 @@ class TransformersLM(LanguageModel):
         """The text a prompt becomes (chat template with the generation prompt for chats)."""
         if isinstance(prompt, str):
             return prompt
-        return self.tokenizer.apply_chat_template(
-            prompt, add_generation_prompt=True, tokenize=False, chat_template=self.template.source
+        tokenizer = self.tokenizer
+        return tokenizer.apply_chat_template(
+            prompt,
+            add_generation_prompt=True,
+            tokenize=False,
+            chat_template=self.template.source,
+            # a token the tokenizer lacks renders empty, as llama.cpp renders it
+            bos_token=tokenizer.bos_token or "",
+            eos_token=tokenizer.eos_token or "",
         )
 
     @property
