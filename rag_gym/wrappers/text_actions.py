@@ -22,6 +22,9 @@ INVALID_FORMAT = (
     "between {search}. To give the final answer, put it between {answer}.{more} Try again."
 )
 
+#: ``info["action_type"]`` of a step whose text held no complete action tag
+UNPARSABLE = "UNPARSABLE"
+
 
 def _pair(tag: str | None) -> str:
     return f"<{tag}> and </{tag}>" if tag else ""
@@ -118,7 +121,10 @@ class TextActions(gym.Wrapper, gym.utils.RecordConstructorArgs):
 
     Text with no complete action tag gets the papers' treatment: the observation says the
     previous action was invalid and how to write one, ``info["format_ok"]`` is ``False``, and
-    the env spends a step on it (an invalid empty EVALUATE, so truncation still comes).
+    the env spends a step on it (truncation still comes). The step is reported as what it is:
+    ``info["action_type"]`` is ``"UNPARSABLE"``, ``info["invalid_action"]`` is ``True`` and
+    ``info["message"]`` names the tags the preset accepts (so traces, reports and the
+    ``unparsable`` health flag show an unparsable reply, whatever the preset).
 
     ## Observation
 
@@ -153,8 +159,8 @@ class TextActions(gym.Wrapper, gym.utils.RecordConstructorArgs):
     >>> obs.startswith("<information>Doc 1(Title: "), info["format_ok"], info["actions"]
     (True, True, ['SEARCH'])
     >>> obs, r, term, trunc, info = env.step("I am not sure.")
-    >>> info["format_ok"], obs.startswith("The previous action was invalid")
-    (False, True)
+    >>> info["format_ok"], obs.startswith("The previous action was invalid"), info["action_type"]
+    (False, True, 'UNPARSABLE')
     """
 
     def __init__(
@@ -265,6 +271,13 @@ class TextActions(gym.Wrapper, gym.utils.RecordConstructorArgs):
                     more="".join(more),
                 )
             ]
+            # the env stepped an empty EVALUATE to count the step: reported as what it was
+            info = {
+                **info,
+                "action_type": UNPARSABLE,
+                "invalid_action": True,
+                "message": self._unparsable_message(parsed.unclosed),
+            }
         observation = "" if terminated else self._clip("\n".join(s for s in segments if s))
         counts: dict[str, int] = {}
         for name in parsed.names():
@@ -286,6 +299,18 @@ class TextActions(gym.Wrapper, gym.utils.RecordConstructorArgs):
         if observation:
             self._messages.append({"role": "user", "content": observation})
         return observation, float(total), terminated, truncated, info
+
+    def _unparsable_message(self, unclosed: Sequence[str]) -> str:
+        """``info["message"]`` of a reply with no complete action tag."""
+        accepted = ", ".join(
+            f"<{tag}/>" if tag in self.tags.self_closing() else f"<{tag}>…</{tag}>"
+            for tag in self._actions
+        )
+        where = f" (<{unclosed[0]}> is never closed)" if unclosed else ""
+        return (
+            f"Unparsable reply: no complete action tag{where}; the {self.tags.name!r} tags are "
+            f"{accepted}."
+        )
 
     def _segment(self, kind: ActionType, info: dict[str, Any]) -> str:
         if info.get("invalid_action") or kind == ActionType.BACKTRACK:

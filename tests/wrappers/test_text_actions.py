@@ -95,6 +95,34 @@ def test_text_without_an_action_is_invalid_but_counted(text):
     assert not info["format_ok"] and info["actions"] == [] and not term and not trunc
     assert obs.startswith("The previous action was invalid") and "<search> and </search>" in obs
     assert info["step"] == 1 and info["invalid_action"]
+    # reported as an unparsable reply, never as the empty EVALUATE the env counted it with
+    assert info["action_type"] == "UNPARSABLE" and "EVALUATE" not in info["message"]
+    assert info["message"].startswith("Unparsable reply: no complete action tag")
+    assert info["message"].endswith(
+        "the 'search_r1' tags are <search>…</search>, <answer>…</answer>."
+    )
+    assert ("<search> is never closed" in info["message"]) == (text == "<search>unclosed")
+
+
+def test_an_unparsable_reply_is_traced_and_flagged_as_unparsable():
+    from rag_gym.health import episode_flags
+    from rag_gym.traces import step_record
+
+    for tags in ("all", "search_r1", "eval_rar"):
+        env = make(tags)
+        env.reset(options={"question_id": "q1"})
+        _, reward, _, _, info = env.step("The answer is probably Tamaria.")
+        step = step_record(1, "The answer is probably Tamaria.", info, reward, ["ada"])
+        assert step["action"] == "UNPARSABLE" and step["invalid"], tags
+        assert step["message"].startswith("Unparsable reply") and "note" not in step["message"]
+        assert episode_flags([step], None, False)["unparsable"], tags
+        # the same env still reads a well-formed reply after it
+        _, _, term, _, info = env.step("<answer>Tamaria</answer>")
+        assert term and info["action_type"] == "ANSWER" and info["format_ok"]
+    env = make("all")
+    env.reset(options={"question_id": "q1"})
+    message = env.step("x")[4]["message"]
+    assert "<evaluate>…</evaluate>" in message and "<refuse/>" in message  # the preset's own tags
 
 
 def test_empty_query_reports_the_env_message():
