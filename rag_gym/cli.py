@@ -857,9 +857,11 @@ def _is_comparison(path: Path) -> bool:
 
 @app.command()
 def agents() -> None:
-    """List the agents (baselines and the papers' methods)."""
+    """List the agents (baselines and the papers' methods) and the shipped checkpoints."""
     from rich.table import Table
 
+    from rag_gym.agents.provenance import read_record
+    from rag_gym.agents.search_r1 import SHIPPED, checkpoint_path
     from rag_gym.baselines import AGENTS, agent_class
 
     table = Table(title="rag-gym agents")
@@ -867,7 +869,31 @@ def agents() -> None:
         table.add_column(col)
     for name, (module, cls, lm) in AGENTS.items():
         table.add_row(name, agent_class(name).env_kind, "yes" if lm else "no", f"{module}.{cls}")
-    _console().print(table)
+    console = _console()
+    console.print(table)
+    shipped = Table(
+        title="shipped checkpoints",
+        caption="a training run of your own: --agents search_r1:RUN_DIR",
+    )
+    shipped.add_column("agent", no_wrap=True)  # whole, to copy into --agents
+    shipped.add_column("base model", no_wrap=True)
+    shipped.add_column("what it is", overflow="fold")
+    for name in SHIPPED:
+        try:
+            meta = read_record(checkpoint_path(name) / "rag_gym.json") or {}
+        except (FileNotFoundError, ValueError) as exc:  # a damaged install: said, not hidden
+            shipped.add_row(f"search_r1:{name}", "-", str(exc))
+            continue
+        base = meta.get("base")
+        what = str(meta.get("summary") or meta.get("name") or "-")
+        if meta.get("env_id"):
+            what += f" Trained on {meta['env_id']}."
+        shipped.add_row(
+            f"search_r1:{name}",
+            "SmolLM2-135M (embedded)" if base == "embedded" else str(base or "-"),
+            what,
+        )
+    console.print(shipped)
 
 
 @app.command()

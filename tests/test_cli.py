@@ -53,6 +53,23 @@ def test_synth_writes_a_world(tmp_path):
     assert first_q["supporting_ids"] and first_q["meta"]["decomposition"]
 
 
+def test_agents_lists_every_agent_and_the_shipped_checkpoints():
+    from rag_gym.agents.search_r1 import SHIPPED
+    from rag_gym.baselines import AGENTS
+
+    result = runner.invoke(app, ["agents"])
+    assert result.exit_code == 0, result.output
+    rows = [line.strip("│ ").split() for line in result.output.splitlines() if "│" in line]
+    assert {row[0] for row in rows} >= set(AGENTS)
+    # each shipped checkpoint, by the spec that plays it, whole on its line, with its base
+    for name in SHIPPED:
+        line = next(x for x in result.output.splitlines() if f"search_r1:{name} " in x)
+        assert "SmolLM2-135M (embedded)" in line
+    assert "trained on" in " ".join(result.output.lower().split()) and "search_r1:RUN_DIR" in (
+        result.output
+    )
+
+
 def test_evaluate_random_writes_a_leaderboard_that_matches_its_episodes(tmp_path):
     import csv
 
