@@ -55,6 +55,105 @@ _ATTENTION = "rag_gym_rows"
 #: shortest kept prompt prefix worth reusing, in tokens
 _MIN_REUSE = 16
 
+#: The architectures the engine runs (``config.model_type``: the causal-LM class), each one's
+#: attention implemented exactly: grouped-query attention, the layer's own ``scaling`` (Gemma 3's
+#: ``query_pre_attn_scalar``), and the sliding window of every layer that has one (Mistral's
+#: ``sliding_window`` on all layers; Qwen2's, Qwen3's and Gemma 3's on the layers
+#: ``config.layer_types`` marks ``"sliding_attention"``). Everything else (RoPE with each layer
+#: type's own theta, query/key norms, biases, final logit soft-capping) is the model's own code,
+#: run as it is. Any other architecture, and a config that asks for what the engine does not
+#: implement (:func:`check_engine_support`), runs on transformers' ``model.generate`` instead.
+ENGINE_ARCHITECTURES: dict[str, str] = {
+    "llama": "LlamaForCausalLM",  # Llama 2/3, SmolLM2
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",  # Qwen2, Qwen2.5
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",  # Gemma 3 text models (1B and smaller, e.g. 270M)
+}
+#: RoPE types the engine runs: their frequencies depend on the position alone. ``dynamic`` and
+#: ``longrope`` rescale by the longest position in the forward pass, which differs between a
+#: packed batch of rows and one prompt, so they are refused.
+ENGINE_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+#: Attention-layer types the engine implements (``config.layer_types``).
+_LAYER_TYPES = ("full_attention", "sliding_attention")
+#: Keyword arguments a model's layers pass to the attention function that do not change what it
+#: computes (``dropout`` must be 0, as in eval mode; ``sliding_window`` is implemented). Any other
+#: argument with a value is an attention variant the engine refuses by name.
+_NEUTRAL_ATTENTION_KWARGS = ("dropout", "position_ids", "use_cache", "cache_position")
+
+
+class EngineUnsupportedError(ValueError):
+    """The continuous-batching engine does not implement this model's attention exactly.
+
+    The message names the architecture, what is missing and what runs the model instead
+    (transformers' ``model.generate``: :class:`TransformersLM` falls back to it, with a
+    ``RuntimeWarning``, and records the message in :attr:`TransformersLM.engine_fallback`).
+    """
+
+
+def _refuse(what: str, architecture: str) -> EngineUnsupportedError:
+    return EngineUnsupportedError(
+        f"{what}; transformers' model.generate runs this {architecture} model instead "
+        "(TransformersLM falls back to it: the same tokens, without continuous batching)"
+    )
+
+
+def _rope_types(config: Any) -> list[str]:
+    """The RoPE type of every layer type of ``config`` (``rope_parameters``, one dict or one per
+    layer type as Gemma 3 has)."""
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    if not params:
+        return ["default"]
+    groups = [params] if "rope_type" in params or "type" in params else list(params.values())
+    return [str((g or {}).get("rope_type", (g or {}).get("type", "default"))) for g in groups]
+
+
+def check_engine_support(model: Any) -> None:
+    """Raise :class:`EngineUnsupportedError` unless the engine implements ``model``'s attention
+    exactly: its architecture is one of :data:`ENGINE_ARCHITECTURES` (on its causal-LM class;
+    a PEFT wrapper is judged by the model it wraps), every RoPE type is in
+    :data:`ENGINE_ROPE_TYPES`, every layer type is full or sliding-window causal attention, and
+    attention is not bidirectional.
+
+    >>> from transformers import Gemma2Config, Gemma2ForCausalLM
+    >>> tiny = Gemma2Config(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+    ...                     num_attention_heads=2, num_key_value_heads=1, head_dim=8, vocab_size=64)
+    >>> check_engine_support(Gemma2ForCausalLM(tiny))
+    Traceback (most recent call last):
+    ...
+    rag_gym.generation.transformers_lm.EngineUnsupportedError: expected a model of an architecture the continuous-batching engine runs (llama, mistral, qwen2, qwen3, gemma3_text), got gemma2 (Gemma2ForCausalLM); transformers' model.generate runs this gemma2 model instead (TransformersLM falls back to it: the same tokens, without continuous batching)
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = getattr(base, "config", None)
+    arch = str(getattr(config, "model_type", None))
+    cls = type(base).__name__
+    if ENGINE_ARCHITECTURES.get(arch) != cls:
+        raise _refuse(
+            "expected a model of an architecture the continuous-batching engine runs "
+            f"({', '.join(ENGINE_ARCHITECTURES)}), got {arch} ({cls})",
+            arch,
+        )
+    for rope in _rope_types(config):
+        if rope not in ENGINE_ROPE_TYPES:
+            raise _refuse(
+                f"the continuous-batching engine runs RoPE types {', '.join(ENGINE_ROPE_TYPES)}, "
+                f"got rope_type {rope!r} in {cls}'s config",
+                arch,
+            )
+    for layer_type in dict.fromkeys(getattr(config, "layer_types", None) or ()):
+        if layer_type not in _LAYER_TYPES:
+            raise _refuse(
+                f"the continuous-batching engine runs layer types {', '.join(_LAYER_TYPES)}, "
+                f"got {layer_type!r} in {cls}'s config.layer_types",
+                arch,
+            )
+    if getattr(config, "use_bidirectional_attention", False):
+        raise _refuse(
+            "the continuous-batching engine runs causal attention, got "
+            f"use_bidirectional_attention=True in {cls}'s config",
+            arch,
+        )
+
 
 def _common_length(a: list[int], b: list[int]) -> int:
     """Length of the common prefix of two token lists."""
@@ -245,8 +344,15 @@ class TransformersLM(LanguageModel):
         eos = eos if isinstance(eos, list) else [eos]
         self._eos = {t for t in (*eos, self.tokenizer.eos_token_id) if t is not None}
         self._engine = _Engine(self)
-        self.engine_fallback: str | None = self._engine.self_check()
-        """Why generation falls back to ``model.generate`` (``None``: it runs on the engine)."""
+        try:
+            check_engine_support(self.model)
+        except EngineUnsupportedError as exc:
+            self.engine_fallback: str | None = str(exc)
+        else:
+            self.engine_fallback = self._engine.self_check()
+        """Why generation falls back to ``model.generate`` (``None``: it runs on the engine): the
+        architecture or config field the engine does not implement (:func:`check_engine_support`),
+        or a failed self-check on a short prompt."""
         self._engine.enabled = self.engine_fallback is None
         if self.engine_fallback is not None:
             warnings.warn(
@@ -581,7 +687,8 @@ class _Step:
     ``plan`` holds ``(slot, start, query from, query to)`` per row: the row's new tokens are
     query positions ``[from, to)`` and go to its cache at ``start``. When two or more rows decode
     one token each, their attention is one call over those rows' caches, each masked to its own
-    length (``decode``); every other row (a new prompt, or a lone decoding row) is attended on
+    length (``decode``), or to its own last ``window`` positions on a sliding-window layer
+    (:meth:`sliding`); every other row (a new prompt, or a lone decoding row) is attended on
     its own (``rows``).
     """
 
@@ -589,6 +696,8 @@ class _Step:
         decode = [p for p in plan if p[3] - p[2] == 1 and p[1] > 0]
         self.decode = decode if len(decode) > 1 else []
         self.rows = [p for p in plan if p not in self.decode]
+        self.torch, self.device = torch, device
+        self._sliding: dict[int, tuple[int, Any]] = {}
         if self.decode:
             long = torch.long
             self.slots = torch.tensor([p[0] for p in decode], dtype=long, device=device)
@@ -597,6 +706,20 @@ class _Step:
             self.length = max(p[1] for p in decode) + 1
             keep = torch.arange(self.length, device=device)[None, :] <= self.positions[:, None]
             self.mask = keep[:, None, None, :]  # [decoding rows, 1, 1, keys]
+
+    def sliding(self, window: int) -> tuple[int, Any]:
+        """The decoding rows' keys on a layer with a sliding ``window``: the first cache position
+        any of them sees, and the mask from there (a token at position ``p`` sees positions
+        ``p - window < j <= p``, as transformers' ``sliding_window_overlay``)."""
+        got = self._sliding.get(window)
+        if got is None:
+            torch = self.torch
+            lo = max(0, min(p[1] for p in self.decode) - window + 1)
+            keys = torch.arange(lo, self.length, device=self.device)[None, :]
+            positions = self.positions[:, None]
+            keep = (keys <= positions) & (keys > positions - window)
+            got = self._sliding[window] = (lo, keep[:, None, None, :])
+        return got
 
 
 class _Parts(list):
@@ -607,22 +730,58 @@ class _Parts(list):
         self.step, self.keys, self.values = step, keys, values
 
 
+def _attention_variant(module: Any, kwargs: dict[str, Any]) -> str | None:
+    """What a layer's call asks of attention that the engine does not implement, by name."""
+    extra = [
+        k
+        for k, v in kwargs.items()
+        if k not in _NEUTRAL_ATTENTION_KWARGS and v not in (None, False)
+    ]
+    if extra:
+        return f"attention arguments {', '.join(sorted(extra))}"
+    if kwargs.get("dropout"):
+        return f"attention dropout {kwargs['dropout']} (a model in training mode)"
+    if not getattr(module, "is_causal", True):
+        return "non-causal attention"
+    return None
+
+
 def _row_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
     """Attention of each row's queries over that row's own cache.
 
     A row attended on its own goes through transformers' SDPA call exactly as a batch of one
     (a new prompt causally, a decoding token over its whole row); decoding rows together go
-    through one SDPA call over their caches, each masked to its own length.
+    through one SDPA call over their caches, each masked to its own length. On a layer with a
+    ``sliding_window``, a query at position ``p`` sees the keys at ``p - window < j <= p`` (as
+    transformers' ``sliding_window_overlay``): each row's keys start at the first position its
+    queries see, masked from there. Any other attention variant a layer asks for (soft-capping,
+    sinks, bidirectional attention) raises :class:`EngineUnsupportedError` naming it.
     """
     import torch
 
+    window = kwargs.pop("sliding_window", None)
+    variant = _attention_variant(module, kwargs)
+    if variant is not None:
+        raise EngineUnsupportedError(
+            f"{type(module).__name__} asks for {variant}, which the continuous-batching engine "
+            "does not implement; transformers' model.generate runs this model instead"
+        )
     sdpa_attention_forward = hf_compat.sdpa_attention()
     step = key.step
     batch, heads, n, dim = query.shape
     out = query.new_empty(batch, n, heads, dim)
     for (_slot, start, q0, q1), k, v in zip(step.rows, key, value, strict=True):
         mask = None
-        if q1 - q0 > 1 and start > 0:  # new tokens after a cached part: causal, offset
+        end = start + q1 - q0
+        if window is not None and end > window:  # some query sees fewer keys than it follows
+            lo = max(0, start - window + 1)
+            k, v = k[:, :, lo:], v[:, :, lo:]
+            if q1 - q0 > 1:
+                where = query.device
+                positions = torch.arange(start, end, device=where)[:, None]
+                keys = torch.arange(lo, end, device=where)[None, :]
+                mask = ((keys <= positions) & (keys > positions - window))[None, None]
+        elif q1 - q0 > 1 and start > 0:  # new tokens after a cached part: causal, offset
             mask = torch.ones(q1 - q0, start + q1 - q0, dtype=torch.bool, device=query.device)
             mask = mask.tril(start)[None, None]
         part, _ = sdpa_attention_forward(
@@ -636,11 +795,14 @@ def _row_attention(module, query, key, value, attention_mask, scaling=None, **kw
         rows, kv_heads = len(step.decode), key.keys.shape[1]
         groups = heads // kv_heads
         q = query[0, :, step.queries].transpose(0, 1).reshape(rows, kv_heads, groups, dim)
+        lo, mask = 0, step.mask
+        if window is not None and step.length > window:
+            lo, mask = step.sliding(window)
         res = torch.nn.functional.scaled_dot_product_attention(
             q,
-            key.keys[step.slots, :, : step.length],
-            key.values[step.slots, :, : step.length],
-            attn_mask=step.mask,
+            key.keys[step.slots, :, lo : step.length],
+            key.values[step.slots, :, lo : step.length],
+            attn_mask=mask,
             scale=scaling,
         )
         out[0, step.queries] = res.reshape(rows, heads, dim).to(out.dtype)
