@@ -16,8 +16,10 @@ The engine drives a model's own forward pass, with three hooks:
   the class's).
 
 :data:`SUPPORTED` is the transformers range this was tested with. Outside it
-:func:`version_problem` names the range and the fix; the engine then warns, and its
-numerical self-check still decides whether the model runs on it
+:func:`version_problem` names the range and the fix; the engine then warns. Which models run on
+the engine is decided first by their architecture and config
+(:func:`~rag_gym.generation.transformers_lm.check_engine_support`), then by a numerical
+self-check on a short prompt
 (:attr:`~rag_gym.generation.transformers_lm.TransformersLM.engine_fallback` records why not).
 """
 

@@ -29,10 +29,20 @@ Greedy decoding picks the same tokens as ``model.generate`` of one prompt at a t
 floating-point rounding: the matrix products of a step with several rows, and a prompt
 computed as a kept prefix plus the rest, round differently in the last bits from a single row
 computed whole, which can, rarely, flip a near-tie between two tokens.
-Models whose layers do not take the ``past_key_values.update`` / attention-function route of
-transformers (checked at load on a short prompt) fall back to ``model.generate`` on left-padded
-batches, never silently: a ``RuntimeWarning`` says why, and :attr:`TransformersLM.engine_fallback`
-(also in :meth:`TransformersLM.describe`, hence in a run's records) keeps the reason. The
+
+The engine runs the architectures of :data:`ENGINE_ARCHITECTURES` (llama and SmolLM2, Mistral,
+Qwen2/Qwen2.5, Qwen3, Gemma 3 text), each one's attention exactly: grouped-query attention, the
+layer's own scale (Gemma 3's ``query_pre_attn_scalar``) and sliding windows (Gemma 3's pattern of
+sliding and global layers, ``config.layer_types``), in the batched and the cached paths alike;
+RoPE (each layer type's own, Gemma 3's local and global theta), norms and final logit
+soft-capping are the model's own code. Every other model, and a config field the engine does not
+implement (a RoPE type outside :data:`ENGINE_ROPE_TYPES`, bidirectional attention, an
+attention argument such as soft-capping), is refused by name (:func:`check_engine_support`,
+:class:`EngineUnsupportedError`) and runs on ``model.generate`` on left-padded batches instead:
+transformers' own generation, the same tokens without continuous batching. Never silently: a
+``RuntimeWarning`` says why, and :attr:`TransformersLM.engine_fallback` (also in
+:meth:`TransformersLM.describe`, hence in a run's records) keeps the reason. A model that passes
+the config check is also checked at load on a short prompt against its plain forward pass. The
 engine's uses of transformers internals live in :mod:`rag_gym.generation.hf_compat`.
 """
 
