@@ -4,9 +4,15 @@ Plays whole episodes in a rag_gym env (generate until ``</search>``, retrieve, a
 passages, go on until ``<answer>``), trains on the episode return under a paper's recipe, and
 reports EM on held-out validation questions before and after, with the learning curve.
 
-CPU, a few minutes (the embedded SmolLM2-135M, small budgets; shows the loop, not learning)::
+CPU (the embedded SmolLM2-135M, small budgets; shows the loop, not learning)::
 
     OMP_NUM_THREADS=2 python examples/train_grpo.py --max_steps 4 --eval_n 8
+
+It plays 8 greedy validation episodes, trains 4 GRPO steps of 4 episodes each, then plays the 8
+validation episodes again. On 2 cores a GRPO step takes 30 to 80 seconds and an evaluation
+episode 3 to 8 (docs/training.md), so the run takes about 5 to 10 minutes, more on a loaded
+machine. It says when each evaluation starts and ends (with its EM and time); TRL shows the
+steps' progress.
 
 GPU (what the docs report; add ``--use-vllm`` with ``rag-gym[gpu]``)::
 

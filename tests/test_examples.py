@@ -60,6 +60,11 @@ def test_train_grpo_example_runs(tmp_path):
         env={**os.environ, "OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1"},
     ).stdout
     assert "EM 0.000 -> " in out
+    # each evaluation says when it starts and ends, in order
+    said = [line for line in out.splitlines() if line.startswith("held-out EM")]
+    assert said[0] == "held-out EM before training: 2 greedy validation episodes..."
+    assert said[1].startswith("held-out EM before training: 0.000 (") and len(said) == 4
+    assert said[2] == "held-out EM after training: 2 greedy validation episodes..."
     (run,) = tmp_path.iterdir()
     results = json.loads((run / "results.json").read_text())
     assert results["before"]["n"] == 2 and results["after"]["n"] == 2

@@ -971,6 +971,21 @@ def load_with_adapter(base: str, init: str | Path, trainable: bool = True) -> tu
     return model, tokenizer
 
 
+def _held_out_em(
+    when: str, model: Any, tokenizer: Any, engine: RolloutEngine | None, n: int | None
+) -> dict[str, Any] | None:
+    """:func:`evaluate_policy` on the held-out questions, said on stdout as it starts and ends
+    (it runs for minutes on a CPU, with no other output)."""
+    if engine is None:
+        return None
+    total = engine.n_questions if n is None else min(n, engine.n_questions)
+    print(f"held-out EM {when}: {total} greedy validation episodes...", flush=True)
+    t0 = time.perf_counter()
+    scores = evaluate_policy(model, tokenizer, engine, n=n)
+    print(f"held-out EM {when}: {scores['em']:.3f} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    return scores
+
+
 def train_from(
     cfg: EnvGRPOConfig, init: str | Path | None = None, eval_n: int | None = 100
 ) -> dict[str, Any]:
@@ -993,7 +1008,7 @@ def train_from(
         model, tokenizer = load_policy(cfg.model)
     t0 = time.perf_counter()
     held_out = rollout_engine(cfg, tokenizer, "validation") if eval_n else None
-    before = evaluate_policy(model, tokenizer, held_out, n=eval_n) if held_out else None
+    before = _held_out_em("before training", model, tokenizer, held_out, eval_n)
     trainer, rollout = build_trainer(cfg, model, tokenizer)
     # the run's own record of where it started, read back by resume_config
     (Path(trainer.args.output_dir) / "init.json").write_text(
@@ -1004,7 +1019,7 @@ def train_from(
     t2 = time.perf_counter()
     final = Path(trainer.args.output_dir) / "final"
     trainer.save_model(str(final))
-    after = evaluate_policy(trainer.model, tokenizer, held_out, n=eval_n) if held_out else None
+    after = _held_out_em("after training", trainer.model, tokenizer, held_out, eval_n)
     results = {
         "stage": cfg.algorithm,
         "init": None if init is None else str(init),
