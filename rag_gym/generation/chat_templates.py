@@ -195,6 +195,13 @@ def own_template(source: Any) -> ChatTemplate | None:
     return ChatTemplate(source, "model")
 
 
+def tokenizer_template(tokenizer: Any) -> dict[str, str] | None:
+    """The record (:meth:`ChatTemplate.describe`) of the template a tokenizer renders chats
+    with, its own; ``None`` when it has none. What a training run writes down."""
+    own = own_template(getattr(tokenizer, "chat_template", None))
+    return None if own is None else own.describe()
+
+
 def decide(named: ChatTemplate | None, own: ChatTemplate | None, model: str) -> ChatTemplate:
     """The template a backend renders chats with: the named one, else the model's own; a
     model with neither is refused (:class:`MissingChatTemplate`, naming ``model`` and the fix).

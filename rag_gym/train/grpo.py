@@ -1011,9 +1011,11 @@ def train_from(
     before = _held_out_em("before training", model, tokenizer, held_out, eval_n)
     trainer, rollout = build_trainer(cfg, model, tokenizer)
     # the run's own record of where it started, read back by resume_config
-    (Path(trainer.args.output_dir) / "init.json").write_text(
-        _json({"init": None if init is None else str(Path(init).resolve()), "eval_n": eval_n})
-    )
+    from rag_gym.generation.chat_templates import tokenizer_template
+
+    start = {"init": None if init is None else str(Path(init).resolve()), "eval_n": eval_n}
+    start["chat_template"] = tokenizer_template(tokenizer)  # the rollouts' prompts
+    (Path(trainer.args.output_dir) / "init.json").write_text(_json(start))
     t1 = time.perf_counter()
     trainer.train(resume_from_checkpoint=cfg.resume_from_checkpoint)
     t2 = time.perf_counter()

@@ -33,6 +33,7 @@ import numpy as np
 from rag_gym.agents.expert import Demonstration, SynthHopExpert, check_options
 from rag_gym.agents.real_expert import AnnotationExpert, ExpertReport, play_split
 from rag_gym.envs.search import ActionType
+from rag_gym.generation.chat_templates import tokenizer_template
 from rag_gym.wrappers.text_actions import OBS_TEMPLATE
 
 
@@ -430,6 +431,7 @@ def build_trainer(
     )
     run_dir.mkdir(parents=True, exist_ok=True)
     record = {**asdict(cfg), "training_sets": cfg.training_sets()}
+    record["chat_template"] = tokenizer_template(tokenizer)  # the one its transcripts are in
     (run_dir / "config.json").write_text(json.dumps(record, indent=2))
     return trainer, run_dir, stats
 

@@ -371,3 +371,27 @@ def test_llama_cpp_options_travel_with_an_adapter(template_less_gguf):
     assert (adapted.n_ctx, adapted.max_new_tokens, adapted.temperature) == (1024, 9, 0.3)
     assert adapted.describe()["chat_template"] == lm.describe()["chat_template"]
     json.dumps(adapted.describe())
+
+
+# -- training records ----------------------------------------------------------------------------
+
+
+def test_a_trained_run_records_its_template_and_a_checkpoint_finds_it(tmp_path):
+    from types import SimpleNamespace
+
+    from rag_gym.generation.chat_templates import tokenizer_template
+    from rag_gym.train.ship import trained_template
+
+    assert tokenizer_template(SimpleNamespace(chat_template=None)) is None
+    record = tokenizer_template(SimpleNamespace(chat_template=BUILTIN["chatml"]))
+    assert record == {"from": "model", "sha256": chat_template("chatml").sha256}
+    # a GRPO run (init.json) over an SFT run (config.json): the nearest record wins
+    sft, grpo = tmp_path / "sft", tmp_path / "sft" / "grpo"
+    (grpo / "final").mkdir(parents=True)
+    (sft / "config.json").write_text(
+        json.dumps({"chat_template": {"from": "model", "sha256": "a"}})
+    )
+    assert trained_template(grpo / "final") == {"from": "model", "sha256": "a"}
+    (grpo / "init.json").write_text(json.dumps({"init": None, "chat_template": record}))
+    assert trained_template(grpo / "final") == record
+    assert trained_template(tmp_path / "elsewhere") is None
