@@ -423,7 +423,9 @@ def evaluate(
         if judge is not None:
             from rag_gym.generation.judges import LLMAnswerJudge
 
-            judge_fn = LLMAnswerJudge(make_lm(judge))
+            judge_lm = make_lm(judge)
+            judge_lm.check_chat()  # the judge prompts with chats: no template, no run
+            judge_fn = LLMAnswerJudge(judge_lm)
     except (ImportError, FileNotFoundError, TypeError, ValueError) as exc:
         _fail(str(exc))
 

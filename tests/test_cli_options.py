@@ -194,16 +194,9 @@ def test_bad_lm_options_are_refused_before_the_run(tmp_path, monkeypatch):
 @requires_llama
 @pytest.mark.llm
 def test_a_gguf_without_a_template_is_refused_unless_named(tmp_path):
-    import gguf
-    from gguf.scripts.gguf_new_metadata import copy_with_new_metadata
+    from tests.generation.test_chat_templates import template_less_copy
 
-    from rag_gym.generation.llama_cpp import embedded_gguf_path
-
-    bare = tmp_path / "bare.gguf"
-    reader = gguf.GGUFReader(embedded_gguf_path(), "r")
-    arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
-    writer = gguf.GGUFWriter(bare, arch=arch, endianess=reader.endianess)
-    copy_with_new_metadata(reader, writer, {}, [gguf.Keys.Tokenizer.CHAT_TEMPLATE])
+    bare = template_less_copy(tmp_path / "bare.gguf")
     lm = f"llama_cpp:{bare}"
     refused = _naive(tmp_path, "refused", "--lm", lm)
     assert refused.exit_code == 2
@@ -215,3 +208,14 @@ def test_a_gguf_without_a_template_is_refused_unless_named(tmp_path):
     protocol = json.loads((tmp_path / "named" / "protocol.json").read_text())
     assert protocol["lm"]["chat_template"]["name"] == "chatml"
     assert protocol["agents"]["naive_rag"]["lm"]["chat_template"]["from"] == "builtin"
+
+
+@requires_llama
+@pytest.mark.llm
+def test_a_judge_without_a_template_is_refused_before_the_run(tmp_path):
+    from tests.generation.test_chat_templates import template_less_copy
+
+    bare = template_less_copy(tmp_path / "judge.gguf")
+    result = _evaluate(tmp_path, "judged", "--judge", f"llama_cpp:{bare}")
+    assert result.exit_code == 2 and "judge.gguf has no chat template" in result.output
+    assert not (tmp_path / "judged").exists()

