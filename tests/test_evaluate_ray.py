@@ -64,7 +64,8 @@ def test_ray_run_equals_local_run_and_survives_a_killed_node(ray_cluster, tmp_pa
     cluster, _ = ray_cluster
     local = evaluate(config(tmp_path, "local"), factory())
     # a third worker node; the node of a worker that is not the head is killed once the run
-    # has written episodes
+    # has written its first chunk: search_r1:synthhop plays first (a trained agent), 4 chunks
+    # of 2 over 3 workers, so the killed node still holds one
     cluster.add_node(**RAY_NODE)
     cluster.wait_for_nodes()
     runner = RayEpisodes(AgentRecipe("llama_cpp", 3), workers=3, cpus_per_worker=1)
@@ -75,7 +76,7 @@ def test_ray_run_equals_local_run_and_survives_a_killed_node(ray_cluster, tmp_pa
     def kill_when_started():
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
-            if written.is_file() and written.read_text().count("\n") >= 8:
+            if written.is_file() and written.read_text().count("\n") >= 2:
                 break
             time.sleep(0.2)
         cluster.remove_node(extra)
