@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from rag_gym._http import DEFAULT_PORTS, SameOriginCredentials
 from rag_gym._text import shown
 from rag_gym.generation.lm import (
     BackendError,
@@ -41,27 +42,15 @@ from rag_gym.generation.lm import (
 )
 
 _RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
-_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
-def _origin(url: str) -> tuple[str, str, int | None]:
-    """A URL's scheme, host and port (the default port when it names none)."""
-    parts = urllib.parse.urlsplit(url)
-    scheme = parts.scheme.lower()
-    try:
-        port = parts.port
-    except ValueError:  # a port that is not a number: an origin of its own
-        port = None
-    return scheme, (parts.hostname or "").lower(), port or _DEFAULT_PORTS.get(scheme)
-
-
-class _SameOriginKey(urllib.request.HTTPRedirectHandler):
+class _SameOriginKey(SameOriginCredentials):
     """Follows a redirect to ``http`` or ``https`` (a 307 or 308 of a ``POST`` with its body,
     which urllib refuses), and sends the ``Authorization`` header on only to the request's own
     scheme, host and port."""
 
     def redirect_request(self, req, fp, code, msg, headers, newurl):
-        if urllib.parse.urlsplit(newurl).scheme.lower() not in _DEFAULT_PORTS:
+        if urllib.parse.urlsplit(newurl).scheme.lower() not in DEFAULT_PORTS:
             return None  # an HTTP API is not on ftp://, file://…: the 3xx is the answer
         if req.get_method() == "POST" and code in (307, 308):
             new = urllib.request.Request(
@@ -72,11 +61,8 @@ class _SameOriginKey(urllib.request.HTTPRedirectHandler):
                 origin_req_host=req.origin_req_host,
                 unverifiable=True,
             )
-        else:
-            new = super().redirect_request(req, fp, code, msg, headers, newurl)
-        if new is not None and _origin(newurl) != _origin(req.full_url):
-            new.remove_header("Authorization")
-        return new
+            return self.keep_credentials(req, new, newurl)
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
 _OPENER = urllib.request.build_opener(_SameOriginKey())

@@ -34,12 +34,12 @@ import os
 import sys
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from rag_gym._http import SameOriginCredentials
 from rag_gym.data.types import Corpus, Passage
 from rag_gym.retrieval.base import RetrievalResult, check_k, check_queries, per_query
 
@@ -64,32 +64,8 @@ class _NotFound(Exception):
     """A 404 or 405 (the path does not exist on this server)."""
 
 
-def _origin(url: str) -> tuple[str, str, int | None]:
-    """(scheme, host, port) of ``url``, the port defaulted from the scheme."""
-    parts = urllib.parse.urlsplit(url)
-    scheme = parts.scheme.lower()
-    try:
-        port = parts.port or {"http": 80, "https": 443}.get(scheme)
-    except ValueError:  # a port that is not a number: no origin to match
-        port = None
-    return scheme, (parts.hostname or "").lower(), port
-
-
-class _SameOriginCredentials(urllib.request.HTTPRedirectHandler):
-    """Follows redirects as urllib does, but drops the ``Authorization`` header when the
-    redirect leads to another origin (scheme, host or port): a bearer token is for the server
-    it was given for, never for wherever that server points."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        new = super().redirect_request(req, fp, code, msg, headers, newurl)
-        if new is not None and _origin(newurl) != _origin(req.full_url):
-            for name in [h for h in new.headers if h.lower() == "authorization"]:
-                del new.headers[name]
-            new.unredirected_hdrs.pop("Authorization", None)
-        return new
-
-
-_opener = urllib.request.build_opener(_SameOriginCredentials)
+#: follows redirects, the bearer token only to the same origin
+_opener = urllib.request.build_opener(SameOriginCredentials)
 
 
 def clean_token(token: str | None, source: str = "the token") -> str | None:
