@@ -51,6 +51,7 @@ import time
 from pathlib import Path
 
 import gymnasium as gym
+from bad_input_probes import GOOD, SMALL, write
 
 import rag_gym  # noqa: F401
 from rag_gym.data import Corpus, DataFormatError, Passage, load
@@ -60,39 +61,6 @@ from rag_gym.wrappers import TextActions
 #: a lone surrogate, written into a JSON file as its escape
 LONE = "<LONE>"
 
-SMALL = {"n_passages": 2000, "n_questions": [60, 30, 30]}
-CTX = [["T", ["s."]], ["U", ["t."]]]
-GOOD = {
-    "hotpotqa": (
-        "h.json",
-        {
-            "_id": "a",
-            "question": "q?",
-            "answer": "x",
-            "context": CTX,
-            "supporting_facts": [["T", 0]],
-        },
-    ),
-    "2wikimultihopqa": (
-        "w.json",
-        {"_id": "a", "question": "q?", "answer": "x", "context": CTX, "evidences": []},
-    ),
-    "musique": (
-        "m.jsonl",
-        {
-            "id": "a",
-            "question": "q?",
-            "answer": "x",
-            "answer_aliases": [],
-            "paragraphs": [{"idx": 0, "title": "T", "paragraph_text": "p", "is_supporting": True}],
-            "question_decomposition": [
-                {"question": "s", "answer": "x", "paragraph_support_idx": 0}
-            ],
-        },
-    ),
-    "flashrag": ("f.jsonl", {"id": "a", "question": "q?", "golden_answers": ["x"]}),
-    "bamboogle": ("b.jsonl", {"id": "a", "question": "q?", "answer": "x"}),
-}
 VALUES = [
     None,
     0,
@@ -109,13 +77,6 @@ VALUES = [
     {},
     {"a": 1},
 ]
-
-
-def write(path: Path, records) -> None:
-    if path.suffix == ".jsonl":
-        path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    else:
-        path.write_text(json.dumps(records))
 
 
 def loader_inputs(tmp: Path):
@@ -626,7 +587,6 @@ def main() -> None:
     import importlib
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     only = sys.argv[1:]
     unknown = sorted(set(only) - set(PROBE_MODULES))
     if unknown:

@@ -22,7 +22,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-SMALL = {"n_passages": 2000, "n_questions": [60, 30, 30]}
+from bad_input_probes import SMALL
 
 
 class _StandIn:

@@ -13,57 +13,15 @@ the known ones, an empty gold answer is a ``DataFormatError`` naming the file, r
 from __future__ import annotations
 
 import copy
-import json
 import pickle
 from pathlib import Path
 
 import gymnasium as gym
 
 import rag_gym  # noqa: F401
+from bad_input_probes import GOOD, SMALL, write
 from rag_gym import metrics
 from rag_gym.data import DataFormatError, QAExample, load
-
-SMALL = {"n_passages": 2000, "n_questions": [60, 30, 30]}
-CTX = [["T", ["s."]], ["U", ["t."]]]
-GOOD = {
-    "hotpotqa": (
-        "h.json",
-        {
-            "_id": "a",
-            "question": "q?",
-            "answer": "x",
-            "context": CTX,
-            "supporting_facts": [["T", 0]],
-        },
-    ),
-    "2wikimultihopqa": (
-        "w.json",
-        {"_id": "a", "question": "q?", "answer": "x", "context": CTX, "evidences": []},
-    ),
-    "musique": (
-        "m.jsonl",
-        {
-            "id": "a",
-            "question": "q?",
-            "answer": "x",
-            "answer_aliases": [],
-            "paragraphs": [{"idx": 0, "title": "T", "paragraph_text": "p", "is_supporting": True}],
-            "question_decomposition": [
-                {"question": "s", "answer": "x", "paragraph_support_idx": 0}
-            ],
-        },
-    ),
-    "flashrag": ("f.jsonl", {"id": "a", "question": "q?", "golden_answers": ["x"]}),
-    "bamboogle": ("b.jsonl", {"id": "a", "question": "q?", "answer": "x"}),
-}
-
-
-def write(path: Path, records) -> None:
-    if path.suffix == ".jsonl":
-        path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    else:
-        path.write_text(json.dumps(records))
-
 
 # ---- a folder data path reads the split it is asked for, and only known splits ---------
 #: (dataset, {file name: split the file holds}) as each benchmark ships its files

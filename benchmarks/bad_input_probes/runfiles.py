@@ -16,9 +16,10 @@ import os
 import shutil
 from pathlib import Path
 
+from bad_input_probes import SMALL
+
 #: agents of the evaluation run the probes read
 AGENTS = ("random", "random-b")
-SMALL = {"n_passages": 2000, "n_questions": [60, 30, 30]}
 
 
 def _runner():
