@@ -39,13 +39,13 @@ def test_module_docstring_names_every_command():
     assert missing == [], f"cli.py's docstring does not name {missing}"
 
 
-def _evaluate(tmp_path, name: str, *flags: str):
+def _evaluate(tmp_path, name: str, *flags: str, agent: str = "random"):
     return runner.invoke(
         app,
         [
             "evaluate",
             "--agents",
-            "random",
+            agent,
             "--n",
             "2",
             "--env-kwargs",
@@ -104,24 +104,7 @@ def _with_fake_lm(monkeypatch):
 
 
 def _naive(tmp_path, name, *flags):
-    return runner.invoke(
-        app,
-        [
-            "evaluate",
-            "--agents",
-            "naive_rag",
-            "--n",
-            "2",
-            "--env-kwargs",
-            json.dumps({"dataset_kwargs": SMALL_WORLD}),
-            "--out",
-            str(tmp_path),
-            "--run-name",
-            name,
-            "--no-progress",
-            *flags,
-        ],
-    )
+    return _evaluate(tmp_path, name, *flags, agent="naive_rag")
 
 
 def test_lm_options_reach_the_backend_and_the_protocol(tmp_path, monkeypatch):
