@@ -96,6 +96,7 @@ OPTION_FIELDS: dict[str, dict[str, tuple[type, str]]] = {
             "confirm_rate": "confirm_rate",
             "style": "style",
             "model": "model",
+            "chat_template": "chat_template",
             "lora": "lora",
             "lr": "learning_rate",
             "epochs": "epochs",
@@ -133,6 +134,7 @@ OPTION_FIELDS: dict[str, dict[str, tuple[type, str]]] = {
             "judge": "judge",
             "judge_weight": "judge_weight",
             "model": "model",
+            "chat_template": "chat_template",
             "save_steps": "save_steps",
             "max_minutes": "max_minutes",
             "gradient_checkpointing": "gradient_checkpointing",
@@ -152,6 +154,7 @@ OPTION_FIELDS: dict[str, dict[str, tuple[type, str]]] = {
                 "tags": "tags",
                 "demos": "n_demos",
                 "model": "model",
+                "chat_template": "chat_template",
                 "sft_lr": "learning_rate",
                 "seed": "seed",
                 "track": "track",
@@ -1480,6 +1483,23 @@ _TrainEnvOption = Annotated[
         "--data-path; several, comma-separated, are mixed (RL plays the first)."
     ),
 ]
+_TrainModelOption = Annotated[
+    str,
+    typer.Option(
+        help="Base model: embedded, a .gguf file (dequantised once), a hub id or a model folder "
+        "(what --lm takes), or tiny (smoke tests)."
+    ),
+]
+_TrainTemplateOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Chat template of the transcripts, for a base model without one (or to replace "
+        "its own): chatml, gemma, llama3 or a Jinja template file (default: the model's own; "
+        "from --init, the one that run recorded)."
+    ),
+]
+
+
 _DataPathOption = Annotated[
     str | None,
     typer.Option(
@@ -1536,9 +1556,8 @@ def train_sft(
             "marked (yes) or (no))."
         ),
     ] = _SFT.style,
-    model: Annotated[
-        str, typer.Option(help="embedded, tiny, a hub id or a directory.")
-    ] = _SFT.model,
+    model: _TrainModelOption = _SFT.model,
+    chat_template: _TrainTemplateOption = _SFT.chat_template,
     lora: Annotated[bool, typer.Option(help="LoRA adapters (else all weights).")] = _SFT.lora,
     lr: Annotated[float, typer.Option(help="Peak learning rate.")] = _SFT.learning_rate,
     epochs: Annotated[float, typer.Option(help="Passes over the demonstrations.")] = _SFT.epochs,
@@ -1718,7 +1737,8 @@ def train_grpo(
             "use it with --step-cost), 'off', or 'auto' (return for dapo, off for grpo)."
         ),
     ] = "auto",
-    model: Annotated[str, typer.Option(help="Base model (with --init: its base).")] = _GRPO.model,
+    model: _TrainModelOption = _GRPO.model,
+    chat_template: _TrainTemplateOption = _GRPO.chat_template,
     eval_n: Annotated[int, typer.Option(help="Held-out (validation) questions for EM.")] = 100,
     save_steps: Annotated[
         int, typer.Option(help="Checkpoint every this many steps.")
@@ -1792,9 +1812,8 @@ def train_pipeline(
     demos: Annotated[
         int, typer.Option(help="SFT: expert demonstrations per env (train split; 0: all).")
     ] = _SFT.n_demos,
-    model: Annotated[
-        str, typer.Option(help="embedded, tiny, a hub id or a directory.")
-    ] = _SFT.model,
+    model: _TrainModelOption = _SFT.model,
+    chat_template: _TrainTemplateOption = _SFT.chat_template,
     sft_lr: Annotated[
         float, typer.Option(help="SFT: peak learning rate (LoRA).")
     ] = _SFT.learning_rate,
@@ -1887,15 +1906,28 @@ def train_export(
     out: Annotated[
         Path | None, typer.Option(help="GGUF file (default: ADAPTER/adapter.gguf).")
     ] = None,
+    base: Annotated[
+        str | None,
+        typer.Option(
+            help="The base model the adapter goes on in llama.cpp: its .gguf file, 'embedded' "
+            "or a model folder (default: the one the run recorded)."
+        ),
+    ] = None,
 ) -> None:
-    """Convert a LoRA adapter to a llama.cpp GGUF adapter (for --lm llama_cpp)."""
+    """Convert a LoRA adapter to a llama.cpp GGUF adapter for its base model's architecture
+    (for --lm llama_cpp:BASE.gguf and search_r1:RUN)."""
+    from rag_gym.agents.provenance import recorded_base
     from rag_gym.generation.adapters import AdapterError, lora_to_gguf, resolve_adapter
+    from rag_gym.generation.llama_cpp import embedded_gguf_path
 
     try:
-        path = lora_to_gguf(resolve_adapter(adapter), out)
+        folder = resolve_adapter(adapter)
+        base = base or recorded_base(adapter)
+        where = embedded_gguf_path() if base == "embedded" else base
+        path = lora_to_gguf(folder, out, base=where)
     except (AdapterError, FileNotFoundError) as exc:
         _fail(str(exc))
-    typer.echo(f"wrote {path}")
+    typer.echo(f"wrote {path} (for {base or 'the base the adapter names'})")
 
 
 def main() -> None:

@@ -34,6 +34,9 @@ __all__ = [
     "SeenQuestionsWarning",
     "TrainingSet",
     "normal_question",
+    "recorded_base",
+    "recorded_chat_template",
+    "recorded_template",
     "seen_questions",
     "split_questions",
     "training_sets",
@@ -82,6 +85,56 @@ def record_folders(path: str | Path) -> list[Path]:
     path = Path(path).expanduser()
     folder = (path.parent if path.is_file() else path).resolve()
     return [folder, *folder.parents][: ANCESTORS + 1]
+
+
+def recorded_template(path: str | Path) -> dict[str, str] | None:
+    """The chat template the runs of the checkpoint at ``path`` trained with, as they recorded
+    it (a checkpoint's ``rag_gym.json``, a GRPO run's ``init.json``, an SFT run's
+    ``config.json``: :meth:`~rag_gym.generation.chat_templates.ChatTemplate.describe`), the
+    nearest first; ``None`` where none says (a run made before templates were recorded used its
+    base model's own)."""
+    for where in record_folders(path):
+        for name in ("rag_gym.json", "init.json", "config.json"):
+            meta = read_record(where / name)
+            if meta and isinstance(meta.get("chat_template"), dict):
+                return meta["chat_template"]
+    return None
+
+
+def recorded_chat_template(path: str | Path) -> str | None:
+    """:func:`recorded_template` as the ``chat_template`` option that names it again: a
+    built-in's name or the file's path; ``None`` for the model's own (or no record)."""
+    record = recorded_template(path) or {}
+    if record.get("from") == "builtin" and isinstance(record.get("name"), str):
+        return record["name"]
+    if record.get("from") == "file" and isinstance(record.get("file"), str):
+        return record["file"]
+    return None
+
+
+def recorded_base(path: str | Path) -> str | None:
+    """The base model the checkpoint at ``path`` was trained on, as its record names it (a
+    checkpoint's ``rag_gym.json`` ``base``, a training run's ``config.json`` ``model``, or the
+    run a GRPO run started from): ``"embedded"``, a ``.gguf`` file, a hub id or a folder;
+    ``None`` where no record says (an adapter from elsewhere)."""
+    seen: set[Path] = set()
+    todo = [path]
+    while todo:
+        for where in record_folders(todo.pop()):
+            if where in seen:
+                break
+            seen.add(where)
+            packaged = read_record(where / "rag_gym.json") or {}
+            if isinstance(packaged.get("base"), str):
+                return packaged["base"]
+            config = read_record(where / "config.json") or {}
+            if isinstance(config.get("model"), str) and "env_id" in config:
+                return config["model"]
+            started = read_record(where / "init.json") or {}
+            if isinstance(started.get("init"), str):
+                todo.append(started["init"])
+                break
+    return None
 
 
 def _env_kwargs(value: Any) -> dict[str, Any]:

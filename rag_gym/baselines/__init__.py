@@ -21,8 +21,13 @@
 ``search_r1`` takes a checkpoint after a colon: ``search_r1:synthhop`` is the shipped SynthHop
 agent (a LoRA adapter over the embedded SmolLM2, see :mod:`rag_gym.agents.search_r1`),
 ``search_r1:PATH`` a LoRA adapter folder, a training run folder, or a ``.gguf`` adapter, applied
-to the evaluation's backend (``--lm``). The agent writes the tag preset the checkpoint was
-trained with (its ``rag_gym.json`` or run ``config.json``; ``search_r1`` where neither says).
+to the base model it was trained on (its record's ``base`` or ``model``:
+:func:`~rag_gym.agents.provenance.recorded_base`) on the evaluation's backend (``--lm``): the
+backend's default model gives way to that base, and a model the user named that is not it is
+refused, naming both (:class:`~rag_gym.generation.adapters.AdapterError`). The agent writes the
+tag preset the checkpoint was trained with (its ``rag_gym.json`` or run ``config.json``;
+``search_r1`` where neither says), and renders chats with the template it was trained with
+unless the backend names one.
 """
 
 from __future__ import annotations
@@ -105,17 +110,57 @@ def make_agent(
         return klass(lm, corpus=env.unwrapped.corpus if env is not None else None)
     checkpoint = split_agent_name(name)[1]
     if checkpoint is not None:
+        from rag_gym.agents.provenance import recorded_chat_template
         from rag_gym.agents.search_r1 import checkpoint_path, checkpoint_tags
 
         path = checkpoint_path(checkpoint)
+        lm = on_trained_base(lm, path, name)
         # the tag preset it was trained with (evo_rag for a refusing policy), else the default
         extra = {"prompt": prompt} if prompt is not None and _takes_prompt(klass) else {}
-        agent = klass(lm.with_adapter(path), tags=checkpoint_tags(path) or "search_r1", **extra)
+        template = None if _names_template(lm) else recorded_chat_template(path)
+        # a user's own backend may take the adapter alone: the template only when there is one
+        adapted = (
+            lm.with_adapter(path, chat_template=template) if template else lm.with_adapter(path)
+        )
+        agent = klass(
+            adapted,
+            tags=checkpoint_tags(path) or "search_r1",
+            **extra,
+        )
         agent.name = name
         return agent
     if prompt is not None and _takes_prompt(klass):
         return klass(lm, prompt=prompt)
     return klass(lm)
+
+
+def on_trained_base(lm: Any, checkpoint: Any, name: str) -> Any:
+    """``lm``, or the same backend on the base model ``checkpoint`` was trained on where that
+    is another model and ``lm`` runs its default one. ``AdapterError`` where the user named
+    another model than the base, naming both; ``lm`` unchanged where the checkpoint records no
+    base (an adapter from elsewhere) or the backend cannot say what it runs."""
+    from rag_gym.agents.provenance import recorded_base
+    from rag_gym.generation.adapters import AdapterError
+    from rag_gym.generation.lm import same_model
+
+    base = recorded_base(checkpoint)
+    current = getattr(lm, "model_id", None)
+    if base is None or current is None or same_model(current, base):
+        return lm
+    if getattr(lm, "model_named", True):
+        raise AdapterError(
+            f"{name} was trained on the base model {base}, but the evaluation's LM runs "
+            f"{current}: an adapter only fits its own base. Leave the model out of --lm (the "
+            f"base is loaded), or name it: --lm llama_cpp:{base}"
+        )
+    return lm.with_model(base)
+
+
+def _names_template(lm: Any) -> bool:
+    """Whether the user named ``lm``'s chat template (which then stays, over a checkpoint's)."""
+    return getattr(lm, "chat_template_option", None) is not None or (
+        getattr(lm, "_options", {}).get("chat_template") is not None
+    )
 
 
 def _takes_prompt(klass: type) -> bool:

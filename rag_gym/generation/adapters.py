@@ -2,21 +2,29 @@
 and the check that an adapter fits its base model.
 
 llama.cpp applies a LoRA adapter stored as GGUF (``general.type = adapter``) on top of the base
-GGUF at load time, so a policy trained here runs on the embedded Q4_1 SmolLM2 without torch and
-without re-quantising merged weights (which loses a LoRA's effect at Q4_1). The conversion
-(:func:`lora_to_gguf`) needs ``gguf``, ``safetensors`` and ``numpy`` only:
+GGUF at load time, so a policy trained here runs on its base GGUF (the embedded Q4_1 SmolLM2,
+or a user's own such as Gemma 3 270M) without torch and without re-quantising merged weights
+(which loses a LoRA's effect at Q4_1). The conversion (:func:`lora_to_gguf`) needs ``gguf``,
+``safetensors`` and ``numpy`` only, and does what llama.cpp's own ``convert_lora_to_gguf.py``
+does for the architectures of :data:`GGUF_ARCHITECTURES`:
 
-* tensors are renamed to llama.cpp's names, ``blk.N.{attn_q,attn_k,attn_v,attn_output,ffn_gate,
-  ffn_up,ffn_down}.weight.lora_{a,b}``;
-* ``lora_B`` of ``q_proj`` and ``k_proj`` gets llama.cpp's row permutation of the rotary halves
-  (the base GGUF's Q and K weights were permuted the same way when it was converted);
+* the base's llama.cpp architecture is read from the base GGUF's ``general.architecture``
+  (or mapped from a transformers ``config.json``'s ``model_type``);
+* tensors are renamed by the ``gguf`` package's own name map of that architecture
+  (``gguf.get_tensor_name_map``): ``model.layers.N.self_attn.q_proj`` → ``blk.N.attn_q``, and so
+  on, with ``.weight.lora_a`` / ``.weight.lora_b`` appended;
+* only where llama.cpp's converter permutes the base's Q and K rows (the ``llama``
+  architecture: Llama, SmolLM2, Mistral), ``lora_B`` of ``q_proj`` and ``k_proj`` gets the
+  same row permutation of the rotary halves, with the base's head counts; Qwen2, Qwen3 and
+  Gemma 3 keep their rows;
 * ``adapter.lora.alpha`` carries the PEFT ``lora_alpha``; llama.cpp scales by ``alpha / r``.
 
 What a GGUF adapter cannot hold is refused with :class:`AdapterError`: adapters on the
-embeddings or the output head (llama.cpp aborts on them), DoRA, rsLoRA, and per-module ranks or
-alphas (llama.cpp applies one ``alpha / r`` to the whole adapter). llama.cpp also aborts the
-whole process when an adapter's tensors do not fit the base model, so :func:`check_adapter_fits`
-compares them first.
+embeddings or the output head (llama.cpp aborts on them), DoRA, rsLoRA, per-module ranks or
+alphas (llama.cpp applies one ``alpha / r`` to the whole adapter), a tensor the architecture's
+name map does not know, and a base whose architecture is not in :data:`GGUF_ARCHITECTURES`.
+llama.cpp also aborts the whole process when an adapter's tensors do not fit the base model, so
+:func:`check_adapter_fits` compares them first.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -32,17 +41,22 @@ class AdapterError(ValueError):
     """An adapter that cannot be converted, or does not fit its base model."""
 
 
-_MODULES = {
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
+#: transformers ``model_type`` → the llama.cpp architecture (``general.architecture``) of its
+#: GGUF, for the architectures whose adapters are tested end to end (tests/generation/
+#: test_adapter_round_trip.py); llama.cpp's converter writes Mistral as ``llama``
+GGUF_ARCHITECTURES: dict[str, str] = {
+    "llama": "llama",
+    "mistral": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma3_text": "gemma3",
+    "gemma3": "gemma3",
 }
+#: the llama.cpp architectures whose converter permutes the Q and K rows (``LlamaModel``)
+PERMUTED = frozenset({"llama"})
+
 _KEY = re.compile(
-    r"layers\.(\d+)\.(self_attn\.[qkvo]_proj|mlp\.(?:gate|up|down)_proj)\.lora_([AB])\.weight$"
+    r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<ab>[AB])(?:\.default)?\.weight$"
 )
 
 
@@ -52,7 +66,7 @@ def _permute(weights: np.ndarray, n_head: int) -> np.ndarray:
     if rows % (2 * n_head):
         raise AdapterError(
             f"expected a Q/K lora_B with rows a multiple of 2 x {n_head} heads, got {rows} rows: "
-            "pass n_head and n_head_kv of the adapter's base model"
+            "the adapter was trained on another base model than the one named"
         )
     return (
         weights.reshape(n_head, 2, rows // n_head // 2, *weights.shape[1:])
@@ -133,23 +147,116 @@ def read_adapter_config(adapter_dir: str | Path) -> dict:
     return config
 
 
+def _field(reader: Any, key: str) -> Any:
+    """A scalar or string field of a GGUF file, ``None`` when absent."""
+    field = reader.fields.get(key)
+    if field is None:
+        return None
+    value = field.parts[-1]
+    if field.types and field.types[0].name == "STRING":
+        return bytes(value).decode("utf-8")
+    return value[0].item() if len(value) else None
+
+
+def base_shape(base: str | Path) -> dict[str, Any]:
+    """What the conversion needs of a base model: ``{"architecture", "n_head", "n_head_kv",
+    "n_layer"}``, read from a ``.gguf`` model file's metadata or from a transformers model
+    folder's ``config.json`` (its ``model_type`` mapped by :data:`GGUF_ARCHITECTURES`).
+    :class:`AdapterError` for anything else, or an architecture without a tested mapping."""
+    path = Path(base).expanduser()
+    if path.suffix.lower() == ".gguf":
+        import gguf
+
+        if not path.is_file():
+            raise AdapterError(f"no base GGUF model at {path}")
+        reader = gguf.GGUFReader(str(path))
+        arch = _field(reader, "general.architecture")
+        if _field(reader, "general.type") == "adapter":
+            raise AdapterError(f"expected a base model GGUF, got the adapter {path}")
+        shape = {
+            "architecture": arch,
+            "n_head": _field(reader, f"{arch}.attention.head_count"),
+            "n_head_kv": _field(reader, f"{arch}.attention.head_count_kv"),
+            "n_layer": _field(reader, f"{arch}.block_count"),
+        }
+        if arch not in set(GGUF_ARCHITECTURES.values()):
+            raise AdapterError(
+                f"{path} is a {arch!r} model; adapters ship to llama.cpp for the "
+                f"architectures {sorted(set(GGUF_ARCHITECTURES.values()))} only"
+            )
+        shape["n_head_kv"] = shape["n_head_kv"] or shape["n_head"]
+        return shape
+    config_path = path / "config.json" if path.is_dir() else path
+    if not config_path.is_file() or config_path.name != "config.json":
+        raise AdapterError(
+            f"expected the adapter's base model as a .gguf file or a model folder with "
+            f"config.json, got {base}"
+        )
+    config = json.loads(config_path.read_text())
+    config = config.get("text_config") or config  # a multimodal wrapper's language model
+    model_type = config.get("model_type")
+    if model_type not in GGUF_ARCHITECTURES:
+        raise AdapterError(
+            f"{config_path}: model_type {model_type!r} has no tested llama.cpp adapter "
+            f"conversion; supported: {', '.join(GGUF_ARCHITECTURES)}"
+        )
+    n_head = int(config["num_attention_heads"])
+    return {
+        "architecture": GGUF_ARCHITECTURES[model_type],
+        "n_head": n_head,
+        "n_head_kv": int(config.get("num_key_value_heads") or n_head),
+        "n_layer": int(config["num_hidden_layers"]),
+    }
+
+
+def adapter_base(adapter_dir: str | Path) -> Path | None:
+    """The base model an adapter folder itself names, for :func:`lora_to_gguf`: ``rag_gym.json``'s
+    ``base`` (``"embedded"``: the embedded GGUF; a ``.gguf`` file), else PEFT's
+    ``base_model_name_or_path`` when it is a local GGUF or model folder (the trainers' dequantised
+    copy of a GGUF); ``None`` when neither is here."""
+    folder = Path(adapter_dir)
+    names: list[Any] = []
+    meta = folder / "rag_gym.json"
+    if meta.is_file():
+        names.append(json.loads(meta.read_text()).get("base"))
+    config = folder / "adapter_config.json"
+    if config.is_file():
+        names.append(json.loads(config.read_text()).get("base_model_name_or_path"))
+    for name in names:
+        if not isinstance(name, str) or not name:
+            continue
+        if name == "embedded" or Path(name).name == "smollm2-135m-instruct":
+            from rag_gym.generation.llama_cpp import embedded_gguf_path
+
+            return embedded_gguf_path()
+        path = Path(name).expanduser()
+        if (path.suffix.lower() == ".gguf" and path.is_file()) or (path / "config.json").is_file():
+            return path
+    return None
+
+
 def lora_to_gguf(
     adapter_dir: str | Path,
     out: str | Path | None = None,
+    base: str | Path | None = None,
+    *,
+    architecture: str | None = None,
     n_head: int | None = None,
     n_head_kv: int | None = None,
-    architecture: str = "llama",
 ) -> Path:
-    """Convert a PEFT LoRA adapter folder to a llama.cpp GGUF adapter (f16).
+    """Convert a PEFT LoRA adapter folder to a llama.cpp GGUF adapter (f16) for its base model.
 
     Args:
         adapter_dir: folder with ``adapter_config.json`` and ``adapter_model.safetensors``.
         out: the ``.gguf`` file to write; default ``adapter_dir/adapter.gguf``.
-        n_head, n_head_kv: attention heads of the base (for the Q/K permutation); default read
-            from ``adapter_dir/config.json`` or, failing that, SmolLM2-135M's 9 and 3.
-        architecture: the base GGUF's ``general.architecture``.
+        base: the base model the adapter goes on: its ``.gguf`` file (the truth llama.cpp
+            loads) or a transformers model folder; default the one the folder names
+            (:func:`adapter_base`).
+        architecture, n_head, n_head_kv: the base's llama.cpp architecture and attention head
+            counts, instead of reading them from ``base`` (all three together).
 
-    Returns the written path.
+    Returns the written path. :class:`AdapterError` when the base cannot be told, when its
+    architecture has no tested conversion, or for an adapter llama.cpp cannot apply.
     """
     import gguf
 
@@ -158,36 +265,59 @@ def lora_to_gguf(
     weights_path = adapter_dir / "adapter_model.safetensors"
     if not weights_path.is_file():
         raise AdapterError(f"expected {weights_path}, got no such file")
-    if n_head is None or n_head_kv is None:
-        base = adapter_dir / "config.json"
-        base_cfg = json.loads(base.read_text()) if base.is_file() else {}
-        n_head = n_head or int(base_cfg.get("num_attention_heads", 9))
-        n_head_kv = n_head_kv or int(base_cfg.get("num_key_value_heads", 3))
+    if architecture is not None:
+        if architecture not in set(GGUF_ARCHITECTURES.values()):
+            raise AdapterError(
+                f"expected architecture to be one of {sorted(set(GGUF_ARCHITECTURES.values()))}, "
+                f"got {architecture!r}"
+            )
+        if architecture in PERMUTED and not (n_head and n_head_kv):
+            raise AdapterError(
+                f"the {architecture!r} architecture permutes Q and K by head: pass n_head and "
+                "n_head_kv with it, or the base model (base=)"
+            )
+        shape = {"architecture": architecture, "n_head": n_head, "n_head_kv": n_head_kv}
+    else:
+        base = base if base is not None else adapter_base(adapter_dir)
+        if base is None:
+            raise AdapterError(
+                f"cannot tell which base model the adapter in {adapter_dir} goes on (no "
+                "rag_gym.json, and PEFT's base_model_name_or_path is not a local model): pass "
+                "the base model's .gguf file (rag-gym train export ADAPTER --base FILE.gguf; "
+                "Python: base=)"
+            )
+        shape = base_shape(base)
+    arch = shape["architecture"]
+    model_arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
     tensors = load_lora_tensors(weights_path)
+    layers = [int(m) for m in re.findall(r"layers\.(\d+)\.", " ".join(tensors))]
+    names_map = gguf.get_tensor_name_map(model_arch, max([*layers, 0]) + 1)
     out = Path(out) if out is not None else adapter_dir / "adapter.gguf"
-    writer = gguf.GGUFWriter(str(out), architecture)
+    converted = []
+    for key in sorted(tensors):
+        m = _KEY.match(key)
+        target = names_map.get_name(m.group("module")) if m is not None else None
+        if target is None:
+            raise AdapterError(
+                f"{weights_path}: tensor {key!r} is not a LoRA weight of a linear layer the "
+                f"{arch!r} architecture has in llama.cpp (gguf's tensor name map); it cannot be "
+                "shipped to llama.cpp"
+            )
+        ab = m.group("ab")
+        data = tensors[key].astype(np.float32)
+        if ab == "B" and arch in PERMUTED and target.endswith(".attn_q"):
+            data = _permute(data, int(shape["n_head"]))
+        elif ab == "B" and arch in PERMUTED and target.endswith(".attn_k"):
+            data = _permute(data, int(shape["n_head_kv"]))
+        converted.append((f"{target}.weight.lora_{ab.lower()}", data.astype(np.float16)))
+    if not converted:
+        raise AdapterError(f"{weights_path} holds no LoRA weights")
+    writer = gguf.GGUFWriter(str(out), arch)
     writer.add_string("general.type", "adapter")
     writer.add_string("adapter.type", "lora")
     writer.add_float32("adapter.lora.alpha", float(config.get("lora_alpha", config.get("r", 8))))
-    names = []
-    for key in sorted(tensors):
-        m = _KEY.search(key)
-        if m is None:
-            raise AdapterError(
-                f"{weights_path}: tensor {key!r} is not a LoRA weight of a llama linear layer "
-                f"({', '.join(_MODULES)}); it cannot be shipped to llama.cpp"
-            )
-        layer, module, ab = int(m.group(1)), m.group(2), m.group(3)
-        data = tensors[key].astype(np.float32)
-        if ab == "B" and module == "self_attn.q_proj":
-            data = _permute(data, n_head)
-        elif ab == "B" and module == "self_attn.k_proj":
-            data = _permute(data, n_head_kv)
-        name = f"blk.{layer}.{_MODULES[module]}.weight.lora_{ab.lower()}"
-        writer.add_tensor(name, data.astype(np.float16))
-        names.append(name)
-    if not names:
-        raise AdapterError(f"{weights_path} holds no LoRA weights")
+    for name, data in converted:
+        writer.add_tensor(name, data)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -247,9 +377,11 @@ def check_adapter_fits(adapter_gguf: str | Path, base_gguf: str | Path) -> None:
             )
 
 
-def adapter_gguf(adapter: str | Path) -> Path:
+def adapter_gguf(adapter: str | Path, base: str | Path | None = None) -> Path:
     """The GGUF adapter file for ``adapter``: the file itself, or an adapter folder's
-    ``adapter.gguf``, written from its PEFT weights when the folder has none yet."""
+    ``adapter.gguf``, written from its PEFT weights for the base model ``base`` (a ``.gguf``
+    file; default the one the folder names, :func:`adapter_base`) when the folder has none
+    yet. Whether it fits the base is :func:`check_adapter_fits`'s to say."""
     path = Path(adapter)
     if path.suffix == ".gguf":
         if not path.is_file():
@@ -258,5 +390,5 @@ def adapter_gguf(adapter: str | Path) -> Path:
     folder = resolve_adapter(path)
     gguf_path = folder / "adapter.gguf"
     if not gguf_path.is_file():
-        lora_to_gguf(folder, gguf_path)
+        lora_to_gguf(folder, gguf_path, base=base)
     return gguf_path

@@ -22,6 +22,7 @@ import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from rag_gym.generation import chat_templates
 from rag_gym.generation import llama_compat as compat
@@ -118,6 +119,8 @@ class LlamaCppLM(LanguageModel):
                 f"no GGUF model file at {path}; pass model_path= to an existing .gguf file"
             )
         self.model_path = path
+        self.model_id = "embedded" if model_path is None else str(path.resolve())
+        self.model_named = model_path is not None
         self.name = path.stem
         self.n_ctx = n_ctx
         self.n_threads = n_threads
@@ -172,24 +175,54 @@ class LlamaCppLM(LanguageModel):
         if named is not None:  # create_chat_completion renders with it too
             self._llm.chat_handler = self._formatter.to_chat_handler()
 
-    def with_adapter(self, adapter: str | Path) -> LlamaCppLM:
-        """This model with a LoRA adapter: a ``.gguf`` adapter file, or an adapter folder
-        (its ``adapter.gguf``, converted from the PEFT weights on first use)."""
-        from rag_gym.generation.adapters import adapter_gguf
-
-        return LlamaCppLM(
-            self.model_path,
+    def _same_options(self, **changes: Any) -> LlamaCppLM:
+        options = dict(
+            model_path=self.model_path if self.model_named else None,
             n_ctx=self.n_ctx,
             n_threads=self.n_threads,
             seed=self.seed,
             n_gpu_layers=self.n_gpu_layers,
-            adapter=adapter_gguf(adapter),
+            adapter=self.adapter,
             kv_reuse=self.kv_reuse,
             kv_chunk=self.kv_chunk,
             parallel=self.parallel,
             batch_greedy=self.batch_greedy,
             chat_template=self.chat_template_option,
-        ).set_options(self.max_new_tokens, self.temperature)
+        )
+        return LlamaCppLM(**{**options, **changes}).set_options(
+            self.max_new_tokens, self.temperature
+        )
+
+    def with_model(self, model: str) -> LlamaCppLM:
+        """This backend's options on another GGUF model (``"embedded"`` or a ``.gguf`` file),
+        without an adapter. ``ValueError`` for a model llama.cpp cannot load (a hub id or a
+        transformers folder: convert it to GGUF, or evaluate with ``--lm transformers``)."""
+        if model == "embedded":
+            return self._same_options(model_path=None, adapter=None)
+        if Path(model).suffix.lower() != ".gguf":
+            raise ValueError(
+                f"expected a .gguf model for llama.cpp, got {model!r}: evaluate with --lm "
+                f"transformers:{model}, or convert it with llama.cpp's convert_hf_to_gguf.py"
+            )
+        if not Path(model).is_file():
+            raise FileNotFoundError(
+                f"no GGUF model file at {model} on this machine: pass --lm llama_cpp:PATH to "
+                "its copy here"
+            )
+        return self._same_options(model_path=Path(model), adapter=None)
+
+    def with_adapter(
+        self, adapter: str | Path, chat_template: str | Path | None = None
+    ) -> LlamaCppLM:
+        """This model with a LoRA adapter: a ``.gguf`` adapter file, or an adapter folder
+        (its ``adapter.gguf``, converted from the PEFT weights for this model's architecture
+        on first use). ``chat_template`` replaces this backend's template when given."""
+        from rag_gym.generation.adapters import adapter_gguf
+
+        changes: dict[str, Any] = {"adapter": adapter_gguf(adapter, base=self.model_path)}
+        if chat_template is not None:
+            changes["chat_template"] = chat_template
+        return self._same_options(**changes)
 
     @property
     def chat_template(self) -> chat_templates.ChatTemplate:

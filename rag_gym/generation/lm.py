@@ -142,8 +142,28 @@ class LanguageModel(abc.ABC):
         self.max_new_tokens, self.temperature = max_new_tokens, temperature
         return self
 
-    def with_adapter(self, adapter: str | Path) -> LanguageModel:
-        """The same model with a LoRA adapter applied (a new backend; this one is unchanged)."""
+    #: The model this backend runs, as a training run records its base (``"embedded"``, a
+    #: ``.gguf`` file's or a folder's absolute path, or a hub id); ``None`` where it cannot say
+    #: (a server's model).
+    model_id: str | None = None
+    #: Whether the user named the model (``llama_cpp:FILE.gguf``), or it is the default one
+    #: (the embedded SmolLM2), which a checkpoint trained on another base replaces.
+    model_named: bool = True
+
+    def with_model(self, model: str) -> LanguageModel:
+        """The same backend and options on another model (``model`` as :attr:`model_id`
+        writes it); a new backend, this one unchanged."""
+        raise NotImplementedError(
+            f"the {type(self).__name__} backend cannot load another model; use llama_cpp or "
+            "transformers"
+        )
+
+    def with_adapter(
+        self, adapter: str | Path, chat_template: str | Path | None = None
+    ) -> LanguageModel:
+        """The same model with a LoRA adapter applied (a new backend; this one is unchanged),
+        rendering chats with ``chat_template`` when given (the one the adapter was trained
+        with), else with this backend's."""
         raise NotImplementedError(
             f"the {type(self).__name__} backend cannot apply LoRA adapters; use llama_cpp or "
             "transformers"
@@ -168,3 +188,17 @@ def check_prompts(prompts: Sequence[Prompt]) -> list[Prompt]:
                 f"expected prompt {i} to be a str or a list of {{'role', 'content'}} messages, got {p!r:.80}"
             )
     return out
+
+
+def same_model(a: str | Path | None, b: str | Path | None) -> bool:
+    """Whether two model ids (:attr:`LanguageModel.model_id`) name the same model: equal ids,
+    the same file, or (where one of them is not on this machine: a run trained elsewhere) files
+    of the same name."""
+    if a is None or b is None:
+        return False
+    if str(a) == str(b):
+        return True
+    pa, pb = Path(str(a)).expanduser(), Path(str(b)).expanduser()
+    if pa.exists() and pb.exists():
+        return pa.resolve() == pb.resolve()
+    return pa.suffix.lower() == ".gguf" and pa.name == pb.name

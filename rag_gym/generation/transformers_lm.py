@@ -192,6 +192,26 @@ def _split_model(model: str | Path | None) -> tuple[str, str | None, str]:
     return str(model), None, str(model)
 
 
+def as_llama_cpp_runs_it(config: Any) -> Any:
+    """``config`` (read from a GGUF file by transformers) with what transformers' GGUF reader
+    leaves at a default where llama.cpp computes it from the file: Gemma 3's attention scale.
+    A GGUF has no ``query_pre_attn_scalar``, so transformers keeps its default of 256, while
+    llama.cpp scales by the head size (by hidden size / heads for the 62-layer 27B model). They
+    agree on Gemma 3 270M, 1B and 4B (head size 256) and would differ on any other."""
+    if getattr(config, "model_type", None) in ("gemma3_text", "gemma3"):
+        if config.num_hidden_layers == 62:
+            config.query_pre_attn_scalar = config.hidden_size // config.num_attention_heads
+        else:
+            config.query_pre_attn_scalar = config.head_dim
+    return config
+
+
+def _model_id(model: str | Path) -> str:
+    """A model option as :attr:`~rag_gym.generation.lm.LanguageModel.model_id` writes it."""
+    path = Path(model).expanduser()
+    return str(path.resolve()) if path.exists() else str(model)
+
+
 #: the folder name of the embedded model's trainable copy (rag_gym.train.models.trainable_embedded)
 EMBEDDED_DIR_NAME = "smollm2-135m-instruct"
 
@@ -287,6 +307,8 @@ class TransformersLM(LanguageModel):
         self._options["chat_template"] = chat_template
         self._named_template = named
         self._source = model
+        self.model_named = model is not None
+        self.model_id = "embedded" if model is None else _model_id(model)
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = dtype or ("float32" if self.device == "cpu" else "bfloat16")
         if not hasattr(torch, dtype):
@@ -304,6 +326,11 @@ class TransformersLM(LanguageModel):
                     "loading a GGUF file with transformers needs accelerate and gguf: "
                     "pip install 'rag-gym[hf]'"
                 ) from exc
+            from transformers import AutoConfig
+
+            kwargs["config"] = as_llama_cpp_runs_it(
+                AutoConfig.from_pretrained(source, gguf_file=gguf)
+            )
         self.tokenizer = AutoTokenizer.from_pretrained(
             source, **({"gguf_file": gguf} if gguf else {})
         )
@@ -489,14 +516,27 @@ class TransformersLM(LanguageModel):
     def chat_prompt(self, messages: list[dict[str, str]]) -> str:
         return self.render(messages)
 
-    def with_adapter(self, adapter: str | Path) -> TransformersLM:
-        """A new backend: this model's base with the LoRA adapter folder ``adapter`` merged."""
+    def with_model(self, model: str) -> TransformersLM:
+        """This backend's options on another model (``"embedded"``, a ``.gguf`` file, a
+        folder or a hub id)."""
+        return TransformersLM(None if model == "embedded" else model, **self._options).set_options(
+            self.max_new_tokens, self.temperature
+        )
+
+    def with_adapter(
+        self, adapter: str | Path, chat_template: str | Path | None = None
+    ) -> TransformersLM:
+        """A new backend: this model's base with the LoRA adapter folder ``adapter`` merged,
+        rendering chats with ``chat_template`` when given, else with this backend's."""
         from rag_gym.generation.adapters import resolve_adapter
 
         folder = resolve_adapter(adapter)
         if getattr(self, "_source", "") == "":
             raise ValueError("expected a TransformersLM loaded from a model, got one from_model()")
-        lm = TransformersLM(self._source, **self._options)
+        options = dict(self._options)
+        if chat_template is not None:
+            options["chat_template"] = chat_template
+        lm = TransformersLM(self._source, **options)
         lm.model = merge_adapter(lm.model, folder)
         lm.model.eval()
         lm.name = f"{lm.name}+{folder.name}"

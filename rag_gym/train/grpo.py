@@ -130,8 +130,12 @@ class EnvGRPOConfig:
     judge_weight: float = 1.0
     """The judge term's weight: a "yes" adds ``judge_weight × (1 − answer reward)``."""
     model: str = "embedded"
-    """``embedded`` (SmolLM2-135M-Instruct), ``tiny`` (a random 2-layer model for smoke tests),
-    a hub id or a directory."""
+    """``embedded`` (SmolLM2-135M-Instruct), a ``.gguf`` model file, a hub id or a directory
+    (what ``--lm`` takes), or ``tiny`` (a random 2-layer model for smoke tests)."""
+    chat_template: str | None = None
+    """The chat template the rollouts' prompts are rendered in (``chatml``, ``gemma``,
+    ``llama3`` or a Jinja file); ``None`` is the model's own, or, from an SFT run (``init``), the
+    one that run recorded. A model without one is refused."""
     algorithm: str = "grpo"
     """``grpo`` or ``dapo``."""
     num_generations: int = 4
@@ -250,10 +254,12 @@ class EnvGRPOConfig:
         return self.prompts_per_step * self.num_generations
 
     def __post_init__(self) -> None:
+        from rag_gym.train.models import model_option
         from rag_gym.train.options import dict_option, json_option
         from rag_gym.wrappers.presets import check_preset
 
         self.env_kwargs = dict_option("env_kwargs", self.env_kwargs)
+        self.model = model_option(self.model)
         self.reward_kwargs = dict_option("reward_kwargs", self.reward_kwargs)
         stages = json_option("stages", self.stages, "'[[1, 0.5], [2, 1.0]]'") or ()
         try:
@@ -673,7 +679,7 @@ def build_trainer(
     from rag_gym.wrappers import presets
 
     if model is None:
-        model, tokenizer = load_policy(cfg.model)
+        model, tokenizer = load_policy(cfg.model, chat_template=cfg.chat_template)
     run_dir = run_dir_for(cfg, run_dir)
     engine = rollout_engine(cfg, tokenizer, cfg.split)
     keys = keys if keys is not None else question_keys(engine)
@@ -910,7 +916,7 @@ def train_forest(
     from rag_gym.train.tracking import run_dir_for
 
     cfg.max_turns = 1
-    model, tokenizer = load_policy(cfg.model)
+    model, tokenizer = load_policy(cfg.model, chat_template=cfg.chat_template)
     root = run_dir_for(cfg)
     steps = steps_per_iteration or max(1, math.ceil(cfg.max_steps / iterations))
     keys: dict[str, tuple[int, tuple[str, ...]]] | None = None
@@ -951,16 +957,23 @@ def _next_contexts(
     return nxt
 
 
-def load_with_adapter(base: str, init: str | Path, trainable: bool = True) -> tuple[Any, Any]:
+def load_with_adapter(
+    base: str, init: str | Path, trainable: bool = True, chat_template: str | None = None
+) -> tuple[Any, Any]:
     """``(model, tokenizer)``: the policy ``base`` with the LoRA adapter of ``init`` (an adapter
-    folder, or a run folder with ``final/``) applied, its weights trainable."""
+    folder, or a run folder with ``final/``) applied, its weights trainable. ``chat_template``
+    ``None`` is the one ``init``'s run recorded (:func:`~rag_gym.agents.provenance.
+    recorded_chat_template`), else the base's own."""
     from peft import PeftModel
 
+    from rag_gym.agents.provenance import recorded_chat_template
     from rag_gym.generation.adapters import AdapterError, resolve_adapter
     from rag_gym.train.models import load_policy
 
     folder = resolve_adapter(init)
-    model, tokenizer = load_policy(base)
+    if chat_template is None:
+        chat_template = recorded_chat_template(folder)
+    model, tokenizer = load_policy(base, chat_template=chat_template)
     try:
         model = PeftModel.from_pretrained(model, str(folder), is_trainable=trainable)
     except (RuntimeError, ValueError, KeyError) as exc:
@@ -1000,21 +1013,21 @@ def train_from(
             f"{cfg.resume_from_checkpoint!r} (no such folder)"
         )
     if init is not None:
-        model, tokenizer = load_with_adapter(cfg.model, init)
+        model, tokenizer = load_with_adapter(cfg.model, init, chat_template=cfg.chat_template)
         cfg.lora = False  # the adapter is already there
     else:
         from rag_gym.train.models import load_policy
 
-        model, tokenizer = load_policy(cfg.model)
+        model, tokenizer = load_policy(cfg.model, chat_template=cfg.chat_template)
     t0 = time.perf_counter()
     held_out = rollout_engine(cfg, tokenizer, "validation") if eval_n else None
     before = _held_out_em("before training", model, tokenizer, held_out, eval_n)
     trainer, rollout = build_trainer(cfg, model, tokenizer)
     # the run's own record of where it started, read back by resume_config
-    from rag_gym.generation.chat_templates import tokenizer_template
+    from rag_gym.train.models import policy_template
 
     start = {"init": None if init is None else str(Path(init).resolve()), "eval_n": eval_n}
-    start["chat_template"] = tokenizer_template(tokenizer)  # the rollouts' prompts
+    start["chat_template"] = policy_template(tokenizer)  # the rollouts' prompts
     (Path(trainer.args.output_dir) / "init.json").write_text(_json(start))
     t1 = time.perf_counter()
     trainer.train(resume_from_checkpoint=cfg.resume_from_checkpoint)

@@ -80,6 +80,7 @@ def train_and_ship(sft_cfg: Any, pipeline: PipelineConfig, root: str | Path, com
     questions. Returns the report (``stages`` with each stage's held-out figures and seconds,
     ``checkpoint``: the shipped folder or ``None``), also written to ``root/results.json``."""
     from rag_gym.train.grpo import EnvGRPOConfig, train_from
+    from rag_gym.train.models import base_gguf
     from rag_gym.train.sft import train as train_sft
     from rag_gym.train.ship import package_adapter, record_fixed_questions
 
@@ -110,6 +111,7 @@ def train_and_ship(sft_cfg: Any, pipeline: PipelineConfig, root: str | Path, com
                 reward_preset="none",
                 algorithm=pipeline.algorithm,
                 model=sft_cfg.model,
+                chat_template=sft_cfg.chat_template,
                 max_turns=sft_cfg.max_turns,
                 max_turn_tokens=sft_cfg.max_turn_tokens,
                 max_completion_tokens=sft_cfg.max_completion_tokens,
@@ -137,8 +139,11 @@ def train_and_ship(sft_cfg: Any, pipeline: PipelineConfig, root: str | Path, com
         )
         final = Path(grpo["checkpoint"])
 
-    if sft_cfg.model != "embedded":
-        print("not the embedded model: no llama.cpp base, so not shipped and not tested")
+    if base_gguf(sft_cfg.model) is None:
+        print(
+            f"{sft_cfg.model} is not a GGUF model: no llama.cpp base, so not shipped and not "
+            "tested (train on its .gguf file to ship it)"
+        )
     else:
         t0 = time.perf_counter()
         stages = report["stages"]
@@ -156,6 +161,7 @@ def train_and_ship(sft_cfg: Any, pipeline: PipelineConfig, root: str | Path, com
                 "env_kwargs": rl_env_kwargs,
                 "tags": sft_cfg.tags,
             },
+            base=sft_cfg.model,
         )
         # the answers to 8 fixed test questions, which the model card lists and a test replays
         record_fixed_questions(checkpoint)

@@ -33,7 +33,6 @@ import numpy as np
 from rag_gym.agents.expert import Demonstration, SynthHopExpert, check_options
 from rag_gym.agents.real_expert import AnnotationExpert, ExpertReport, play_split
 from rag_gym.envs.search import ActionType
-from rag_gym.generation.chat_templates import tokenizer_template
 from rag_gym.wrappers.text_actions import OBS_TEMPLATE
 
 
@@ -84,7 +83,13 @@ class SFTConfig:
     it") or ``title_verdicts`` (each listed title marked ``(yes)`` or ``(no)``: the comparison
     that tells a miss from a hit, written out)."""
     model: str = "embedded"
-    """``embedded`` (SmolLM2-135M-Instruct), ``tiny`` (smoke tests), a hub id or a directory."""
+    """``embedded`` (SmolLM2-135M-Instruct), a ``.gguf`` model file, a hub id or a directory
+    (what ``--lm`` takes: :func:`~rag_gym.train.models.load_policy`), or ``tiny`` (smoke
+    tests)."""
+    chat_template: str | None = None
+    """The chat template the transcripts are rendered in: ``chatml``, ``gemma``, ``llama3`` or
+    a Jinja file; ``None`` is the model's own, and a model without one (a base model) is
+    refused. Recorded in ``config.json`` and saved with the adapter."""
     lora: bool = True
     """Train LoRA adapters on every linear layer but the (tied) output head."""
     lora_r: int = 16
@@ -123,9 +128,11 @@ class SFTConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        from rag_gym.train.models import model_option
         from rag_gym.train.options import dict_option
 
         self.env_kwargs = dict_option("env_kwargs", self.env_kwargs)
+        self.model = model_option(self.model)
         if self.n_demos is not None and (not isinstance(self.n_demos, int) or self.n_demos < 1):
             raise ValueError(f"expected n_demos >= 1 or None, got {self.n_demos!r}")
         for name in (
@@ -366,16 +373,16 @@ def build_trainer(
 ) -> tuple[Any, Path, dict[str, Any]]:
     """TRL's ``SFTTrainer`` over ``cfg``'s demonstrations; returns it, the run folder and
     statistics of the data (demonstrations, tokens, trained tokens)."""
-    from rag_gym.train.models import load_policy, lora_config
+    from rag_gym.train.models import load_policy, lora_config, policy_template
     from rag_gym.train.tracking import report_to, run_dir_for
-    from rag_gym.train.trl_compat import checkpointing_option, require_trl
+    from rag_gym.train.trl_compat import checkpointing_option, require_trl, sft_trainer_class
 
     trl = require_trl()
     import torch
     from datasets import Dataset
 
     if model is None:
-        model, tokenizer = load_policy(cfg.model)
+        model, tokenizer = load_policy(cfg.model, chat_template=cfg.chat_template)
     run_dir = run_dir_for(cfg, run_dir)
     demos, report = demonstrations_report(cfg, tokenizer)
     if not demos:
@@ -422,7 +429,7 @@ def build_trainer(
         dataset_num_proc=None,
     )
     peft_config = lora_config(cfg.lora_r, cfg.lora_alpha) if cfg.lora else None
-    trainer = trl.SFTTrainer(
+    trainer = sft_trainer_class()(
         model=model,
         args=args,
         train_dataset=dataset,
@@ -431,7 +438,7 @@ def build_trainer(
     )
     run_dir.mkdir(parents=True, exist_ok=True)
     record = {**asdict(cfg), "training_sets": cfg.training_sets()}
-    record["chat_template"] = tokenizer_template(tokenizer)  # the one its transcripts are in
+    record["chat_template"] = policy_template(tokenizer)  # the one its transcripts are in
     (run_dir / "config.json").write_text(json.dumps(record, indent=2))
     return trainer, run_dir, stats
 
@@ -449,7 +456,7 @@ def train(cfg: SFTConfig) -> dict[str, Any]:
     from rag_gym.train.models import load_policy
     from rag_gym.train.tracking import learning_curve, run_dir_for
 
-    model, tokenizer = load_policy(cfg.model)
+    model, tokenizer = load_policy(cfg.model, chat_template=cfg.chat_template)
     run_dir = run_dir_for(cfg)
     t0 = time.perf_counter()
     before = held_out(model, tokenizer, cfg, run_dir, 0) if cfg.eval_before else None

@@ -66,19 +66,11 @@ def package_adapter(
 
 
 def trained_template(path: str | Path) -> dict[str, str] | None:
-    """The chat template the runs of the adapter at ``path`` trained with, as they recorded it
-    (an SFT run's ``config.json``, a GRPO run's ``init.json``, a checkpoint's ``rag_gym.json``:
-    :meth:`~rag_gym.generation.chat_templates.ChatTemplate.describe`), the nearest first;
-    ``None`` where none says (a run made before templates were recorded used its base model's
-    own)."""
-    from rag_gym.agents.provenance import read_record, record_folders
+    """The chat template the runs of the adapter at ``path`` trained with
+    (:func:`rag_gym.agents.provenance.recorded_template`)."""
+    from rag_gym.agents.provenance import recorded_template
 
-    for where in record_folders(path):
-        for name in ("rag_gym.json", "init.json", "config.json"):
-            meta = read_record(where / name)
-            if meta and isinstance(meta.get("chat_template"), dict):
-                return meta["chat_template"]
-    return None
+    return recorded_template(path)
 
 
 def record_fixed_questions(

@@ -43,13 +43,17 @@ def fake_adapter(folder, r=4, layers=(0, 29), shapes=SHAPES, **config):
     return tensors
 
 
+#: SmolLM2-135M as the conversion sees it (the llama architecture, 9 heads, 3 KV heads)
+SMOLLM2 = dict(architecture="llama", n_head=9, n_head_kv=3)
+
+
 def test_conversion_names_permutes_and_scales(tmp_path):
     import gguf
 
     from rag_gym.generation.adapters import lora_to_gguf
 
     tensors = fake_adapter(tmp_path / "a")
-    path = lora_to_gguf(tmp_path / "a")
+    path = lora_to_gguf(tmp_path / "a", **SMOLLM2)
     reader = gguf.GGUFReader(str(path))
     fields = {k: v for k, v in reader.fields.items()}
     assert bytes(fields["general.type"].parts[-1]).decode() == "adapter"
@@ -107,7 +111,7 @@ def test_a_bfloat16_adapter_from_a_gpu_converts_as_its_float32_values(tmp_path):
         assert not np.array_equal(loaded[name], value)
     read = {}
     for kind in ("f32", "bf16"):
-        reader = gguf.GGUFReader(str(lora_to_gguf(tmp_path / kind)))
+        reader = gguf.GGUFReader(str(lora_to_gguf(tmp_path / kind, **SMOLLM2)))
         read[kind] = {t.name: np.array(t.data, dtype=np.float32) for t in reader.tensors}
     assert read["bf16"].keys() == read["f32"].keys() and len(read["f32"]) == 28
     for name in read["f32"]:
@@ -136,7 +140,42 @@ def test_what_llama_cpp_cannot_apply_is_refused(tmp_path, config, match):
 
     fake_adapter(tmp_path / "a", **config)
     with pytest.raises(AdapterError, match=match):
+        lora_to_gguf(tmp_path / "a", **SMOLLM2)
+
+
+def test_the_base_decides_the_names_and_the_permutation(tmp_path):
+    """A model folder's config.json names the architecture: Qwen2 keeps its Q/K rows, a model
+    type without a tested conversion is refused by name, and with no base at all the error
+    says how to name it."""
+    import gguf
+
+    from rag_gym.generation.adapters import AdapterError, lora_to_gguf
+
+    tensors = fake_adapter(tmp_path / "a")
+    qwen = tmp_path / "qwen"
+    qwen.mkdir()
+    heads = {"num_attention_heads": 9, "num_key_value_heads": 3, "num_hidden_layers": 30}
+    (qwen / "config.json").write_text(json.dumps({"model_type": "qwen2", **heads}))
+    reader = gguf.GGUFReader(str(lora_to_gguf(tmp_path / "a", base=qwen)))
+    assert bytes(reader.fields["general.architecture"].parts[-1]).decode() == "qwen2"
+    got = {t.name: np.array(t.data, dtype=np.float32) for t in reader.tensors}
+    b_q = tensors["base_model.model.model.layers.29.self_attn.q_proj.lora_B.weight"]
+    np.testing.assert_allclose(got["blk.29.attn_q.weight.lora_b"], b_q, atol=1e-3)
+    (qwen / "config.json").write_text(json.dumps({"model_type": "gemma2", **heads}))
+    with pytest.raises(AdapterError, match=r"'gemma2' has no tested llama.cpp adapter"):
+        lora_to_gguf(tmp_path / "a", base=qwen)
+    with pytest.raises(AdapterError, match=r"--base FILE.gguf"):
         lora_to_gguf(tmp_path / "a")
+    with pytest.raises(AdapterError, match="pass n_head and n_head_kv"):
+        lora_to_gguf(tmp_path / "a", architecture="llama")
+
+
+def test_a_tensor_the_architecture_does_not_have_is_refused(tmp_path):
+    from rag_gym.generation.adapters import AdapterError, lora_to_gguf
+
+    fake_adapter(tmp_path / "a", shapes={"self_attn.rotary_thing": (8, 8)})
+    with pytest.raises(AdapterError, match=r"rotary_thing.*not a LoRA weight of a linear layer"):
+        lora_to_gguf(tmp_path / "a", **SMOLLM2)
 
 
 def test_missing_folder_and_files(tmp_path):
@@ -149,7 +188,7 @@ def test_missing_folder_and_files(tmp_path):
         resolve_adapter(tmp_path / "empty")
     with pytest.raises(FileNotFoundError, match="no GGUF adapter"):
         adapter_gguf(tmp_path / "x.gguf")
-    fake_adapter(tmp_path / "run" / "final")
+    fake_adapter(tmp_path / "run" / "final", base_model_name_or_path="embedded")
     assert resolve_adapter(tmp_path / "run") == tmp_path / "run" / "final"
     assert adapter_gguf(tmp_path / "run").is_file()  # converted on first use
 
@@ -164,7 +203,7 @@ def test_fit_check_against_the_embedded_model(tmp_path):
 
     base = embedded_gguf_path()
     fake_adapter(tmp_path / "ok")
-    check_adapter_fits(lora_to_gguf(tmp_path / "ok"), base)  # fits: no error
+    check_adapter_fits(lora_to_gguf(tmp_path / "ok", base=base), base)  # fits: no error
     small = dict(
         zip(
             SHAPES,
@@ -174,10 +213,10 @@ def test_fit_check_against_the_embedded_model(tmp_path):
     )  # another model's
     fake_adapter(tmp_path / "other", shapes=small)
     with pytest.raises(AdapterError, match="trained on another model"):
-        check_adapter_fits(lora_to_gguf(tmp_path / "other"), base)
+        check_adapter_fits(lora_to_gguf(tmp_path / "other", **SMOLLM2), base)
     fake_adapter(tmp_path / "deep", layers=(40,))  # a layer the base does not have
     with pytest.raises(AdapterError, match=r"has no blk\.40"):
-        check_adapter_fits(lora_to_gguf(tmp_path / "deep"), base)
+        check_adapter_fits(lora_to_gguf(tmp_path / "deep", base=base), base)
     with pytest.raises(AdapterError, match=r"general\.type = adapter"):
         check_adapter_fits(base, base)
 

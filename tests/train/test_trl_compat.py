@@ -223,3 +223,79 @@ def test_checkpointing_off_without_a_deprecation_warning(name, tmp_path):
             **trl_compat.checkpointing_option(config_class, False),
         )
     assert args.gradient_checkpointing is False  # TRL's own default is True
+
+
+@requires_trl
+def test_the_compact_sft_loss_is_trls_own(tmp_path):
+    """``sft_trainer_class``'s loss, gradients and logged entropy and accuracy are TRL's
+    ``SFTTrainer``'s on the same batch (prompt tokens unlabelled), while its head projects the
+    labelled positions only."""
+    import copy
+
+    import torch
+    import trl
+    import trl.trainer.utils as utils
+    from datasets import Dataset
+
+    from rag_gym.train.models import tiny_policy
+
+    torch.manual_seed(0)
+    model, tok = tiny_policy()
+    rows = [
+        {"input_ids": list(range(5, 45)), "completion_mask": [0] * 30 + [1] * 10},
+        {"input_ids": list(range(50, 75)), "completion_mask": [0] * 20 + [1] * 5},
+    ]
+    results = {}
+    for name, cls in (("trl", trl.SFTTrainer), ("compact", trl_compat.sft_trainer_class())):
+        args = trl.SFTConfig(
+            output_dir=str(tmp_path / name),
+            per_device_train_batch_size=2,
+            completion_only_loss=True,
+            max_length=None,
+            report_to=[],
+            use_cpu=True,
+        )
+        trainer = cls(
+            model=copy.deepcopy(model),
+            args=args,
+            train_dataset=Dataset.from_list(rows),
+            processing_class=tok,
+        )
+        batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+        original = utils._use_triton
+        trainer.model.train()
+        loss = trainer.compute_loss(trainer.model, batch)
+        loss.backward()
+        grads = {
+            n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None
+        }
+        metrics = {k: v[-1] for k, v in trainer._metrics["train"].items() if k != "num_tokens"}
+        results[name] = (loss.item(), grads, metrics)
+        assert utils._use_triton is original  # restored after the call
+    (loss_a, grads_a, metrics_a), (loss_b, grads_b, metrics_b) = results["trl"], results["compact"]
+    assert loss_a == pytest.approx(loss_b, rel=1e-6)
+    assert grads_a.keys() == grads_b.keys() and grads_a
+    for name in grads_a:
+        torch.testing.assert_close(grads_a[name], grads_b[name], rtol=1e-5, atol=1e-7)
+    assert metrics_a.keys() == metrics_b.keys() >= {"entropy", "mean_token_accuracy"}
+    for key in metrics_a:
+        assert metrics_a[key] == pytest.approx(metrics_b[key], rel=1e-5)
+
+
+@requires_trl
+def test_the_compact_sft_trainer_projects_only_labelled_positions(monkeypatch):
+    """Inside its loss TRL's head runs compact (``_use_triton`` answers yes on the CPU)."""
+    import torch
+    import trl.trainer.utils as utils
+
+    cls = trl_compat.sft_trainer_class()
+    answers = []
+
+    def fake_super_loss(self, *args, **kwargs):
+        answers.append(utils._use_triton(torch.device("cpu")))
+        return torch.tensor(0.0)
+
+    monkeypatch.setattr(cls.__mro__[1], "compute_loss", fake_super_loss)
+    cls.compute_loss(object.__new__(cls), None, {})
+    assert answers == [True]
+    assert utils._use_triton(torch.device("cpu")) is False
