@@ -641,12 +641,6 @@ def _evaluate_suite(ctx: typer.Context, given: Callable[[str], bool]) -> None:
     from rag_gym.evaluate.suite import SuiteConfig, SuiteError, cell_text, load_suite, run_suite
 
     p = ctx.params
-    lm_options = [o for o in LM_OPTIONS if given(o)]
-    if lm_options:  # a suite run has no fields for them yet
-        _fail(
-            f"--{lm_options[0].replace('_', '-')} is not taken by suite runs yet: run each "
-            "dataset with rag-gym evaluate --env (or use the backend's defaults)"
-        )
     single = ("env", "split", "data_path", "k", "env_kwargs", "judge", "track")
     if p["suite"] is not None:
         wrong = [o for o in single if given(o)]
@@ -663,10 +657,17 @@ def _evaluate_suite(ctx: typer.Context, given: Callable[[str], bool]) -> None:
                     "expected --suite or a saved suite run (--resume/--from-run), got both"
                 )
             source = resume if resume is not None else from_run
+            lm_given = {name: p[name] for name in LM_OPTIONS if given(name)}
             if resume is not None:
+                if lm_given:
+                    raise SuiteError(
+                        f"--{next(iter(lm_given)).replace('_', '-')} has no meaning with "
+                        "--resume: a resumed suite keeps its LM options (rerun it with "
+                        "--from-run to change them)"
+                    )
                 overrides = {"out_dir": str(resume.parent), "run_name": resume.name}
             else:
-                overrides = {"out_dir": str(p["out"]), "run_name": p["run_name"]}
+                overrides = {"out_dir": str(p["out"]), "run_name": p["run_name"], **lm_given}
             config = SuiteConfig.from_run(source, **overrides)
             if from_run is not None:
                 from rag_gym.evaluate.suite import check_pins
@@ -693,6 +694,7 @@ def _evaluate_suite(ctx: typer.Context, given: Callable[[str], bool]) -> None:
                 batch_size=p["batch_size"],
                 prompt=prompt,
                 prompt_file=None if p["prompt"] is None else str(p["prompt"]),
+                **{name: p[name] for name in LM_OPTIONS},
                 out_dir=str(p["out"]),
                 run_name=p["run_name"],
             )
@@ -707,7 +709,8 @@ def _evaluate_suite(ctx: typer.Context, given: Callable[[str], bool]) -> None:
         from rag_gym.generation.backends import make_lm
 
         if any(needs_lm(a) for a in config.agents):
-            backend = make_lm(lm, seed=config.seed)
+            options = {name: getattr(config, name) for name in LM_OPTIONS}
+            backend = make_lm(lm, seed=config.seed, **options)
             config.lm_spec = lm
     except (ImportError, FileNotFoundError, TypeError, ValueError) as exc:
         _fail(str(exc))

@@ -169,8 +169,8 @@ def test_bad_lm_options_are_refused_before_the_run(tmp_path, monkeypatch):
     assert bad.exit_code == 2 and "expected max_new_tokens >= 1, got 0" in bad.output
     bad = _naive(tmp_path, "c", "--temperature", "-1")
     assert bad.exit_code == 2 and "expected temperature >= 0" in bad.output
-    suite = runner.invoke(app, ["evaluate", "--suite", "multihop", "--chat-template", "chatml"])
-    assert suite.exit_code == 2 and "--chat-template is not taken by suite runs" in suite.output
+    suite = runner.invoke(app, ["evaluate", "--suite", "multihop", "--chat-template", "chatm"])
+    assert suite.exit_code == 2 and "did you mean 'chatml'?" in suite.output
     assert not (tmp_path / "a").exists()
 
 

@@ -405,3 +405,33 @@ def test_a_suite_json_that_is_not_json_is_an_error(suite_run, tmp_path):
         (run / "suite.json").write_text(text)
         out = runner.invoke(app, ["evaluate", "--resume", str(run), "--no-progress"])
         assert out.exit_code == 2 and "cannot read" in out.output, out.output
+
+
+def test_lm_options_reach_every_column_and_a_rerun(tmp_path, monkeypatch):
+    """--n-ctx, --max-new-tokens, --temperature and --chat-template go to the suite's backend,
+    into each column's protocol.json and suite.json, and back to a --from-run rerun; a resume
+    cannot change them."""
+    from tests.test_cli_options import _with_fake_lm
+
+    made = _with_fake_lm(monkeypatch)
+    corpus = _write_world(tmp_path)
+    args = ["evaluate", "--suite", str(_suite_file(tmp_path)), "--corpus", str(corpus)]
+    args += ["--data-root", str(tmp_path), "--agents", "naive_rag", "--no-progress"]
+    args += ["--out", str(tmp_path / "runs")]
+    flags = ["--n-ctx", "1024", "--max-new-tokens", "7", "--temperature", "0.5"]
+    first = runner.invoke(app, [*args, *flags, "--chat-template", "gemma", "--run-name", "a"])
+    assert first.exit_code == 0, first.output
+    options = {"n_ctx": 1024, "max_new_tokens": 7, "temperature": 0.5, "chat_template": "gemma"}
+    assert made == [{"spec": "llama_cpp", **options}]
+    saved = json.loads((tmp_path / "runs" / "a" / "suite.json").read_text())["config"]
+    assert {k: saved[k] for k in options} == options
+    for column in ("NQ", "TQ"):
+        protocol = json.loads((tmp_path / "runs" / "a" / column / "protocol.json").read_text())
+        assert {k: protocol["config"][k] for k in options} == options
+    rerun = ["evaluate", "--from-run", str(tmp_path / "runs" / "a"), "--no-progress"]
+    again = runner.invoke(app, [*rerun, "--out", str(tmp_path / "runs"), "--run-name", "b"])
+    assert again.exit_code == 0, again.output
+    assert made[-1] == {"spec": "llama_cpp", **options}
+    resume = ["evaluate", "--resume", str(tmp_path / "runs" / "a"), "--n-ctx", "512"]
+    refused = runner.invoke(app, resume)
+    assert refused.exit_code == 2 and "--n-ctx has no meaning with --resume" in refused.output

@@ -225,10 +225,24 @@ class SuiteConfig:
     """The prompt template's text (``{question}`` marks the question), for agents that take one."""
     prompt_file: str | None = None
     lm_spec: str | None = None
+    n_ctx: int | None = None
+    """The LM options, as :class:`~rag_gym.evaluate.config.EvalConfig` takes them: context size,"""
+    max_new_tokens: int | None = None
+    """most new tokens of a reply,"""
+    temperature: float | None = None
+    """sampling temperature"""
+    chat_template: str | None = None
+    """and chat template of every LLM agent (``None``: the backend's or agent's own)."""
     out_dir: str = "runs"
     run_name: str | None = None
 
     def __post_init__(self) -> None:
+        EvalConfig(  # the LM options, checked as a single run checks them
+            n_ctx=self.n_ctx,
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            chat_template=self.chat_template,
+        )
         given = [x for x in (self.corpus, self.index, self.retriever) if x is not None]
         if len(given) != 1:
             raise SuiteError(
@@ -296,6 +310,10 @@ class SuiteConfig:
             env_kwargs=env_kwargs,
             batch_size=self.batch_size,
             lm_spec=self.lm_spec,
+            n_ctx=self.n_ctx,
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            chat_template=self.chat_template,
             out_dir=str(run_dir),
             run_name=column_folder(dataset.name),
         )
@@ -342,6 +360,10 @@ _CONFIG_TYPES: dict[str, type] = {
     "prompt": str,
     "prompt_file": str,
     "lm_spec": str,
+    "n_ctx": int,
+    "max_new_tokens": int,
+    "temperature": float,
+    "chat_template": str,
     "out_dir": str,
     "run_name": str,
 }
@@ -390,10 +412,12 @@ def read_suite_protocol(run_dir: str | Path) -> dict[str, Any]:
     for key, kind in _CONFIG_TYPES.items():
         value = config.get(key)
         required = key in ("suite", "agents")
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)  # JSON writes 1.0 as 1 where a person edits it
         if (value is None and required) or (
             value is not None and (not isinstance(value, kind) or isinstance(value, bool))
         ):
-            expected = {str: "a string", int: "an integer", list: "a list"}[kind]
+            expected = {str: "a string", int: "an integer", list: "a list", float: "a number"}[kind]
             expected += "" if required else " or null"
             raise bad(f"config.{key}", expected, value)
     for key in ("agents", "datasets"):
