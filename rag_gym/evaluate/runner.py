@@ -567,7 +567,7 @@ def evaluate_checkpoint(
 ) -> dict[str, Any]:
     """``rag-gym evaluate --split SPLIT --n N --agents search_r1:CHECKPOINT``: the checkpoint
     folder of a training run played greedily through llama.cpp (the main command's backend, its
-    GGUF adapter over the embedded model) on ``n`` questions of ``split`` of the env made with
+    GGUF adapter over the base GGUF it was trained on) on ``n`` questions of ``split`` of the env made with
     ``env_kwargs`` (the training world's, for a held-out figure). Writes the run folder
     ``out_dir/run_name`` and returns the agent's leaderboard row."""
     from rag_gym.baselines import make_agent

@@ -390,5 +390,14 @@ def adapter_gguf(adapter: str | Path, base: str | Path | None = None) -> Path:
     folder = resolve_adapter(path)
     gguf_path = folder / "adapter.gguf"
     if not gguf_path.is_file():
-        lora_to_gguf(folder, gguf_path, base=base)
+        # written aside and renamed: another process loading the same adapter meanwhile (two
+        # evaluations of one run) never maps a half-written file, which ends it with SIGBUS
+        import os
+
+        tmp = gguf_path.with_name(f".adapter.gguf.{os.getpid()}.tmp")
+        try:
+            lora_to_gguf(folder, tmp, base=base)
+            tmp.replace(gguf_path)
+        finally:
+            tmp.unlink(missing_ok=True)
     return gguf_path

@@ -239,3 +239,29 @@ def test_an_adapter_trained_on_another_machine_over_the_embedded_model_finds_it_
     local = tmp_path / "mine" / EMBEDDED_DIR_NAME
     local.mkdir(parents=True)
     assert adapter_base(folder(str(local))) == str(local)
+
+
+def test_a_conversion_is_never_seen_half_written(tmp_path, monkeypatch):
+    """The adapter is written aside and renamed into place: a second process loading the same
+    run meanwhile (two evaluations at once) finds no adapter.gguf, or a whole one, never a file
+    being written (which llama.cpp maps and dies on with SIGBUS)."""
+    import rag_gym.generation.adapters as adapters
+
+    fake_adapter(tmp_path / "run" / "final")
+    final = tmp_path / "run" / "final" / "adapter.gguf"
+    written = []
+
+    def convert(folder, out, base=None):
+        assert not final.exists() and out != final and out.parent == final.parent
+        out.write_bytes(b"whole")
+        written.append(out)
+        return out
+
+    monkeypatch.setattr(adapters, "lora_to_gguf", convert)
+    assert adapters.adapter_gguf(tmp_path / "run") == final
+    assert final.read_bytes() == b"whole" and not written[0].exists()
+    assert sorted(p.name for p in final.parent.iterdir()) == [
+        "adapter.gguf",
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
