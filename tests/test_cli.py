@@ -426,3 +426,35 @@ def test_the_printed_leaderboard_keeps_long_names_failures_and_missing_figures_w
     # wider consoles get the same columns, each cell on one line
     wide = render(rows, width=160).splitlines()
     assert any(line.startswith("search_r1:runs/grpo-2026-11-23/final ") for line in wide)
+
+
+def test_train_export_converts_for_the_runs_recorded_base(tmp_path):
+    """``train export RUN`` converts for the base the run recorded (a Qwen2 folder here: its
+    Q/K rows unpermuted), ``--base`` names another, and without either the error names
+    ``--base``."""
+    import gguf
+
+    from tests.generation.test_adapters import fake_adapter
+
+    qwen = tmp_path / "qwen"
+    qwen.mkdir()
+    heads = {"num_attention_heads": 9, "num_key_value_heads": 3, "num_hidden_layers": 30}
+    (qwen / "config.json").write_text(json.dumps({"model_type": "qwen2", **heads}))
+    run = tmp_path / "run"
+    fake_adapter(run / "final")
+    (run / "config.json").write_text(
+        json.dumps({"env_id": "rag_gym/SynthHop-v0", "model": str(qwen)})
+    )
+    done = runner.invoke(app, ["train", "export", str(run), "--out", str(tmp_path / "q.gguf")])
+    assert done.exit_code == 0, done.output
+    arch = gguf.GGUFReader(str(tmp_path / "q.gguf")).fields["general.architecture"]
+    assert bytes(arch.parts[-1]).decode() == "qwen2"
+    (qwen / "config.json").write_text(json.dumps({"model_type": "llama", **heads}))
+    named = ["train", "export", str(run), "--base", str(qwen), "--out", str(tmp_path / "l.gguf")]
+    assert runner.invoke(app, named).exit_code == 0
+    arch = gguf.GGUFReader(str(tmp_path / "l.gguf")).fields["general.architecture"]
+    assert bytes(arch.parts[-1]).decode() == "llama"
+    bare = tmp_path / "bare"
+    fake_adapter(bare)
+    refused = runner.invoke(app, ["train", "export", str(bare)])
+    assert refused.exit_code == 2 and "--base FILE.gguf" in refused.output

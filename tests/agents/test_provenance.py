@@ -246,3 +246,43 @@ def test_a_run_that_mixed_splits_counts_each_and_a_split_by_id_holds_nothing_bac
     )
     assert report["seen"] == len(by_split["train"]) + 3
     assert [row["seen"] for row in report["training_sets"]] == [len(by_split["train"]), 3]
+
+
+def test_the_base_and_template_a_checkpoint_was_trained_with(tmp_path):
+    """A run's config.json names its base (``model``) and template; a GRPO run names its SFT
+    run's base through init.json; a packaged checkpoint's rag_gym.json says ``base``; an adapter
+    from elsewhere says nothing."""
+    from rag_gym.agents.provenance import (
+        recorded_base,
+        recorded_chat_template,
+        recorded_template,
+    )
+
+    sft = tmp_path / "sft"
+    (sft / "final").mkdir(parents=True)
+    template = {"from": "builtin", "name": "gemma", "sha256": "x"}
+    (sft / "config.json").write_text(
+        json.dumps(
+            {"env_id": "rag_gym/SynthHop-v0", "model": "/m/g.gguf", "chat_template": template}
+        )
+    )
+    assert recorded_base(sft / "final") == "/m/g.gguf"
+    assert recorded_template(sft / "final") == template
+    assert recorded_chat_template(sft / "final") == "gemma"
+    grpo = tmp_path / "grpo"
+    (grpo / "final").mkdir(parents=True)
+    (grpo / "init.json").write_text(json.dumps({"init": str(sft / "final")}))
+    assert recorded_base(grpo / "final") == "/m/g.gguf"
+    packaged = tmp_path / "ckpt"
+    packaged.mkdir()
+    record = {"base": "embedded", "chat_template": {"from": "file", "file": "/t.jinja"}}
+    (packaged / "rag_gym.json").write_text(json.dumps(record))
+    assert recorded_base(packaged) == "embedded"
+    assert recorded_chat_template(packaged) == "/t.jinja"
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "rag_gym.json").write_text(json.dumps({"base": "embedded"}))
+    assert recorded_chat_template(own) is None  # the model's own
+    elsewhere = tmp_path / "elsewhere" / "a" / "b" / "c" / "d"
+    elsewhere.mkdir(parents=True)
+    assert recorded_base(elsewhere) is None and recorded_template(elsewhere) is None
