@@ -169,7 +169,10 @@ def base_shape(base: str | Path) -> dict[str, Any]:
 
         if not path.is_file():
             raise AdapterError(f"no base GGUF model at {path}")
-        reader = gguf.GGUFReader(str(path))
+        try:
+            reader = gguf.GGUFReader(str(path))
+        except Exception as exc:  # the reader's errors on a damaged file: ValueError, struct...
+            raise AdapterError(f"{path} is not a readable GGUF model ({exc})") from None
         arch = _field(reader, "general.architecture")
         if _field(reader, "general.type") == "adapter":
             raise AdapterError(f"expected a base model GGUF, got the adapter {path}")

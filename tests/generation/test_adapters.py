@@ -265,3 +265,14 @@ def test_a_conversion_is_never_seen_half_written(tmp_path, monkeypatch):
         "adapter_config.json",
         "adapter_model.safetensors",
     ]
+
+
+def test_a_damaged_base_gguf_is_named(tmp_path):
+    from rag_gym.generation.adapters import AdapterError, lora_to_gguf
+
+    fake_adapter(tmp_path / "a")
+    (tmp_path / "base.gguf").write_bytes(b"GGUF\x03\x00")
+    with pytest.raises(AdapterError, match=r"base\.gguf is not a readable GGUF model"):
+        lora_to_gguf(tmp_path / "a", base=tmp_path / "base.gguf")
+    with pytest.raises(AdapterError, match="no base GGUF model at"):
+        lora_to_gguf(tmp_path / "a", base=tmp_path / "missing.gguf")
