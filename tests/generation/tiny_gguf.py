@@ -130,3 +130,32 @@ def write_gguf(model: Any, path: str | Path, arch: str) -> Path:
     w.write_tensors_to_file()
     w.close()
     return Path(path)
+
+
+def f32_copy(src: str | Path, dst: str | Path) -> Path:
+    """The GGUF model ``src`` with every tensor dequantised to float32 (its metadata kept, the
+    file type set to all-F32), written to ``dst``: the weights transformers trains on after
+    dequantising ``src``, for llama.cpp to run without quantised matmuls."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(src))
+    arch = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(str(dst), arch)
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key in ("general.architecture", "general.file_type"):
+            continue
+        kind = field.types[0]
+        sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(key, field.contents(), kind, sub_type=sub)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    for tensor in reader.tensors:
+        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        shape = tuple(int(n) for n in reversed(tensor.shape))
+        writer.add_tensor(
+            tensor.name, np.ascontiguousarray(values, dtype=np.float32).reshape(shape)
+        )
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(dst)
