@@ -229,7 +229,7 @@ def adapter_base(adapter_dir: str | Path) -> Path | None:
         if not isinstance(name, str) or not name:
             continue
         if name == "embedded" or Path(name).name == "smollm2-135m-instruct":
-            from rag_gym.generation.llama_cpp import embedded_gguf_path
+            from rag_gym.generation.lm import embedded_gguf_path
 
             return embedded_gguf_path()
         path = Path(name).expanduser()

