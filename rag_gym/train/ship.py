@@ -7,7 +7,8 @@ A checkpoint folder holds:
 * ``adapter.gguf``: the same adapter for llama.cpp (:func:`~rag_gym.generation.adapters.lora_to_gguf`),
   so the default backend needs no torch;
 * ``rag_gym.json``: the base model (``"embedded"``: the embedded SmolLM2-135M-Instruct), the
-  chat template its runs trained with (``chat_template``, :func:`trained_template`), the
+  chat template its runs trained with (``chat_template``,
+  :func:`~rag_gym.agents.provenance.recorded_template`), the
   exact command, seed and data split, the held-out results, and a few fixed test questions with
   the answers the checkpoint gives them (a test replays them);
 * ``README.md``: the model card, written from ``rag_gym.json``.
@@ -53,7 +54,9 @@ def package_adapter(
     lora_to_gguf(out, out / "adapter.gguf")
     meta = {"base": base, "lora_r": config.get("r"), "lora_alpha": config.get("lora_alpha"), **card}
     if "chat_template" not in meta:  # the template its runs trained with
-        meta["chat_template"] = trained_template(adapter)
+        from rag_gym.agents.provenance import recorded_template
+
+        meta["chat_template"] = recorded_template(adapter)
     if "training_sets" not in meta:  # what rag-gym evaluate checks its questions against
         from rag_gym.agents.provenance import training_sets
 
@@ -63,14 +66,6 @@ def package_adapter(
     (out / "rag_gym.json").write_text(json.dumps(meta, indent=2) + "\n")
     (out / "README.md").write_text(model_card(meta))
     return out
-
-
-def trained_template(path: str | Path) -> dict[str, str] | None:
-    """The chat template the runs of the adapter at ``path`` trained with
-    (:func:`rag_gym.agents.provenance.recorded_template`)."""
-    from rag_gym.agents.provenance import recorded_template
-
-    return recorded_template(path)
 
 
 def record_fixed_questions(

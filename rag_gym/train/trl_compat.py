@@ -190,6 +190,18 @@ def compact_fused_head() -> Iterator[None]:
         utils._use_triton = original
 
 
+def _check_fused_head_hook(trl: Any) -> None:
+    """Raise :class:`TRLVersionError` unless the installed TRL has the private switch
+    :func:`compact_fused_head` sets."""
+    import trl.trainer.utils as utils
+
+    if not callable(getattr(utils, "_use_triton", None)):
+        raise TRLVersionError(
+            f"expected trl.trainer.utils._use_triton in trl {trl.__version__}; install "
+            f"trl{SUPPORTED}: pip install 'trl{SUPPORTED}'"
+        )
+
+
 @functools.cache
 def sft_trainer_class() -> type:
     """``CompactSFTTrainer``: TRL's ``SFTTrainer`` whose loss projects the LM head at the
@@ -199,13 +211,7 @@ def sft_trainer_class() -> type:
     times less; the loss, its gradients and the logged entropy and accuracy are TRL's own (the
     head's rows are independent; a test compares them)."""
     trl = require_trl()
-    import trl.trainer.utils as utils
-
-    if not callable(getattr(utils, "_use_triton", None)):
-        raise TRLVersionError(
-            f"expected trl.trainer.utils._use_triton in trl {trl.__version__}; install "
-            f"trl{SUPPORTED}: pip install 'trl{SUPPORTED}'"
-        )
+    _check_fused_head_hook(trl)
 
     class CompactSFTTrainer(trl.SFTTrainer):
         def compute_loss(self, *args: Any, **kwargs: Any) -> Any:
@@ -220,13 +226,7 @@ def env_grpo_trainer_class() -> type:
     """``EnvGRPOTrainer``, built on first use (it subclasses ``trl.GRPOTrainer``)."""
     trl = require_trl()
     check_private_api(trl)
-    import trl.trainer.utils as utils
-
-    if not callable(getattr(utils, "_use_triton", None)):
-        raise TRLVersionError(
-            f"expected trl.trainer.utils._use_triton in trl {trl.__version__}; install "
-            f"trl{SUPPORTED}: pip install 'trl{SUPPORTED}'"
-        )
+    _check_fused_head_hook(trl)
 
     class EnvGRPOTrainer(trl.GRPOTrainer):
         """TRL's ``GRPOTrainer`` that computes the policy's and the reference's per-token

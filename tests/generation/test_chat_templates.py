@@ -386,8 +386,8 @@ def test_llama_cpp_options_travel_with_an_adapter(template_less_gguf):
 def test_a_trained_run_records_its_template_and_a_checkpoint_finds_it(tmp_path):
     from types import SimpleNamespace
 
+    from rag_gym.agents.provenance import recorded_template
     from rag_gym.generation.chat_templates import tokenizer_template
-    from rag_gym.train.ship import trained_template
 
     assert tokenizer_template(SimpleNamespace(chat_template=None)) is None
     record = tokenizer_template(SimpleNamespace(chat_template=BUILTIN["chatml"]))
@@ -398,7 +398,7 @@ def test_a_trained_run_records_its_template_and_a_checkpoint_finds_it(tmp_path):
     (sft / "config.json").write_text(
         json.dumps({"chat_template": {"from": "model", "sha256": "a"}})
     )
-    assert trained_template(grpo / "final") == {"from": "model", "sha256": "a"}
+    assert recorded_template(grpo / "final") == {"from": "model", "sha256": "a"}
     (grpo / "init.json").write_text(json.dumps({"init": None, "chat_template": record}))
-    assert trained_template(grpo / "final") == record
-    assert trained_template(tmp_path / "elsewhere") is None
+    assert recorded_template(grpo / "final") == record
+    assert recorded_template(tmp_path / "elsewhere") is None
