@@ -108,6 +108,26 @@ def seq_rm(ctx: Any, seq: int, p0: int, p1: int = -1) -> None:
         raise RuntimeError(f"llama.cpp could not drop positions {p0}.. of sequence {seq}")
 
 
+def seq_span(ctx: Any, seq: int) -> tuple[int, int]:
+    """The first and last positions ``seq`` holds cells for (``(-1, -1)``: none). On a model
+    with sliding-window attention the first is that of the window layers' cells, which
+    llama.cpp drops once the window has passed them (and a saved state holds only the window):
+    it can be above 0 although the other layers hold every position."""
+    import llama_cpp
+
+    return (
+        int(llama_cpp.llama_memory_seq_pos_min(ctx.memory, seq)),
+        int(llama_cpp.llama_memory_seq_pos_max(ctx.memory, seq)),
+    )
+
+
+def sliding_window(llm: Any) -> int:
+    """The model's attention window in tokens (Gemma 3's 512), 0 when it has none."""
+    import llama_cpp
+
+    return int(llama_cpp.llama_model_n_swa(llm.model))
+
+
 def clear(ctx: Any) -> None:
     """Empty the KV cache (every sequence)."""
     import llama_cpp

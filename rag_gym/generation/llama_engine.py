@@ -18,7 +18,10 @@ is the same bit for bit.
 **Reuse across episodes.** The engine keeps, besides its live cache, copies of recent prompts'
 cells in host memory (:class:`Snapshots`, ``cache_mb`` at most), so that the prompts of a batch
 of episodes, generated one after another on the same context, each continue from their own
-previous turn.
+previous turn. On a model with sliding-window attention (Gemma 3) llama.cpp keeps only the cells
+the window still sees on those layers, so a prefix is reused only where the cache still holds
+every cell the rest of the prompt attends to (:meth:`LlamaEngine._holds`); otherwise the prompt
+is evaluated from position 0.
 
 **Batched decoding.** :meth:`LlamaEngine.run` with ``batched=True`` decodes several sequences
 together in one ``llama_batch`` (a second context with a unified KV cache of ``batch_ctx``
@@ -260,6 +263,7 @@ class LlamaEngine:
         self.snapshots = Snapshots(cache_mb * 2**20)
         self._ctx = compat.main_context(llm)
         self._live: np.ndarray | None = None  # tokens with canonical cells in the live cache
+        self._window: int | None = None  # the model's sliding attention window, once read
         self._batch = compat.Batch(llm.n_batch)
         self._bctx: Any = None
         self._bbatch: compat.Batch | None = None
@@ -322,10 +326,12 @@ class LlamaEngine:
                 self.stats["restored"] += 1
                 live = saved
             start = reuse_start(live, n, self.chunk, self.align)
+        if start > 0:
+            compat.seq_rm(ctx, 0, start)
+            if not self._holds(ctx, start):
+                start = 0
         if start == 0:
             compat.clear(ctx)
-        else:
-            compat.seq_rm(ctx, 0, start)
         self.stats["reused"] += start
         done = complete_end(n, self.chunk, self.align)
         pos = self._prefill(ctx, self._batch, request.tokens, start, 0, stop_at=done)
@@ -355,6 +361,17 @@ class LlamaEngine:
             pos += 1
         compat.forget_eval(llm)
         return text.result()
+
+    def _holds(self, ctx: Any, start: int) -> bool:
+        """Whether sequence 0's cells are all a prompt resumed at ``start`` attends to: every
+        position before ``start``, or on a sliding-window model (whose window layers keep only
+        the cells the window still sees, :func:`~rag_gym.generation.llama_compat.seq_span`)
+        the ``window - 1`` before it."""
+        if self._window is None:
+            self._window = compat.sliding_window(self.llm)
+        first, last = compat.seq_span(ctx, 0)
+        need = max(0, start - self._window + 1) if self._window else 0
+        return 0 <= first <= need and last >= start - 1
 
     def _batched(self, requests: Sequence[Request]) -> list[Completion]:
         llm = self.llm

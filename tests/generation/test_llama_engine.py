@@ -282,3 +282,33 @@ def test_generation_settings_name_the_decoding_and_describe_records_batched_gree
         assert base_lm.describe()["decode"] == "batched (up to 8 sequences)"
     finally:
         base_lm.batch_greedy = False
+
+
+@requires_llama
+def test_kv_reuse_on_a_sliding_window_model_gives_the_text_of_an_empty_cache(tmp_path):
+    """Gemma 3's window layers keep only the cells their window still sees, and a saved state
+    holds only those: a long prompt continued from its snapshot, then prompts that share only
+    its first words with it, give the text an empty cache gives (the cache never resumes on
+    cells llama.cpp dropped)."""
+    for module in ("torch", "transformers", "gguf"):
+        pytest.importorskip(module, reason=f"builds a tiny Gemma 3 GGUF: needs {module}")
+    from rag_gym.generation.llama_cpp import LlamaCppLM
+    from tests.generation.tiny_gguf import tiny_model, write_gguf
+
+    path = write_gguf(tiny_model("gemma3", sliding_window=16), tmp_path / "gemma3.gguf", "gemma3")
+    rng = random.Random(0)
+
+    def words(n: int) -> str:
+        return " ".join(f"p{rng.randrange(200)}" for _ in range(n))
+
+    shared = words(8)
+    first = f"{shared} {words(60)}"
+    prompts = [first, words(50), f"{first} {words(12)}"]
+    prompts += [f"{shared} {words(10)}" for _ in range(4)]
+    config = GenerationConfig(max_tokens=8)
+    warm = LlamaCppLM(model_path=str(path), n_ctx=512, kv_chunk=4)
+    cold = LlamaCppLM(model_path=str(path), n_ctx=512, kv_chunk=4, kv_reuse=False)
+    got = [g[0].text for g in warm.generate(prompts, config)]
+    assert got == [g[0].text for g in cold.generate(prompts, config)]
+    assert warm.engine.stats["restored"] > 0 and warm.engine.stats["reused"] > 0
+    assert len(set(got)) > 1  # the model does not answer every prompt alike

@@ -47,14 +47,15 @@ ARCHITECTURES: dict[str, tuple[str, dict[str, Any], str]] = {
 }
 
 
-def tiny_model(arch: str, seed: int = 0) -> Any:
-    """A random float32 causal LM of ``arch`` (a key of :data:`ARCHITECTURES`)."""
+def tiny_model(arch: str, seed: int = 0, **overrides: Any) -> Any:
+    """A random float32 causal LM of ``arch`` (a key of :data:`ARCHITECTURES`), with config
+    fields ``overrides`` (``sliding_window=16``)."""
     import torch
     import transformers
 
     cls, extra, _ = ARCHITECTURES[arch]
     config = getattr(transformers, cls)(
-        **{**COMMON, "num_hidden_layers": LAYERS.get(arch, 2)}, **extra
+        **{**COMMON, "num_hidden_layers": LAYERS.get(arch, 2), **extra, **overrides}
     )
     torch.manual_seed(seed)
     return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
