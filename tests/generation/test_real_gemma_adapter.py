@@ -72,10 +72,9 @@ def _play(lm_spec: str, out: Path) -> dict[str, dict]:
 
 
 @pytest.mark.xfail(
-    reason="measured 10 of 20 answers equal (19 of 20 searches) on float32 weights, 7 of 20 on "
-    "Q4_K_M: episodes part at the first reply's low-margin words ('I need the...' against "
-    "'I will start by searching...'); why the margin flips on float32 weights is open "
-    "(docs/results/own-model.md)",
+    reason="measured 10 of 20 answers equal on float32 weights before the llama.cpp engine's "
+    "sliding-window KV fix, which changed llama.cpp's replies (docs/results/own-model.md); "
+    "not yet measured after it",
     strict=False,
 )
 def test_twenty_held_out_answers_are_the_same_on_both_backends(tmp_path):
