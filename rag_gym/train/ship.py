@@ -53,13 +53,11 @@ def package_adapter(
     )
     lora_to_gguf(out, out / "adapter.gguf")
     meta = {"base": base, "lora_r": config.get("r"), "lora_alpha": config.get("lora_alpha"), **card}
-    if "chat_template" not in meta:  # the template its runs trained with
-        from rag_gym.agents.provenance import recorded_template
+    from rag_gym.agents.provenance import recorded_template, training_sets
 
+    if "chat_template" not in meta:  # the template its runs trained with
         meta["chat_template"] = recorded_template(adapter)
     if "training_sets" not in meta:  # what rag-gym evaluate checks its questions against
-        from rag_gym.agents.provenance import training_sets
-
         found = [ts.describe() for ts in training_sets(adapter)]
         if found:  # else the card's own env_id (and env_kwargs) stand for it
             meta["training_sets"] = found
