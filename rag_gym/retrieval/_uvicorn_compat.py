@@ -30,6 +30,7 @@ from collections.abc import Callable
 logger = logging.getLogger("rag_gym.retrieval.server")
 
 _HOOKS = ("connection_made", "data_received", "on_response_complete", "connection_lost")
+_LINGER_S = 2.0  # how long a refused connection's further bytes are read and dropped
 
 
 def base_protocol(http: str = "auto") -> type:
@@ -76,6 +77,7 @@ def guarded_protocol(
         _cycle_at_arm = None
         _head_bytes = 0
         _head_tail = b""
+        _lingering = None
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
@@ -86,6 +88,8 @@ def guarded_protocol(
                     oldest._evict()
 
         def data_received(self, data: bytes) -> None:
+            if self._lingering is not None:
+                return  # refused: what the client still sends is read and dropped
             head = self._head_timer is not None
             if head:
                 # the head's size however it arrives: up to its first blank line when that is
@@ -95,7 +99,7 @@ def guarded_protocol(
                 self._head_bytes += len(data)
                 if _head_size(self._head_tail, data, seen) > max_head_bytes:
                     self._disarm()
-                    self._refuse(b"431 Request Header Fields Too Large")
+                    self._refuse(b"431 Request Header Fields Too Large", linger=True)
                     return
                 if self._head_tail or data.strip(b"\r\n"):
                     self._head_tail = (self._head_tail + data.lstrip(b"\r\n"))[-2:].rjust(2)
@@ -107,13 +111,18 @@ def guarded_protocol(
                     waiting[self] = None  # its body is still coming: evictable too
             elif head and self._head_bytes > max_head_bytes:
                 self._disarm()
-                self._refuse(b"431 Request Header Fields Too Large")
+                self._refuse(b"431 Request Header Fields Too Large", linger=True)
             elif not head and self in waiting and not getattr(cycle, "more_body", False):
                 del waiting[self]  # the body is complete
 
         def _evict(self) -> None:
-            """Make room: close this connection, which waits for a request head or body."""
-            if self._head_timer is not None:
+            """Make room: close this connection, which waits for a request head or body, or
+            lingers after a refusal."""
+            if self._lingering is not None:
+                waiting.pop(self, None)
+                self._lingering.cancel()
+                self.transport.close()
+            elif self._head_timer is not None:
                 self._disarm()
                 self._close_waiting()
             else:
@@ -128,6 +137,8 @@ def guarded_protocol(
 
         def connection_lost(self, exc) -> None:
             self._disarm()
+            if self._lingering is not None:
+                self._lingering.cancel()
             super().connection_lost(exc)
 
         def _arm(self) -> None:
@@ -160,12 +171,25 @@ def guarded_protocol(
                 elif not self.transport.is_closing():
                     self.transport.close()  # idle: close quietly, as keep-alive expiry does
 
-        def _refuse(self, status: bytes) -> None:
-            if not self.transport.is_closing():
-                self.transport.write(
-                    b"HTTP/1.1 " + status + b"\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
-                )
-                self.transport.close()
+        def _refuse(self, status: bytes, linger: bool = False) -> None:
+            """Answer ``status`` and close. With ``linger`` (a client still sending), a
+            lingering close: the reply, then this side's end (a FIN once the reply is out), then
+            whatever the client still sends is read and dropped until it closes its side or
+            ``_LINGER_S`` pass (or the connection is evicted to make room). A plain close with
+            unread bytes in the socket makes the kernel reset the connection, and a reset can
+            discard the reply before the client has read it."""
+            transport = self.transport
+            if transport.is_closing() or self._lingering is not None:
+                return
+            transport.write(
+                b"HTTP/1.1 " + status + b"\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
+            )
+            if not (linger and transport.can_write_eof()):
+                transport.close()
+                return
+            transport.write_eof()  # the client's end then closes the transport (eof_received)
+            self._lingering = self.loop.call_later(_LINGER_S, transport.close)
+            waiting[self] = None
 
     Guarded.__name__ = Guarded.__qualname__ = f"Guarded{base.__name__}"
     return Guarded
