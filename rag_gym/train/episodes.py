@@ -22,6 +22,18 @@ from rag_gym.train.generators import generation_info, make_generator
 from rag_gym.train.rollout import Episode, RolloutEngine
 
 
+def played_tags(env: gym.Env) -> str | None:
+    """The name of the tag set ``env``'s :class:`~rag_gym.wrappers.TextActions` parses (the one a
+    policy trained in it writes), or ``None`` for an env without one (tree, reader)."""
+    from rag_gym.wrappers.text_actions import TextActions
+
+    while isinstance(env, gym.Wrapper):
+        if isinstance(env, TextActions):
+            return env.tags.name
+        env = env.env
+    return None
+
+
 def default_tags(reward_preset: str) -> str:
     """The :class:`~rag_gym.wrappers.TextActions` tag preset that goes with a reward preset: its
     own for ``eval_rar`` and ``evo_rag``, else ``search_r1``."""
