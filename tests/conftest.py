@@ -15,6 +15,9 @@ from rag_gym.generation.lm import Generation, GenerationConfig, LanguageModel
 # replace a 127.0.0.1 address with it
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# installed packages' rag-gym entry points stay unread, so that the built-in names the tests
+# enumerate are the same everywhere; tests/test_registry.py reads its own fixture package's
+os.environ.setdefault("RAG_GYM_NO_PLUGINS", "1")
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

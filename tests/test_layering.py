@@ -50,7 +50,7 @@ from pathlib import Path
 import pytest
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("_http", "_names", "_text", "health", "metrics", "stats", "traces"),
+    ("_http", "_names", "_registry", "_text", "health", "metrics", "stats", "traces"),
     ("data",),
     ("retrieval",),
     ("envs",),

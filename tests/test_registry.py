@@ -1,0 +1,140 @@
+"""Registries open to code outside rag-gym: names registered in code or by an installed
+package's entry points (``tests/fixtures/plugins``, a package with its dist-info, put on the path
+as ``pip install`` would), looked up alike, in this process and in a fresh one."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from rag_gym._registry import NO_PLUGINS_ENV, Registry, RegistryError
+
+PLUGINS = Path(__file__).resolve().parent / "fixtures" / "plugins"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_code_registers_and_looks_up_by_name():
+    reg = Registry("widget", "rag_gym.test_widgets", lambda name, v: int(v))
+    assert reg.register("one", "1") == 1 and reg.get("one") == 1
+    with pytest.raises(RegistryError, match=r"a widget named 'one' is already registered \(code\)"):
+        reg.register("one", 2)
+    assert reg.register("one", 2, replace=True) == 2 and reg.get("one") == 2
+    with pytest.raises(
+        ValueError, match=r"expected a widget in \['one'\], got 'onr'; did you mean"
+    ):
+        reg.get("onr")
+    for bad in ("", " one", "a:b", 3):
+        with pytest.raises(RegistryError, match="expected a widget name"):
+            reg.register(bad, 1)
+    with pytest.raises(ValueError, match="invalid literal"):
+        reg.register("two", "not a number")  # the kind's own check
+    assert "two" not in reg and reg.names() == ["one"]
+
+
+@pytest.fixture
+def plugins(monkeypatch):
+    """The fixture package on the path, entry points read."""
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    monkeypatch.delenv(NO_PLUGINS_ENV, raising=False)
+    import importlib
+
+    importlib.invalidate_caches()
+    yield
+    sys.modules.pop("rag_gym_example_plugin", None)
+
+
+def test_an_installed_package_s_entry_point_is_named_before_import_and_loaded_on_lookup(plugins):
+    from rag_gym.generation.backends import _as_backend
+
+    reg = Registry("backend", "rag_gym.lm_backends", _as_backend)
+    reg.register("llama_cpp", lambda arg, **options: None)
+    sys.modules.pop("rag_gym_example_plugin", None)
+    assert reg.names() == ["llama_cpp", "constant"]
+    assert "rag_gym_example_plugin" not in sys.modules  # listed, not imported
+    assert reg.origin("constant") == "package rag-gym-example-plugin"
+    backend = reg.get("constant")
+    assert backend.spec == "constant[:REPLY]" and "rag_gym_example_plugin" in sys.modules
+
+
+def test_make_lm_builds_a_backend_from_an_entry_point(plugins, monkeypatch):
+    from rag_gym.generation import backends
+
+    for name, value in (("_items", dict(backends.BACKENDS._items)), ("_pending", {})):
+        monkeypatch.setattr(backends.BACKENDS, name, value)
+    monkeypatch.setattr(backends.BACKENDS, "_plugins_read", False)
+    lm = backends.make_lm("constant:Rome", max_new_tokens=8)
+    assert lm.describe() == {"backend": "constant", "reply": "Rome"}
+    assert lm.generate(["q?"])[0][0].text == "Rome" and lm.max_new_tokens == 8
+    with pytest.raises(ValueError, match="has no context window"):
+        backends.make_lm("constant", n_ctx=512)
+    with pytest.raises(ValueError, match=r"did you mean 'constant'"):
+        backends.make_lm("constnt")
+
+
+def test_a_broken_or_clashing_entry_point_is_named_never_silent(plugins, tmp_path, monkeypatch):
+    dist = tmp_path / "broken_plugin-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(
+        "[rag_gym.lm_backends]\nbroken = no_such_module_anywhere:backend\n"
+        "llama_cpp = no_such_module_anywhere:backend\nnot_one = json:dumps_not_there\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from rag_gym.generation.backends import _as_backend
+
+    reg = Registry("backend", "rag_gym.lm_backends", _as_backend)
+    reg.register("llama_cpp", lambda arg, **options: None)
+    with pytest.warns(
+        UserWarning, match=r"package broken-plugin's entry point 'llama_cpp'.*skipped"
+    ):
+        names = reg.names()
+    assert "broken" in names and names.count("llama_cpp") == 1
+    with pytest.raises(
+        RegistryError, match=r"'broken' \(package broken-plugin: .*failed to import"
+    ):
+        reg.get("broken")
+    with pytest.raises(RegistryError, match="failed to import"):
+        reg.get("not_one")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert reg.get("constant").spec == "constant[:REPLY]"  # the others still load
+
+
+def test_no_plugins_leaves_entry_points_unread(plugins, monkeypatch):
+    monkeypatch.setenv(NO_PLUGINS_ENV, "1")
+    reg = Registry("backend", "rag_gym.lm_backends")
+    assert reg.names() == [] and "constant" not in reg
+
+
+def test_rag_gym_evaluate_takes_an_entry_point_backend_by_name(tmp_path):
+    """A fresh ``rag-gym evaluate`` process with the package installed (on its path): ``--lm
+    constant:Paris`` plays naive RAG with the package's backend, and the protocol records it."""
+    env = {k: v for k, v in os.environ.items() if k != NO_PLUGINS_ENV}
+    env["PYTHONPATH"] = os.pathsep.join([str(PLUGINS), str(ROOT)])
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "rag_gym.cli", "evaluate", "--lm", "constant:Paris"),
+            *("--agents", "naive_rag", "--n", "2", "--out", str(tmp_path), "--run-name", "p"),
+            "--no-progress",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    protocol = json.loads((tmp_path / "p" / "protocol.json").read_text())
+    assert protocol["lm_spec"] == "constant:Paris"
+    assert protocol["agents"]["naive_rag"]["lm"] == {"backend": "constant", "reply": "Paris"}
+    rows = [
+        json.loads(line) for line in (tmp_path / "p" / "episodes.jsonl").read_text().splitlines()
+    ]
+    assert [r["prediction"] for r in rows] == ["Paris", "Paris"]
