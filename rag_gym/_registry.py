@@ -51,18 +51,57 @@ class Registry(Generic[T]):
         what: str,
         group: str,
         coerce: Callable[[str, Any], T] | None = None,
+        normalise: Callable[[str], str] | None = None,
     ) -> None:
         self.what = what
         self.group = group
         self._coerce = coerce
+        self._normalise = normalise or (lambda name: name)
+        self._index: dict[str, str] = {}  # normalised name or alias -> the registered name
+        self._aliases: list[str] = []  # as given, for "did you mean"
         self._items: dict[str, T] = {}
         self._origins: dict[str, str] = {}
         self._pending: dict[str, Any] = {}  # entry points not imported yet, by name
         self._plugins_read = False
 
     # ---- registering
-    def register(self, name: str, value: Any, *, replace: bool = False, origin: str = "") -> T:
-        """Register ``value`` under ``name``; returns the registered value."""
+    def register(
+        self,
+        name: str,
+        value: Any,
+        *,
+        replace: bool = False,
+        origin: str = "",
+        aliases: Iterable[str] = (),
+    ) -> T:
+        """Register ``value`` under ``name`` (and its ``aliases``, other names that look it
+        up); returns the registered value."""
+        aliases = list(aliases)
+        for given in (name, *aliases):
+            self._check_name(given)
+        if not replace:
+            for given in (name, *aliases):
+                held = self._index.get(self._normalise(given))
+                if held is not None and held in self._items:
+                    raise RegistryError(
+                        f"a {self.what} named {given!r} is already registered "
+                        f"({self._origins[held]}): pick another name, or pass replace=True to "
+                        "replace it"
+                    )
+        item = self._coerce(name, value) if self._coerce is not None else value
+        held = self._index.get(self._normalise(name))
+        if held is not None and held != name:  # replaced under another spelling
+            self._items.pop(held, None)
+            self._pending.pop(held, None)
+        self._items[name] = item
+        self._origins[name] = origin or "code"
+        self._pending.pop(name, None)
+        for given in (name, *aliases):
+            self._index[self._normalise(given)] = name
+        self._aliases.extend(a for a in aliases if a not in self._aliases)
+        return item
+
+    def _check_name(self, name: object) -> None:
         if not isinstance(name, str) or not name.strip() or name != name.strip():
             raise RegistryError(
                 f"expected a {self.what} name: a non-empty string without surrounding spaces, "
@@ -73,35 +112,35 @@ class Registry(Generic[T]):
                 f"expected a {self.what} name without ':' (it separates a name from its "
                 f"argument), got {name!r}"
             )
-        if name in self._items and not replace:
-            raise RegistryError(
-                f"a {self.what} named {name!r} is already registered ({self._origins[name]}): "
-                "pick another name, or pass replace=True to replace it"
-            )
-        item = self._coerce(name, value) if self._coerce is not None else value
-        self._items[name] = item
-        self._origins[name] = origin or "code"
-        self._pending.pop(name, None)
-        return item
 
     # ---- looking up
+    def key(self, name: str) -> str:
+        """The registered name ``name`` stands for (however it is spelt, an alias resolved);
+        ``ValueError`` (with "did you mean …") for an unknown name."""
+        if not isinstance(name, str):
+            raise TypeError(f"expected a {self.what} name (a string), got {name!r}")
+        found = self._find(name)
+        if found is None:
+            raise unknown_name(self.what, name, self.names(), self._aliases)
+        return found
+
+    def _find(self, name: str) -> str | None:
+        found = self._index.get(self._normalise(name))
+        if found is None:
+            self._read_plugins()
+            found = self._index.get(self._normalise(name))
+        return found
+
     def get(self, name: str) -> T:
         """The value registered as ``name``; ``ValueError`` (with "did you mean …") for an
         unknown name."""
-        if not isinstance(name, str):
-            raise TypeError(f"expected a {self.what} name (a string), got {name!r}")
-        if name in self._items:
-            return self._items[name]
-        self._read_plugins()
-        if name in self._pending:
-            return self._load(name)
-        raise unknown_name(self.what, name, self.names())
+        key = self.key(name)
+        if key in self._items:
+            return self._items[key]
+        return self._load(key)
 
     def __contains__(self, name: object) -> bool:
-        if name in self._items:
-            return True
-        self._read_plugins()
-        return name in self._pending
+        return isinstance(name, str) and self._find(name) is not None
 
     def names(self) -> list[str]:
         """Every name, code's first in registration order, then installed packages' (not
@@ -118,8 +157,7 @@ class Registry(Generic[T]):
     def origin(self, name: str) -> str:
         """Where ``name`` comes from: ``rag-gym``, a module that registered it, or an entry
         point's package."""
-        if name not in self:
-            raise unknown_name(self.what, name, self.names())
+        name = self.key(name)
         if name in self._pending:
             return _entry_point_origin(self._pending[name])
         return self._origins[name]
@@ -132,15 +170,17 @@ class Registry(Generic[T]):
         if os.environ.get(NO_PLUGINS_ENV, "").strip() not in ("", "0"):
             return
         for point in _entry_points(self.group):
-            if point.name in self._items or point.name in self._pending:
+            held = self._index.get(self._normalise(point.name))
+            if held is not None:
                 warnings.warn(
                     f"{_entry_point_origin(point)}'s entry point {point.name!r} in group "
                     f"{self.group!r} is skipped: a {self.what} of that name is already "
-                    f"registered ({self.origin(point.name)}); the package must rename it",
+                    f"registered ({self.origin(held)}); the package must rename it",
                     stacklevel=3,
                 )
                 continue
             self._pending[point.name] = point
+            self._index[self._normalise(point.name)] = point.name
 
     def _load(self, name: str) -> T:
         point = self._pending[name]
@@ -157,6 +197,7 @@ class Registry(Generic[T]):
             return self.register(name, value, origin=where)
         except (TypeError, ValueError) as exc:
             self._pending.pop(name, None)
+            self._index = {k: v for k, v in self._index.items() if v != name}
             raise RegistryError(
                 f"the {self.what} {name!r} ({where}: {point.value}) cannot be used: {exc}"
             ) from exc

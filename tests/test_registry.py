@@ -138,3 +138,45 @@ def test_rag_gym_evaluate_takes_an_entry_point_backend_by_name(tmp_path):
         json.loads(line) for line in (tmp_path / "p" / "episodes.jsonl").read_text().splitlines()
     ]
     assert [r["prediction"] for r in rows] == ["Paris", "Paris"]
+
+
+def test_an_entry_point_dataset_plays_through_rag_gym_make(plugins, monkeypatch):
+    """The package's ``capitals`` loader, by name in ``rag_gym.make``: its questions and its
+    passage pool searched; ``load`` reads it, case and dashes ignored as for rag-gym's own."""
+    import rag_gym
+    from rag_gym import data
+
+    for name, value in (("_items", dict(data.DATASETS._items)), ("_pending", {})):
+        monkeypatch.setattr(data.DATASETS, name, value)
+    monkeypatch.setattr(data.DATASETS, "_index", dict(data.DATASETS._index))
+    monkeypatch.setattr(data.DATASETS, "_plugins_read", False)
+    assert [ex.answers for ex in data.load("Capitals", "test")][:2] == [("Paris",), ("Rome",)]
+    env = rag_gym.make("rag_gym/HotpotQA-v0", dataset="capitals", split="test")
+    _, info = env.reset(options={"index": 1})
+    assert info["question"] == "What is the capital of Italy?"
+    from rag_gym.envs.search import ActionType
+
+    obs, *_ = env.step({"type": ActionType.SEARCH, "text": "capital of Italy"})
+    assert "The capital of Italy is Rome." in str(obs)
+    _, reward, terminated, _, info = env.step({"type": ActionType.ANSWER, "text": "Rome"})
+    assert terminated and reward == 1.0
+    with pytest.raises(ValueError, match=r"did you mean 'capitals'"):
+        data.load("capitels", "test")
+
+
+def test_register_dataset_takes_a_loader_a_variant_and_refuses_a_clash(monkeypatch):
+    from rag_gym import data
+
+    for name in ("_items", "_index", "_origins"):
+        monkeypatch.setattr(data.DATASETS, name, dict(getattr(data.DATASETS, name)))
+    monkeypatch.setattr(data.DATASETS, "_aliases", list(data.DATASETS._aliases))
+    with pytest.raises(
+        RegistryError, match=r"a dataset named 'HotpotQA' is already registered \(rag-gym\)"
+    ):
+        data.register_dataset("HotpotQA", lambda path, split, **o: [])
+    with pytest.raises(ValueError, match=r"did you mean 'synthhop'"):
+        data.register_dataset("mine", "synthop")
+    data.register_dataset("Tiny-Hop", "synthhop-hard", defaults={"n_passages": 2000})
+    assert data.canonical_name("tinyhop") == "synthhop"
+    assert data.dataset_defaults("TINY-HOP") == {"preset": "hard", "n_passages": 2000}
+    assert data.DATASETS.origin("tiny-hop") == "module tests.test_registry"
