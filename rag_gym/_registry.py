@@ -148,6 +148,11 @@ class Registry(Generic[T]):
         self._read_plugins()
         return [*self._items, *self._pending]
 
+    def registered(self) -> dict[str, T]:
+        """What is registered so far (by code, and the entry points loaded), by name; the
+        entry points not loaded yet are left out."""
+        return dict(self._items)
+
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
 

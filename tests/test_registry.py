@@ -112,16 +112,18 @@ def test_no_plugins_leaves_entry_points_unread(plugins, monkeypatch):
     assert reg.names() == [] and "constant" not in reg
 
 
-def test_rag_gym_evaluate_takes_an_entry_point_backend_by_name(tmp_path):
-    """A fresh ``rag-gym evaluate`` process with the package installed (on its path): ``--lm
-    constant:Paris`` plays naive RAG with the package's backend, and the protocol records it."""
+def test_rag_gym_evaluate_takes_an_installed_package_s_dataset_agent_and_backend(tmp_path):
+    """A fresh ``rag-gym evaluate`` process with the package installed (on its path) and no
+    registration code run: its dataset by ``dataset=``, its agent by ``--agents`` and its backend
+    by ``--lm``, each recorded in the protocol."""
     env = {k: v for k, v in os.environ.items() if k != NO_PLUGINS_ENV}
     env["PYTHONPATH"] = os.pathsep.join([str(PLUGINS), str(ROOT)])
     result = subprocess.run(
         [
-            *(sys.executable, "-m", "rag_gym.cli", "evaluate", "--lm", "constant:Paris"),
-            *("--agents", "naive_rag", "--n", "2", "--out", str(tmp_path), "--run-name", "p"),
-            "--no-progress",
+            *(sys.executable, "-m", "rag_gym.cli", "evaluate", "--env", "rag_gym/HotpotQA-v0"),
+            *("--env-kwargs", '{"dataset": "capitals"}', "--split", "test", "--n", "4"),
+            *("--lm", "constant:Paris", "--agents", "lookup,naive_rag"),
+            *("--out", str(tmp_path), "--run-name", "p", "--no-progress"),
         ],
         cwd=tmp_path,
         env=env,
@@ -134,10 +136,19 @@ def test_rag_gym_evaluate_takes_an_entry_point_backend_by_name(tmp_path):
     protocol = json.loads((tmp_path / "p" / "protocol.json").read_text())
     assert protocol["lm_spec"] == "constant:Paris"
     assert protocol["agents"]["naive_rag"]["lm"] == {"backend": "constant", "reply": "Paris"}
+    assert protocol["agents"]["lookup"]["name"] == "lookup"
     rows = [
         json.loads(line) for line in (tmp_path / "p" / "episodes.jsonl").read_text().splitlines()
     ]
-    assert [r["prediction"] for r in rows] == ["Paris", "Paris"]
+    by_agent = {a: [r for r in rows if r["agent"] == a] for a in ("lookup", "naive_rag")}
+    assert [r["prediction"] for r in by_agent["naive_rag"]] == ["Paris"] * 4
+    assert sorted(r["prediction"] for r in by_agent["lookup"]) == [
+        "Lima",
+        "Madrid",
+        "Paris",
+        "Rome",
+    ]
+    assert all(r["em"] == 1.0 for r in by_agent["lookup"])
 
 
 def test_an_entry_point_dataset_plays_through_rag_gym_make(plugins, monkeypatch):
@@ -180,3 +191,23 @@ def test_register_dataset_takes_a_loader_a_variant_and_refuses_a_clash(monkeypat
     assert data.canonical_name("tinyhop") == "synthhop"
     assert data.dataset_defaults("TINY-HOP") == {"preset": "hard", "n_passages": 2000}
     assert data.DATASETS.origin("tiny-hop") == "module tests.test_registry"
+
+
+def test_register_agent_takes_a_class_and_make_agent_builds_it(monkeypatch):
+    from rag_gym import baselines
+    from rag_gym.baselines.random import RandomAgent
+
+    for name in ("_items", "_index", "_origins"):
+        monkeypatch.setattr(baselines.AGENTS, name, dict(getattr(baselines.AGENTS, name)))
+
+    class Coin(RandomAgent):
+        name = "coin"
+
+    baselines.register_agent("coin", Coin)
+    assert type(baselines.make_agent("coin", seed=3)) is Coin and not baselines.needs_lm("coin")
+    with pytest.raises(ValueError, match=r"expected a checkpoint only after search_r1"):
+        baselines.make_agent("coin:x")
+    with pytest.raises(RegistryError, match="already registered"):
+        baselines.register_agent("random", Coin)
+    with pytest.raises(TypeError, match="expected an Agent subclass"):
+        baselines.register_agent("not_one", object)
