@@ -37,6 +37,14 @@ def test_code_registers_and_looks_up_by_name():
     assert "two" not in reg and reg.names() == ["one"]
 
 
+def _fresh(monkeypatch, registry: Registry) -> None:
+    """``registry`` as it is now, restored after the test, its entry points to be read again."""
+    for name in ("_items", "_index", "_origins", "_pending"):
+        monkeypatch.setattr(registry, name, dict(getattr(registry, name)))
+    monkeypatch.setattr(registry, "_aliases", list(registry._aliases))
+    monkeypatch.setattr(registry, "_plugins_read", False)
+
+
 @pytest.fixture
 def plugins(monkeypatch):
     """The fixture package on the path, entry points read."""
@@ -65,9 +73,7 @@ def test_an_installed_package_s_entry_point_is_named_before_import_and_loaded_on
 def test_make_lm_builds_a_backend_from_an_entry_point(plugins, monkeypatch):
     from rag_gym.generation import backends
 
-    for name, value in (("_items", dict(backends.BACKENDS._items)), ("_pending", {})):
-        monkeypatch.setattr(backends.BACKENDS, name, value)
-    monkeypatch.setattr(backends.BACKENDS, "_plugins_read", False)
+    _fresh(monkeypatch, backends.BACKENDS)
     lm = backends.make_lm("constant:Rome", max_new_tokens=8)
     assert lm.describe() == {"backend": "constant", "reply": "Rome"}
     assert lm.generate(["q?"])[0][0].text == "Rome" and lm.max_new_tokens == 8
@@ -112,16 +118,18 @@ def test_no_plugins_leaves_entry_points_unread(plugins, monkeypatch):
     assert reg.names() == [] and "constant" not in reg
 
 
-def test_rag_gym_evaluate_takes_an_installed_package_s_dataset_agent_and_backend(tmp_path):
+def test_rag_gym_evaluate_takes_an_installed_package_s_dataset_preset_agent_and_backend(tmp_path):
     """A fresh ``rag-gym evaluate`` process with the package installed (on its path) and no
-    registration code run: its dataset by ``dataset=``, its agent by ``--agents`` and its backend
-    by ``--lm``, each recorded in the protocol."""
+    registration code run: its dataset by ``dataset=``, its reward preset by ``reward_preset=``,
+    its agent by ``--agents`` and its backend by ``--lm``, each recorded in the protocol."""
     env = {k: v for k, v in os.environ.items() if k != NO_PLUGINS_ENV}
     env["PYTHONPATH"] = os.pathsep.join([str(PLUGINS), str(ROOT)])
     result = subprocess.run(
         [
             *(sys.executable, "-m", "rag_gym.cli", "evaluate", "--env", "rag_gym/HotpotQA-v0"),
-            *("--env-kwargs", '{"dataset": "capitals"}', "--split", "test", "--n", "4"),
+            "--env-kwargs",
+            '{"dataset": "capitals", "reward_preset": "capital_bonus"}',
+            *("--split", "test", "--n", "4"),
             *("--lm", "constant:Paris", "--agents", "lookup,naive_rag"),
             *("--out", str(tmp_path), "--run-name", "p", "--no-progress"),
         ],
@@ -149,6 +157,9 @@ def test_rag_gym_evaluate_takes_an_installed_package_s_dataset_agent_and_backend
         "Rome",
     ]
     assert all(r["em"] == 1.0 for r in by_agent["lookup"])
+    # the package's reward preset scored them: exact match plus 0.5 for the gold passage found
+    assert protocol["env_kwargs"]["reward_preset"] == "capital_bonus"
+    assert [r["reward"] for r in by_agent["lookup"]] == [1.5] * 4
 
 
 def test_an_entry_point_dataset_plays_through_rag_gym_make(plugins, monkeypatch):
@@ -157,10 +168,7 @@ def test_an_entry_point_dataset_plays_through_rag_gym_make(plugins, monkeypatch)
     import rag_gym
     from rag_gym import data
 
-    for name, value in (("_items", dict(data.DATASETS._items)), ("_pending", {})):
-        monkeypatch.setattr(data.DATASETS, name, value)
-    monkeypatch.setattr(data.DATASETS, "_index", dict(data.DATASETS._index))
-    monkeypatch.setattr(data.DATASETS, "_plugins_read", False)
+    _fresh(monkeypatch, data.DATASETS)
     assert [ex.answers for ex in data.load("Capitals", "test")][:2] == [("Paris",), ("Rome",)]
     env = rag_gym.make("rag_gym/HotpotQA-v0", dataset="capitals", split="test")
     _, info = env.reset(options={"index": 1})
@@ -178,9 +186,7 @@ def test_an_entry_point_dataset_plays_through_rag_gym_make(plugins, monkeypatch)
 def test_register_dataset_takes_a_loader_a_variant_and_refuses_a_clash(monkeypatch):
     from rag_gym import data
 
-    for name in ("_items", "_index", "_origins"):
-        monkeypatch.setattr(data.DATASETS, name, dict(getattr(data.DATASETS, name)))
-    monkeypatch.setattr(data.DATASETS, "_aliases", list(data.DATASETS._aliases))
+    _fresh(monkeypatch, data.DATASETS)
     with pytest.raises(
         RegistryError, match=r"a dataset named 'HotpotQA' is already registered \(rag-gym\)"
     ):
@@ -197,8 +203,7 @@ def test_register_agent_takes_a_class_and_make_agent_builds_it(monkeypatch):
     from rag_gym import baselines
     from rag_gym.baselines.random import RandomAgent
 
-    for name in ("_items", "_index", "_origins"):
-        monkeypatch.setattr(baselines.AGENTS, name, dict(getattr(baselines.AGENTS, name)))
+    _fresh(monkeypatch, baselines.AGENTS)
 
     class Coin(RandomAgent):
         name = "coin"
@@ -211,3 +216,60 @@ def test_register_agent_takes_a_class_and_make_agent_builds_it(monkeypatch):
         baselines.register_agent("random", Coin)
     with pytest.raises(TypeError, match="expected an Agent subclass"):
         baselines.register_agent("not_one", object)
+
+
+def test_an_entry_point_preset_with_its_term_tags_and_agent_plays_through_rag_gym_make(
+    plugins, monkeypatch
+):
+    """The package's ``capital_bonus`` preset: its two reward terms around the env (and again
+    from ``env.spec``), its option, its own tag set for a text policy, its agent by name."""
+    import gymnasium as gym
+
+    import rag_gym
+    from rag_gym import data
+    from rag_gym.baselines import AGENTS, make_agent
+    from rag_gym.envs.tags import TAG_PRESETS
+    from rag_gym.train.episodes import default_tags, env_factory, played_tags
+    from rag_gym.wrappers.presets import PRESETS, set_stage
+
+    for registry in (data.DATASETS, PRESETS, TAG_PRESETS, AGENTS):
+        _fresh(monkeypatch, registry)
+    env = rag_gym.make(
+        "rag_gym/HotpotQA-v0",
+        dataset="capitals",
+        split="test",
+        reward_preset="capital_bonus",
+        reward_kwargs={"bonus": 0.25},
+    )
+    assert [w.name for w in env.spec.additional_wrappers] == [
+        "DropBaseReward",
+        "GoldHit",
+        "AnswerEM",
+    ]
+    agent = make_agent(PRESETS.get("capital_bonus").agent)
+    for built in (env, gym.make(env.spec)):
+        obs, info = built.reset(options={"index": 2})
+        agent.reset(0)
+        total, terminated = 0.0, False
+        while not terminated:
+            obs, reward, terminated, _, info = built.step(agent.act(obs, info))
+            total += reward
+        assert info["prediction"] == "Madrid" and total == 1.25
+        assert info["reward_terms"] == {"gold_hit": 0.0, "answer_em": 1.0}
+    assert default_tags("capital_bonus") == "plan_tags"
+    text_env = env_factory(
+        "rag_gym/HotpotQA-v0", split="test", reward_preset="capital_bonus", dataset="capitals"
+    )()
+    assert played_tags(text_env) == "plan_tags"
+    from rag_gym.integrations._common import text_actions_of
+
+    assert "<plan>" in text_actions_of(text_env).system_prompt
+    with pytest.raises(TypeError, match=r"unknown options \['beta'\]; it takes \['bonus'\]"):
+        rag_gym.make(
+            "rag_gym/HotpotQA-v0",
+            dataset="capitals",
+            reward_preset="capital_bonus",
+            reward_kwargs={"beta": 1},
+        )
+    with pytest.raises(ValueError, match="no staged reward"):
+        set_stage(env, 2)
