@@ -273,3 +273,42 @@ def test_an_entry_point_preset_with_its_term_tags_and_agent_plays_through_rag_gy
         )
     with pytest.raises(ValueError, match="no staged reward"):
         set_stage(env, 2)
+
+
+def test_an_entry_point_retriever_kind_loads_its_index_through_rag_gym_make(
+    plugins, monkeypatch, tmp_path
+):
+    """The package's ``keyword`` retriever saves an index folder of its own kind; ``index=`` that
+    folder in ``rag_gym.make`` loads it through the kind's entry point and the env searches with
+    it. An unknown kind is named."""
+    import json as _json
+
+    import rag_gym
+    from rag_gym import data
+    from rag_gym.data import Corpus
+    from rag_gym.envs.search import ActionType
+    from rag_gym.retrieval.kinds import RETRIEVER_KINDS
+    from rag_gym.retrieval.load import load_index
+
+    for registry in (data.DATASETS, RETRIEVER_KINDS):
+        _fresh(monkeypatch, registry)
+    passages = {p.id: p for ex in data.load("capitals", "test") for p in ex.passages}
+    from rag_gym_example_plugin import KeywordRetriever
+
+    KeywordRetriever(Corpus(list(passages.values()), name="capitals")).save(tmp_path / "kw")
+    retriever, kind = load_index(tmp_path / "kw")
+    assert kind == "keyword" and type(retriever).__name__ == "KeywordRetriever"
+    env = rag_gym.make(
+        "rag_gym/HotpotQA-v0", dataset="capitals", split="test", index=str(tmp_path / "kw"), k=1
+    )
+    assert type(env.unwrapped.retriever).__name__ == "KeywordRetriever"
+    env.reset(options={"index": 3})
+    _, _, _, _, info = env.step({"type": ActionType.SEARCH, "text": "capital of Peru"})
+    assert info["retrieved_ids"] == ["cap-Peru"]
+    params = _json.loads((tmp_path / "kw" / "params.json").read_text())
+    params["kind"] = "keywords"
+    (tmp_path / "kw" / "params.json").write_text(_json.dumps(params))
+    with pytest.raises(
+        ValueError, match=r"expected kind 'bm25', 'dense' or 'keyword', got 'keywords'"
+    ):
+        load_index(tmp_path / "kw")
