@@ -111,3 +111,30 @@ def ray_cluster():
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def registries():
+    """Every registry of rag-gym's extension points."""
+    from rag_gym.baselines import AGENTS
+    from rag_gym.data import DATASETS
+    from rag_gym.envs.tags import TAG_PRESETS
+    from rag_gym.generation.backends import BACKENDS
+    from rag_gym.retrieval.kinds import RETRIEVER_KINDS
+    from rag_gym.wrappers.presets import PRESETS
+
+    return (AGENTS, DATASETS, TAG_PRESETS, BACKENDS, RETRIEVER_KINDS, PRESETS)
+
+
+def fresh_registry(monkeypatch, registry) -> None:
+    """``registry`` as it is now, restored after the test, its entry points to be read again."""
+    for name in ("_items", "_index", "_origins", "_pending"):
+        monkeypatch.setattr(registry, name, dict(getattr(registry, name)))
+    monkeypatch.setattr(registry, "_aliases", list(registry._aliases))
+    monkeypatch.setattr(registry, "_plugins_read", False)
+
+
+@pytest.fixture
+def isolated_registries(monkeypatch):
+    """What a test registers is gone after it."""
+    for registry in registries():
+        fresh_registry(monkeypatch, registry)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from rag_gym._registry import NO_PLUGINS_ENV, Registry, RegistryError
+from tests.conftest import fresh_registry as _fresh
 
 PLUGINS = Path(__file__).resolve().parent / "fixtures" / "plugins"
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,14 +36,6 @@ def test_code_registers_and_looks_up_by_name():
     with pytest.raises(ValueError, match="invalid literal"):
         reg.register("two", "not a number")  # the kind's own check
     assert "two" not in reg and reg.names() == ["one"]
-
-
-def _fresh(monkeypatch, registry: Registry) -> None:
-    """``registry`` as it is now, restored after the test, its entry points to be read again."""
-    for name in ("_items", "_index", "_origins", "_pending"):
-        monkeypatch.setattr(registry, name, dict(getattr(registry, name)))
-    monkeypatch.setattr(registry, "_aliases", list(registry._aliases))
-    monkeypatch.setattr(registry, "_plugins_read", False)
 
 
 @pytest.fixture

@@ -92,9 +92,8 @@ def register_agent(
     :class:`AgentSpec`): ``make_agent`` and ``rag-gym evaluate --agents NAME`` then build it. An
     installed package registers one through an entry point in the group ``rag_gym.agents``.
 
-    >>> from rag_gym.baselines.random import RandomAgent
-    >>> register_agent("coin", RandomAgent, replace=True).needs_lm
-    False
+    >>> AGENTS.get("random").needs_lm, AGENTS.get("search_r1").checkpoint
+    (False, True)
     """
     return AGENTS.register(name, agent, replace=replace, origin=caller_origin())
 

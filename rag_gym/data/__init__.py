@@ -101,10 +101,8 @@ def register_dataset(
     :func:`load` then take the name. An installed package registers one through an entry point
     in the group ``rag_gym.datasets`` (to a loader function or a :class:`DatasetSpec`).
 
-    >>> spec = register_dataset("synthhop-tiny", "synthhop", defaults={"n_passages": 2000,
-    ...     "n_questions": (40, 10, 10)}, replace=True)
-    >>> len(load("SynthHop-Tiny", "test")), dataset_defaults("synthhop-tiny")["n_passages"]
-    (10, 2000)
+    >>> DATASETS.get("nq")  # a variant, as register_dataset("nq", "flashrag", defaults=...) makes
+    DatasetSpec(load=None, base='flashrag', defaults={'subset': 'nq'}, description='')
     """
     spec = _as_dataset(_key(name), dataset)
     if defaults:
