@@ -62,6 +62,7 @@ class Registry(Generic[T]):
         self._items: dict[str, T] = {}
         self._origins: dict[str, str] = {}
         self._pending: dict[str, Any] = {}  # entry points not imported yet, by name
+        self._loading: set[str] = set()  # entry points being imported
         self._plugins_read = False
 
     # ---- registering
@@ -75,24 +76,38 @@ class Registry(Generic[T]):
         aliases: Iterable[str] = (),
     ) -> T:
         """Register ``value`` under ``name`` (and its ``aliases``, other names that look it
-        up); returns the registered value."""
+        up); returns the registered value. ``replace=True`` replaces what ``name`` stands for
+        (it keeps that name's aliases); an alias of another name is refused either way."""
         aliases = list(aliases)
         for given in (name, *aliases):
             self._check_name(given)
-        if not replace:
-            for given in (name, *aliases):
-                held = self._index.get(self._normalise(given))
-                if held is not None and held in self._items:
-                    raise RegistryError(
-                        f"a {self.what} named {given!r} is already registered "
-                        f"({self._origins[held]}): pick another name, or pass replace=True to "
-                        "replace it"
-                    )
-        item = self._coerce(name, value) if self._coerce is not None else value
         held = self._index.get(self._normalise(name))
-        if held is not None and held != name:  # replaced under another spelling
+        if held is not None and held in self._items and not replace:
+            raise RegistryError(
+                f"a {self.what} named {name!r} is already registered ({self._origins[held]}): "
+                "pick another name, or pass replace=True to replace it"
+            )
+        for alias in aliases:
+            owner = self._index.get(self._normalise(alias))
+            if owner is not None and owner not in (held, name):
+                raise RegistryError(
+                    f"{alias!r} already names the {self.what} {owner!r}: pick another alias"
+                )
+        item = self._coerce(name, value) if self._coerce is not None else value
+        if held is not None and held in self._pending and held not in self._loading:
+            warnings.warn(
+                f"{_entry_point_origin(self._pending[held])}'s entry point {held!r} in group "
+                f"{self.group!r} is skipped: a {self.what} of that name is registered in code "
+                f"({origin or 'code'})",
+                stacklevel=3,
+            )
+        if held is not None and held != name:  # the same name, spelt otherwise: it takes over
             self._items.pop(held, None)
             self._pending.pop(held, None)
+            self._origins.pop(held, None)
+            for key, value_name in list(self._index.items()):
+                if value_name == held:
+                    self._index[key] = name
         self._items[name] = item
         self._origins[name] = origin or "code"
         self._pending.pop(name, None)
@@ -139,6 +154,12 @@ class Registry(Generic[T]):
             return self._items[key]
         return self._load(key)
 
+    def __getitem__(self, name: str) -> T:
+        try:
+            return self.get(name)
+        except ValueError as exc:
+            raise KeyError(str(exc)) from None
+
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and self._find(name) is not None
 
@@ -171,10 +192,15 @@ class Registry(Generic[T]):
     def _read_plugins(self) -> None:
         if self._plugins_read:
             return
-        self._plugins_read = True
+        self._plugins_read = True  # first: a plugin's import may look names up
         if os.environ.get(NO_PLUGINS_ENV, "").strip() not in ("", "0"):
             return
-        for point in _entry_points(self.group):
+        try:
+            points = list(_entry_points(self.group))
+        except Exception:
+            self._plugins_read = False
+            raise
+        for point in points:
             held = self._index.get(self._normalise(point.name))
             if held is not None:
                 warnings.warn(
@@ -188,6 +214,13 @@ class Registry(Generic[T]):
             self._index[self._normalise(point.name)] = point.name
 
     def _load(self, name: str) -> T:
+        self._loading.add(name)
+        try:
+            return self._import(name)
+        finally:
+            self._loading.discard(name)
+
+    def _import(self, name: str) -> T:
         point = self._pending[name]
         where = _entry_point_origin(point)
         try:
@@ -198,6 +231,8 @@ class Registry(Generic[T]):
                 f"{type(exc).__name__}: {exc}; fix or uninstall that package, or set "
                 f"{NO_PLUGINS_ENV}=1 to leave installed packages' entry points unread"
             ) from exc
+        if name in self._items:  # the package registered it itself while it was imported
+            return self._items[name]
         try:
             return self.register(name, value, origin=where)
         except (TypeError, ValueError) as exc:

@@ -876,7 +876,15 @@ def agents() -> None:
     for col in ("name", "env", "needs an LM", "class"):
         table.add_column(col)
     for name in AGENTS:
-        spec, cls = AGENTS.get(name), agent_class(name)
+        try:
+            spec, cls = AGENTS.get(name), agent_class(name)
+        except (
+            ImportError,
+            AttributeError,
+            ValueError,
+        ) as exc:  # a broken plugin: said, row by row
+            table.add_row(name, "-", "-", f"cannot be loaded: {exc}")
+            continue
         table.add_row(
             name,
             cls.env_kind,

@@ -19,6 +19,9 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # enumerate are the same everywhere; tests/test_registry.py reads its own fixture package's
 os.environ.setdefault("RAG_GYM_NO_PLUGINS", "1")
 
+# the package in fixtures/plugins is put on the path by the tests that use it, never by collection
+collect_ignore = ["fixtures"]
+
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 #: a small SynthHop world for fast env tests (config fields of rag_gym.data.synthhop)

@@ -38,9 +38,56 @@ def test_code_registers_and_looks_up_by_name():
     assert "two" not in reg and reg.names() == ["one"]
 
 
+class _Point:
+    """An entry point as importlib.metadata gives one, loading ``load()``."""
+
+    def __init__(self, name, load, value="pkg.mod:obj"):
+        self.name, self.value, self.dist, self._load = name, value, None, load
+
+    def load(self):
+        return self._load()
+
+
+def test_aliases_replace_and_spellings_stay_consistent():
+    reg = Registry("dataset", "rag_gym.test_datasets", normalise=lambda n: n.lower())
+    reg.register("HotpotQA", 1, aliases=("hotpot",))
+    reg.register("musique", 2)
+    with pytest.raises(RegistryError, match="'musique' already names the dataset 'musique'"):
+        reg.register("other", 3, aliases=("musique",), replace=True)
+    with pytest.raises(RegistryError, match="'hotpot' already names the dataset 'HotpotQA'"):
+        reg.register("musique", 3, aliases=("hotpot",), replace=True)
+    reg.register("hotpotqa", 4, replace=True)  # another spelling: it takes over, aliases kept
+    assert [reg.get(n) for n in ("HOTPOTQA", "hotpot", "musique")] == [4, 4, 2]
+    assert reg.names() == ["musique", "hotpotqa"] and reg.key("hotpot") == "hotpotqa"
+    assert reg["Hotpot"] == 4
+    with pytest.raises(KeyError, match="did you mean"):
+        reg["hotpt"]
+
+
+def test_a_package_that_registers_itself_on_import_and_a_late_code_registration(monkeypatch):
+    import rag_gym._registry as registry_module
+
+    reg = Registry("widget", "rag_gym.test_widgets")
+    points = [
+        _Point("self_made", lambda: reg.register("self_made", "made on import") and "entry"),
+        _Point("plain", lambda: "from the entry point"),
+    ]
+    monkeypatch.delenv(NO_PLUGINS_ENV, raising=False)
+    monkeypatch.setattr(registry_module, "_entry_points", lambda group: points)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert reg.get("self_made") == "made on import" and reg.get("self_made") == "made on import"
+    with pytest.warns(UserWarning, match="entry point 'late' .* skipped: .* registered in code"):
+        points.append(_Point("late", lambda: "never"))
+        late = Registry("widget", "rag_gym.test_widgets")
+        late.names()
+        late.register("late", "in code")
+    assert late.get("late") == "in code" and reg.get("plain") == "from the entry point"
+
+
 @pytest.fixture
-def plugins(monkeypatch):
-    """The fixture package on the path, entry points read."""
+def plugins(monkeypatch, isolated_registries):
+    """The fixture package on the path, entry points read (every registry restored after)."""
     monkeypatch.syspath_prepend(str(PLUGINS))
     monkeypatch.delenv(NO_PLUGINS_ENV, raising=False)
     import importlib

@@ -110,7 +110,11 @@ def register_dataset(
 
         spec = with_fields(spec, defaults={**spec.defaults, **defaults})
     if spec.base is not None:
-        DATASETS.key(spec.base)  # a typed error for an unknown base
+        base = DATASETS.key(spec.base)  # a typed error for an unknown base
+        while base is not None:  # and none that reads through this name again
+            if _key(base) == _key(name):
+                raise ValueError(f"dataset {name!r} cannot read through itself ({spec.base!r})")
+            base = DATASETS.get(base).base
     return DATASETS.register(name, spec, aliases=aliases, replace=replace, origin=caller_origin())
 
 

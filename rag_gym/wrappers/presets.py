@@ -55,8 +55,6 @@ class RewardPreset:
     tags: str | None = None
     """The tag set (:func:`~rag_gym.envs.tags.tag_set`) a text policy writes under this
     reward; ``None``: ``search_r1``'s."""
-    text_in: bool = False
-    """Whether ``build`` puts :class:`~rag_gym.wrappers.TextActions` in the stack itself."""
     agent: str | None = None
     """Its paper's agent (a name ``rag-gym evaluate --agents`` takes)."""
     description: str = ""
@@ -89,6 +87,10 @@ def register_preset(
     a search env without options): ``rag_gym.make(id, reward_preset=name)``, the trainers'
     ``reward_preset`` and the integrations then take it. An installed package registers one
     through an entry point in the group ``rag_gym.presets``."""
+    if isinstance(preset, RewardPreset) and preset.tags is not None:
+        from rag_gym.envs.tags import TAG_PRESETS
+
+        TAG_PRESETS.key(preset.tags)  # a typed error naming the tag sets, before any trainer
     return PRESETS.register(name, preset, replace=replace, origin=caller_origin())
 
 
@@ -218,7 +220,6 @@ for _name, _preset in (
             SearchEnv,
             {"stage", "encoder", "correctness", "normalization"},
             "when_to_search",
-            text_in=True,
             agent="lwts",
         ),
     ),
