@@ -95,6 +95,10 @@ def register_agent(
     >>> AGENTS.get("random").needs_lm, AGENTS.get("search_r1").checkpoint
     (False, True)
     """
+    if isinstance(name, str) and "," in name:
+        raise ValueError(
+            f"expected an agent name without ',' (it separates --agents), got {name!r}"
+        )
     return AGENTS.register(name, agent, replace=replace, origin=caller_origin())
 
 

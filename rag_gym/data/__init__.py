@@ -31,6 +31,7 @@ __all__ = [
     "Passage",
     "QAExample",
     "dataset_defaults",
+    "dataset_loader",
     "load",
     "pooled_corpus",
     "register_dataset",
@@ -162,6 +163,11 @@ def canonical_name(name: str) -> str:
     return key if base is None else canonical_name(base)
 
 
+def dataset_loader(name: str) -> Callable[..., list[QAExample]]:
+    """The loader function that reads ``name`` (a variant's base's)."""
+    return DATASETS.get(canonical_name(name)).load
+
+
 def dataset_defaults(name: str) -> dict[str, Any]:
     """The loader options ``name`` stands for (``{"preset": "hard"}`` for ``synthhop-hard``),
     which a dataset's own keyword arguments override one by one.
@@ -211,7 +217,7 @@ def load(
     ...     load("synthhop", "validation", n_passages=2000, n_questions=(40, 10, 10))[0].id)
     True
     """
-    loader = DATASETS.get(canonical_name(name)).load
+    loader = dataset_loader(name)
     canonical = canonical_split(split)
     split_by_id = kwargs.pop("split_by_id", False)
     if not isinstance(split_by_id, bool):

@@ -400,7 +400,7 @@ def adapter_gguf(adapter: str | Path, base: str | Path | None = None) -> Path:
     gguf_path = folder / "adapter.gguf"
     if gguf_path.is_file():
         return gguf_path
-    if _shipped(folder) or not os.access(folder, os.W_OK):
+    if inside_package(folder) or not os.access(folder, os.W_OK):
         gguf_path = _cached_gguf(folder, base)
         if gguf_path.is_file():
             return gguf_path
@@ -416,7 +416,7 @@ def adapter_gguf(adapter: str | Path, base: str | Path | None = None) -> Path:
     return gguf_path
 
 
-def _shipped(folder: Path) -> bool:
+def inside_package(folder: Path) -> bool:
     """Whether ``folder`` is inside the package (a checkpoint shipped with rag-gym): files
     written there would outlive the package's own."""
     package = Path(__file__).resolve().parents[1]

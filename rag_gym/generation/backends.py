@@ -28,8 +28,8 @@ class LMBackend:
     factory: Callable[..., LanguageModel]
     """``factory(arg, *, seed, n_ctx, chat_template) -> LanguageModel``: ``arg`` is the spec's
     text after its first colon (``""`` when there is none); ``n_ctx`` and ``chat_template`` are
-    ``None`` unless given, and a backend that cannot honour one raises ``ValueError`` saying why
-    (it is never ignored)."""
+    ``None`` unless given, and a backend that cannot honour one must raise ``ValueError`` saying
+    why, never ignore it (rag-gym's own do)."""
     spec: str = ""
     """How a spec of it is written, for listings (``openai:MODEL@BASE_URL``)."""
     description: str = ""
@@ -152,7 +152,7 @@ def _openai(arg: str, *, seed: int, n_ctx: int | None, chat_template: str | None
     if not model or not at or not url:
         raise ValueError(
             "expected 'openai:<model>@<base_url>', e.g. 'openai:qwen@http://127.0.0.1:8000/v1', "
-            f"got {'openai:' + arg!r}"
+            f"got {'openai:' + arg if arg else 'openai'!r}"
         )
     from rag_gym.generation.openai_compat import OpenAICompatibleLM
 
