@@ -875,8 +875,22 @@ def agents() -> None:
     table = Table(title="rag-gym agents")
     for col in ("name", "env", "needs an LM", "class"):
         table.add_column(col)
-    for name, (module, cls, lm) in AGENTS.items():
-        table.add_row(name, agent_class(name).env_kind, "yes" if lm else "no", f"{module}.{cls}")
+    for name in AGENTS:
+        try:
+            spec, cls = AGENTS.get(name), agent_class(name)
+        except (
+            ImportError,
+            AttributeError,
+            ValueError,
+        ) as exc:  # a broken plugin: said, row by row
+            table.add_row(name, "-", "-", f"cannot be loaded: {exc}")
+            continue
+        table.add_row(
+            name,
+            cls.env_kind,
+            "yes" if spec.needs_lm else "no",
+            f"{cls.__module__}.{cls.__qualname__}",
+        )
     console = _console()
     console.print(table)
     shipped = Table(

@@ -15,6 +15,12 @@ from rag_gym.generation.lm import Generation, GenerationConfig, LanguageModel
 # replace a 127.0.0.1 address with it
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# installed packages' rag-gym entry points stay unread, so that the built-in names the tests
+# enumerate are the same everywhere; tests/test_registry.py reads its own fixture package's
+os.environ.setdefault("RAG_GYM_NO_PLUGINS", "1")
+
+# the package in fixtures/plugins is put on the path by the tests that use it, never by collection
+collect_ignore = ["fixtures"]
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -108,3 +114,30 @@ def ray_cluster():
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def registries():
+    """Every registry of rag-gym's extension points."""
+    from rag_gym.baselines import AGENTS
+    from rag_gym.data import DATASETS
+    from rag_gym.envs.tags import TAG_PRESETS
+    from rag_gym.generation.backends import BACKENDS
+    from rag_gym.retrieval.kinds import RETRIEVER_KINDS
+    from rag_gym.wrappers.presets import PRESETS
+
+    return (AGENTS, DATASETS, TAG_PRESETS, BACKENDS, RETRIEVER_KINDS, PRESETS)
+
+
+def fresh_registry(monkeypatch, registry) -> None:
+    """``registry`` as it is now, restored after the test, its entry points to be read again."""
+    for name in ("_items", "_index", "_origins", "_pending"):
+        monkeypatch.setattr(registry, name, dict(getattr(registry, name)))
+    monkeypatch.setattr(registry, "_aliases", list(registry._aliases))
+    monkeypatch.setattr(registry, "_plugins_read", False)
+
+
+@pytest.fixture
+def isolated_registries(monkeypatch):
+    """What a test registers is gone after it."""
+    for registry in registries():
+        fresh_registry(monkeypatch, registry)

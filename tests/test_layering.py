@@ -8,8 +8,8 @@ what each layer owns):
 ====================  ===============================================================
 layer                 modules
 ====================  ===============================================================
-foundation            ``_http``, ``_names``, ``_text``, ``health``, ``metrics``, ``stats``,
-                      ``traces``: pure functions, no rag_gym import
+foundation            ``_http``, ``_names``, ``_registry``, ``_text``, ``health``,
+                      ``metrics``, ``stats``, ``traces``: pure helpers, each other's imports only
 data                  ``data``
 retrieval             ``retrieval`` (``server``, ``http`` and ``persist`` included)
 envs                  ``envs``
@@ -50,7 +50,7 @@ from pathlib import Path
 import pytest
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("_http", "_names", "_text", "health", "metrics", "stats", "traces"),
+    ("_http", "_names", "_registry", "_text", "health", "metrics", "stats", "traces"),
     ("data",),
     ("retrieval",),
     ("envs",),

@@ -12,10 +12,13 @@ One entry point, :func:`load`::
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-from rag_gym._names import unknown_name
+from rag_gym._registry import Registry, caller_origin
 from rag_gym.data.errors import DataFormatError
 from rag_gym.data.splits import SPLIT_NAMES, canonical_split, file_split, select
 from rag_gym.data.types import Corpus, Passage, QAExample
@@ -24,64 +27,145 @@ __all__ = [
     "DATASETS",
     "Corpus",
     "DataFormatError",
+    "DatasetSpec",
     "Passage",
     "QAExample",
     "dataset_defaults",
+    "dataset_loader",
     "load",
     "pooled_corpus",
+    "register_dataset",
 ]
 
-#: Dataset name → loader module (each has ``load(path, split, **kwargs)``).
-DATASETS: dict[str, str] = {
-    "synthhop": "rag_gym.data.synthhop",
-    "hotpotqa": "rag_gym.data.hotpotqa",
-    "2wikimultihopqa": "rag_gym.data.twowikimultihopqa",
-    "musique": "rag_gym.data.musique",
-    "bamboogle": "rag_gym.data.bamboogle",
-    "flashrag": "rag_gym.data.flashrag",
-}
-_ALIASES = {
-    "2wiki": "2wikimultihopqa",
-    "twowiki": "2wikimultihopqa",
-    "hotpot": "hotpotqa",
-    "hotpot_qa": "hotpotqa",
-}
 
-#: Names that stand for a dataset with default loader options, which ``dataset_kwargs`` extend
-#: rather than replace: ``gym.make("rag_gym/SynthHop-Hard-v0", dataset_kwargs={"n_questions":
-#: ...})`` keeps the hard world (Gymnasium merges ``gym.make`` keyword arguments one level deep).
-_WITH_DEFAULTS: dict[str, tuple[str, dict[str, Any]]] = {
-    "synthhop-hard": ("synthhop", {"preset": "hard"}),
-    # the open-domain sets in FlashRAG's JSONL (``subset``: their hub name)
-    "nq": ("flashrag", {"subset": "nq"}),
-    "triviaqa": ("flashrag", {"subset": "triviaqa"}),
-    "popqa": ("flashrag", {"subset": "popqa"}),
-}
+@dataclass(frozen=True)
+class DatasetSpec:
+    """A dataset :func:`load` reads by name: its own loader, or another dataset's with default
+    options (a variant: ``synthhop-hard`` is ``synthhop`` with ``preset="hard"``)."""
+
+    load: Callable[..., list[QAExample]] | None = None
+    """``load(path, split, **options) -> list[QAExample]``: ``path`` a file in the dataset's
+    format (or ``None``: generated, or its hub copy), ``split`` a canonical split name
+    (``train``, ``validation``, ``test``). :func:`load` reads a folder file by file with it."""
+    base: str | None = None
+    """The registered dataset this one reads with (``load`` then stays ``None``)."""
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    """Loader options this name stands for; a caller's own options override them one by one."""
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if (self.load is None) == (self.base is None):
+            raise TypeError("expected a dataset's own load function or the base it reads with")
+        if self.load is not None and not callable(self.load):
+            raise TypeError(f"expected load to be callable, got {type(self.load).__name__}")
+        if not isinstance(self.defaults, Mapping):
+            raise TypeError(f"expected defaults to be a dict, got {type(self.defaults).__name__}")
 
 
 def _key(name: str) -> str:
     if not isinstance(name, str):
         raise TypeError(f"expected a dataset name (str), got {type(name).__name__}")
-    key = name.lower().replace("-", "").replace(" ", "")
-    return _ALIASES.get(key, key)
+    return name.lower().replace("-", "").replace(" ", "")
 
 
-#: :data:`_WITH_DEFAULTS` by the key :func:`_key` makes of a name
-_DEFAULTS_BY_KEY = {_key(name): value for name, value in _WITH_DEFAULTS.items()}
+def _as_dataset(name: str, value: Any) -> DatasetSpec:
+    if isinstance(value, DatasetSpec):
+        return value
+    if isinstance(value, str):
+        return DatasetSpec(base=value)
+    if isinstance(value, ModuleType) and callable(getattr(value, "load", None)):
+        return DatasetSpec(load=value.load)
+    if callable(value):
+        return DatasetSpec(load=value)
+    raise TypeError(
+        "expected a loader function load(path, split, **options), a module with one, a "
+        f"DatasetSpec or a registered dataset's name, got {type(value).__name__}"
+    )
+
+
+DATASETS: Registry[DatasetSpec] = Registry("dataset", "rag_gym.datasets", _as_dataset, _key)
+"""Every dataset by name (case, ``-`` and spaces ignored; a :class:`~rag_gym._registry.Registry`)."""
+
+
+def register_dataset(
+    name: str,
+    dataset: DatasetSpec | Callable[..., list[QAExample]] | ModuleType | str,
+    *,
+    defaults: Mapping[str, Any] | None = None,
+    aliases: tuple[str, ...] = (),
+    replace: bool = False,
+) -> DatasetSpec:
+    """Register a dataset as ``name``: its loader ``load(path, split, **options) ->
+    list[QAExample]`` (or a module with one, or a :class:`DatasetSpec`), or the name of a
+    registered dataset it reads with; ``defaults`` are the loader options it stands for. The
+    envs' ``dataset=`` (``rag_gym.make(..., dataset="mine", data_path=...)``), suites and
+    :func:`load` then take the name. An installed package registers one through an entry point
+    in the group ``rag_gym.datasets`` (to a loader function or a :class:`DatasetSpec`).
+
+    >>> DATASETS.get("nq")  # a variant, as register_dataset("nq", "flashrag", defaults=...) makes
+    DatasetSpec(load=None, base='flashrag', defaults={'subset': 'nq'}, description='')
+    """
+    spec = _as_dataset(_key(name), dataset)
+    if defaults:
+        from dataclasses import replace as with_fields
+
+        spec = with_fields(spec, defaults={**spec.defaults, **defaults})
+    if spec.base is not None:
+        base = DATASETS.key(spec.base)  # a typed error for an unknown base
+        while base is not None:  # and none that reads through this name again
+            if _key(base) == _key(name):
+                raise ValueError(f"dataset {name!r} cannot read through itself ({spec.base!r})")
+            base = DATASETS.get(base).base
+    return DATASETS.register(name, spec, aliases=aliases, replace=replace, origin=caller_origin())
+
+
+def _module_loader(module: str) -> Callable[..., list[QAExample]]:
+    """``module``'s ``load``, imported on the first call."""
+
+    def load(path: str | Path | None, split: str, **options: Any) -> list[QAExample]:
+        return importlib.import_module(module).load(path, split=split, **options)
+
+    load.__qualname__ = f"{module}.load"
+    return load
+
+
+for _name, _module, _aliases in (
+    ("synthhop", "rag_gym.data.synthhop", ()),
+    ("hotpotqa", "rag_gym.data.hotpotqa", ("hotpot", "hotpot_qa")),
+    ("2wikimultihopqa", "rag_gym.data.twowikimultihopqa", ("2wiki", "twowiki")),
+    ("musique", "rag_gym.data.musique", ()),
+    ("bamboogle", "rag_gym.data.bamboogle", ()),
+    ("flashrag", "rag_gym.data.flashrag", ()),
+):
+    DATASETS.register(_name, _module_loader(_module), aliases=_aliases, origin="rag-gym")
+#: names that stand for a dataset with default loader options, which ``dataset_kwargs`` extend
+#: rather than replace: ``gym.make("rag_gym/SynthHop-Hard-v0", dataset_kwargs={"n_questions":
+#: ...})`` keeps the hard world (Gymnasium merges ``gym.make`` keyword arguments one level deep)
+for _name, _base, _defaults in (
+    ("synthhop-hard", "synthhop", {"preset": "hard"}),
+    # the open-domain sets in FlashRAG's JSONL (``subset``: their hub name)
+    ("nq", "flashrag", {"subset": "nq"}),
+    ("triviaqa", "flashrag", {"subset": "triviaqa"}),
+    ("popqa", "flashrag", {"subset": "popqa"}),
+):
+    DATASETS.register(_name, DatasetSpec(base=_base, defaults=_defaults), origin="rag-gym")
 
 
 def canonical_name(name: str) -> str:
-    """The registered dataset name for ``name`` (case-insensitive, common aliases accepted).
+    """The registered dataset whose loader reads ``name`` (case-insensitive, common aliases
+    accepted; a variant's base).
 
     >>> canonical_name("SynthHop-Hard"), canonical_name("hotpot")
     ('synthhop', 'hotpotqa')
     """
-    key = _key(name)
-    if key in _DEFAULTS_BY_KEY:
-        return _DEFAULTS_BY_KEY[key][0]
-    if key not in DATASETS:
-        raise unknown_name("dataset", name, [*DATASETS, *_WITH_DEFAULTS], _ALIASES)
-    return key
+    key = DATASETS.key(name)
+    base = DATASETS.get(key).base
+    return key if base is None else canonical_name(base)
+
+
+def dataset_loader(name: str) -> Callable[..., list[QAExample]]:
+    """The loader function that reads ``name`` (a variant's base's)."""
+    return DATASETS.get(canonical_name(name)).load
 
 
 def dataset_defaults(name: str) -> dict[str, Any]:
@@ -91,8 +175,9 @@ def dataset_defaults(name: str) -> dict[str, Any]:
     >>> dataset_defaults("synthhop-hard"), dataset_defaults("synthhop"), dataset_defaults("NQ")
     ({'preset': 'hard'}, {}, {'subset': 'nq'})
     """
-    canonical_name(name)  # a typed error for an unknown name
-    return dict(_DEFAULTS_BY_KEY.get(_key(name), ("", {}))[1])
+    spec = DATASETS.get(name)
+    inherited = dataset_defaults(spec.base) if spec.base is not None else {}
+    return {**inherited, **spec.defaults}
 
 
 def load(
@@ -103,8 +188,9 @@ def load(
     Args:
         name: one of :data:`DATASETS` (``"synthhop"``, ``"hotpotqa"``, ``"2wikimultihopqa"``,
             ``"musique"``, ``"bamboogle"``, ``"flashrag"``), ``"synthhop-hard"`` (SynthHop
-            with ``preset="hard"`` unless ``kwargs`` name another), or ``"nq"``,
-            ``"triviaqa"``, ``"popqa"`` (FlashRAG's JSONL with that ``subset``).
+            with ``preset="hard"`` unless ``kwargs`` name another), ``"nq"``,
+            ``"triviaqa"``, ``"popqa"`` (FlashRAG's JSONL with that ``subset``), or one
+            registered by :func:`register_dataset`.
         split: ``"train"``, ``"validation"`` (or ``"dev"``, ``"val"``, ``"valid"``) or
             ``"test"`` (:data:`rag_gym.data.splits.SPLIT_NAMES`); any other name is a
             ``ValueError``. SynthHop and the hub take that split; a file given as ``path`` *is*
@@ -131,7 +217,7 @@ def load(
     ...     load("synthhop", "validation", n_passages=2000, n_questions=(40, 10, 10))[0].id)
     True
     """
-    module = importlib.import_module(DATASETS[canonical_name(name)])
+    loader = dataset_loader(name)
     canonical = canonical_split(split)
     split_by_id = kwargs.pop("split_by_id", False)
     if not isinstance(split_by_id, bool):
@@ -143,9 +229,9 @@ def load(
         )
     options = {**dataset_defaults(name), **kwargs}
     if path is not None and Path(path).is_dir():
-        examples = _load_folder(module, Path(path), split, options, every_file=split_by_id)
+        examples = _load_folder(loader, Path(path), split, options, every_file=split_by_id)
     else:
-        examples = module.load(path, split=canonical, **options)
+        examples = loader(path, split=canonical, **options)
     return select(examples, canonical) if split_by_id else examples
 
 
@@ -154,10 +240,14 @@ DATA_SUFFIXES = (".json", ".jsonl", ".ndjson", ".parquet")
 
 
 def _load_folder(
-    module: Any, folder: Path, split: str, options: dict[str, Any], every_file: bool = False
+    loader: Callable[..., list[QAExample]],
+    folder: Path,
+    split: str,
+    options: dict[str, Any],
+    every_file: bool = False,
 ) -> list:
     """The data files of ``folder`` of ``split`` (every file when no name declares a split, or
-    with ``every_file``), sorted by name and read by ``module``; each example's
+    with ``every_file``), sorted by name and read by ``loader``; each example's
     ``meta["source_file"]`` names its file. A question id in two files is a
     :class:`DataFormatError` naming both. See :func:`load` for how a file's split is told."""
     from dataclasses import replace
@@ -171,7 +261,7 @@ def _load_folder(
     examples: list[QAExample] = []
     first: dict[str, Path] = {}
     for file in chosen:
-        for ex in module.load(file, split=canonical_split(split), **options):
+        for ex in loader(file, split=canonical_split(split), **options):
             if ex.id in first:
                 raise DataFormatError(
                     file, "(file)", "id", f"ids not already read from {first[ex.id].name}", ex.id

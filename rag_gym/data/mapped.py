@@ -179,11 +179,6 @@ def _id_bytes(ids: np.ndarray, id_ptr: np.ndarray, i) -> bytes:
     return ids[id_ptr[i] : id_ptr[i + 1]].tobytes()
 
 
-def has_corpus_map(folder: str | Path) -> bool:
-    """Whether ``folder`` holds a corpus map beside its ``corpus.jsonl``."""
-    return all((Path(folder) / CORPUS_MAP / name).is_file() for name in MAP_FILES)
-
-
 class _Column(Sequence):
     """A read-only column of a :class:`MappedCorpus` (ids, titles or texts), read on access."""
 

@@ -35,7 +35,14 @@ import numpy as np
 
 from rag_gym import metrics
 from rag_gym._names import unknown_name
-from rag_gym.data import Corpus, QAExample, canonical_name, dataset_defaults, pooled_corpus
+from rag_gym.data import (
+    Corpus,
+    QAExample,
+    canonical_name,
+    dataset_defaults,
+    dataset_loader,
+    pooled_corpus,
+)
 from rag_gym.data import load as load_dataset
 from rag_gym.data.splits import canonical_split
 from rag_gym.retrieval import BM25Retriever, Retriever, load_index
@@ -276,6 +283,7 @@ class QAEnv(gym.Env):
                 [
                     type(self).__name__,
                     self.dataset,
+                    id(dataset_loader(self.dataset)),  # a loader registered again is new data
                     self.split,
                     data_path,
                     dataset_kwargs,

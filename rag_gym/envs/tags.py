@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from rag_gym._names import unknown_name
+from rag_gym._registry import Registry, caller_origin
 from rag_gym.envs.search import ActionType
 
 # ``<``, optional ``/``, a name, optional ``/``, ``>``, with whitespace allowed around each part.
@@ -127,28 +127,51 @@ class TagSet:
         return frozenset([*self.actions(), *self.reasoning, self.information])
 
 
-TAG_PRESETS: dict[str, TagSet] = {
-    "all": TagSet(),
-    "search_r1": TagSet(
-        evaluate=None, backtrack=None, refuse=None, reasoning=("think",), name="search_r1"
-    ),
-    "eval_rar": TagSet(backtrack=None, refuse=None, reasoning=("think",), name="eval_rar"),
-    "evo_rag": TagSet(evaluate=None, reasoning=("think",), name="evo_rag"),
-    "when_to_search": TagSet(
+def _as_tag_set(name: str, value: object) -> TagSet:
+    if not isinstance(value, TagSet):
+        raise TypeError(f"expected a TagSet, got {type(value).__name__}")
+    if value.name != name:
+        raise ValueError(
+            f"expected the TagSet's name to be the name it is registered as ({name!r}), got "
+            f"{value.name!r}: a TextActions env records its tag set by name"
+        )
+    return value
+
+
+TAG_PRESETS: Registry[TagSet] = Registry("tag preset", "rag_gym.tag_sets", _as_tag_set)
+"""Every tag set by name (a :class:`~rag_gym._registry.Registry`)."""
+
+
+def register_tag_set(tags: TagSet, *, replace: bool = False) -> TagSet:
+    """Register ``tags`` under its ``name``: :class:`~rag_gym.wrappers.TextActions`,
+    ``search_r1`` agents and the trainers then take that name (``tags="mine"``). An installed
+    package registers one through an entry point in the group ``rag_gym.tag_sets``.
+
+    >>> sorted(tag_set("search_r1").actions())
+    ['answer', 'search']
+    """
+    return TAG_PRESETS.register(tags.name, tags, replace=replace, origin=caller_origin())
+
+
+for _tags in (
+    TagSet(),
+    TagSet(evaluate=None, backtrack=None, refuse=None, reasoning=("think",), name="search_r1"),
+    TagSet(backtrack=None, refuse=None, reasoning=("think",), name="eval_rar"),
+    TagSet(evaluate=None, reasoning=("think",), name="evo_rag"),
+    TagSet(
         evaluate=None,
         backtrack=None,
         refuse=None,
         reasoning=("think", "reflect"),
         name="when_to_search",
     ),
-}
+):
+    TAG_PRESETS.register(_tags.name, _tags, origin="rag-gym")
 
 
 def tag_set(preset: str | TagSet) -> TagSet:
     """A :class:`TagSet` by preset name (``all``, ``search_r1``, ``eval_rar``, ``evo_rag``,
-    ``when_to_search``), or the given one."""
+    ``when_to_search``, or one registered by :func:`register_tag_set`), or the given one."""
     if isinstance(preset, TagSet):
         return preset
-    if preset not in TAG_PRESETS:
-        raise unknown_name("tag preset", preset, TAG_PRESETS)
-    return TAG_PRESETS[preset]
+    return TAG_PRESETS.get(preset)

@@ -30,6 +30,7 @@ llama.cpp also aborts the whole process when an adapter's tensors do not fit the
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -386,7 +387,10 @@ def adapter_gguf(adapter: str | Path, base: str | Path | None = None) -> Path:
     """The GGUF adapter file for ``adapter``: the file itself, or an adapter folder's
     ``adapter.gguf``, written from its PEFT weights for the base model ``base`` (a ``.gguf``
     file; default the one the folder names, :func:`adapter_base`) when the folder has none
-    yet. Whether it fits the base is :func:`check_adapter_fits`'s to say."""
+    yet. It is written into the folder, or, for a checkpoint shipped with rag-gym or a folder
+    this process may not write to, into :func:`~rag_gym.generation.lm.cache_dir`'s
+    ``adapters/`` under a name of the adapter's content and the base. Whether it fits the base
+    is :func:`check_adapter_fits`'s to say."""
     path = Path(adapter)
     if path.suffix == ".gguf":
         if not path.is_file():
@@ -394,15 +398,41 @@ def adapter_gguf(adapter: str | Path, base: str | Path | None = None) -> Path:
         return path
     folder = resolve_adapter(path)
     gguf_path = folder / "adapter.gguf"
-    if not gguf_path.is_file():
-        # written aside and renamed: another process loading the same adapter meanwhile (two
-        # evaluations of one run) never maps a half-written file, which ends it with SIGBUS
-        import os
-
-        tmp = gguf_path.with_name(f".adapter.gguf.{os.getpid()}.tmp")
-        try:
-            lora_to_gguf(folder, tmp, base=base)
-            tmp.replace(gguf_path)
-        finally:
-            tmp.unlink(missing_ok=True)
+    if gguf_path.is_file():
+        return gguf_path
+    if inside_package(folder) or not os.access(folder, os.W_OK):
+        gguf_path = _cached_gguf(folder, base)
+        if gguf_path.is_file():
+            return gguf_path
+        gguf_path.parent.mkdir(parents=True, exist_ok=True)
+    # written aside and renamed: another process loading the same adapter meanwhile (two
+    # evaluations of one run) never maps a half-written file, which ends it with SIGBUS
+    tmp = gguf_path.with_name(f".adapter.gguf.{os.getpid()}.tmp")
+    try:
+        lora_to_gguf(folder, tmp, base=base)
+        tmp.replace(gguf_path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return gguf_path
+
+
+def inside_package(folder: Path) -> bool:
+    """Whether ``folder`` is inside the package (a checkpoint shipped with rag-gym): files
+    written there would outlive the package's own."""
+    package = Path(__file__).resolve().parents[1]
+    return folder.resolve().is_relative_to(package)
+
+
+def _cached_gguf(folder: Path, base: str | Path | None) -> Path:
+    """The cache's GGUF for the adapter in ``folder`` converted for ``base``: named by the
+    folder and the SHA-256 of its weights, its config and the base file's path."""
+    import hashlib
+
+    from rag_gym.generation.lm import cache_dir
+
+    digest = hashlib.sha256()
+    for name in ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin"):
+        if (folder / name).is_file():
+            digest.update(name.encode() + b"\0" + (folder / name).read_bytes())
+    digest.update(b"base\0" + (str(Path(base).resolve()) if base is not None else "").encode())
+    return cache_dir() / "adapters" / f"{folder.name}-{digest.hexdigest()[:16]}" / "adapter.gguf"

@@ -200,6 +200,17 @@ EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_DIR_NAME = "smollm2-135m-instruct"
 
 
+#: the environment variable naming the folder of converted models and adapters
+CACHE_ENV = "RAG_GYM_CACHE"
+
+
+def cache_dir() -> Path:
+    """Where converted models and adapters live: ``$RAG_GYM_CACHE`` or ``~/.cache/rag_gym``."""
+    import os
+
+    return Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "rag_gym"))
+
+
 def embedded_gguf_path() -> Path:
     """Path of the embedded SmolLM2-135M-Instruct GGUF file.
 

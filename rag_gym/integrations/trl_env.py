@@ -197,8 +197,17 @@ class _EvaluateTool:
         return self._step(ActionType.EVALUATE, note)  # type: ignore[attr-defined]
 
 
-#: presets that score EVALUATE notes (the ``evaluate`` tool exists only with them)
+#: rag-gym's presets that score EVALUATE notes (the ``evaluate`` tool exists only with them)
 EVALUATING_PRESETS = ("eval_rar",)
+
+
+def evaluates(reward_preset: str) -> bool:
+    """Whether ``reward_preset`` scores EVALUATE notes: its policy's tag set has an
+    ``evaluate`` tag."""
+    from rag_gym.envs.tags import tag_set
+    from rag_gym.wrappers.presets import PRESETS
+
+    return tag_set(PRESETS.get(reward_preset).tags or "search_r1").evaluate is not None
 
 
 @dataclass
@@ -258,7 +267,7 @@ def make_env_class(
         "__module__": __name__,
     }
     bases: tuple[type, ...] = (RagGymToolEnv,)
-    if reward_preset in EVALUATING_PRESETS:
+    if reward_preset is not None and evaluates(reward_preset):
         bases = (RagGymToolEnv, _EvaluateTool)
     name = "RagGym" + "".join(c for c in env_id.split("/")[-1].title() if c.isalnum()) + "ToolEnv"
     return type(name, bases, attrs)

@@ -83,13 +83,6 @@ def exact_match_reward(
     return _answer_scores(completions, answer, core.eval_rar_answer)
 
 
-def evo_rag_answer_reward(
-    completions: list, answer: list | None = None, **columns: Any
-) -> list[float | None]:
-    """EVO-RAG's r_ans = ½ [EM + F1] of the last ``<answer>`` block."""
-    return _answer_scores(completions, answer, core.answer_correctness)
-
-
 def _reader_parts(text: str) -> tuple[list[str], list[int], str | None]:
     parsed = parse(text, names=frozenset(core.READER_ORDER))
     first: list[str] = []

@@ -22,10 +22,25 @@ from rag_gym.train.generators import generation_info, make_generator
 from rag_gym.train.rollout import Episode, RolloutEngine
 
 
+def played_tags(env: gym.Env) -> str | None:
+    """The name of the tag set ``env``'s :class:`~rag_gym.wrappers.TextActions` parses (the one a
+    policy trained in it writes), or ``None`` for an env without one (tree, reader)."""
+    from rag_gym.wrappers.text_actions import TextActions
+
+    while isinstance(env, gym.Wrapper):
+        if isinstance(env, TextActions):
+            return env.tags.name
+        env = env.env
+    return None
+
+
 def default_tags(reward_preset: str) -> str:
     """The :class:`~rag_gym.wrappers.TextActions` tag preset that goes with a reward preset: its
-    own for ``eval_rar`` and ``evo_rag``, else ``search_r1``."""
-    return reward_preset if reward_preset in ("eval_rar", "evo_rag") else "search_r1"
+    own (``eval_rar``, ``evo_rag``, ``when_to_search``'s, or a registered preset's ``tags``),
+    else ``search_r1``."""
+    from rag_gym.wrappers.presets import PRESETS
+
+    return PRESETS.get(reward_preset).tags or "search_r1"
 
 
 def env_factory(

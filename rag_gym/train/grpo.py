@@ -51,6 +51,7 @@ from rag_gym.train.episodes import (
     default_tags,
     env_factory,
     evaluate_policy,
+    played_tags,
     rollout_engine,
 )
 from rag_gym.train.generators import (
@@ -812,7 +813,10 @@ def build_trainer(
     # The rollout plays episodes with the trainer's (possibly PEFT-wrapped) model.
     rollout.generator = None
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(_json(asdict(cfg)))
+    # the tag set the policy learns to write, as played (a text-in preset picks its own): what
+    # ``search_r1:RUN`` plays the checkpoint with
+    record = {**asdict(cfg), "tags": played_tags(engine.envs[0]) or cfg.tags}
+    (run_dir / "config.json").write_text(_json(record))
     return trainer, rollout
 
 

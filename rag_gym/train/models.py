@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from rag_gym._text import shown
+from rag_gym.generation.lm import cache_dir
 
 EMBEDDED = "embedded"
-CACHE_ENV = "RAG_GYM_CACHE"
 
 
 def _require():
@@ -36,11 +36,6 @@ def _require():
             "&& pip install 'rag-gym[train]'"
         ) from exc
     return torch, transformers
-
-
-def cache_dir() -> Path:
-    """Where converted models live: ``$RAG_GYM_CACHE`` or ``~/.cache/rag_gym``."""
-    return Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "rag_gym"))
 
 
 def trainable_embedded(out: str | Path | None = None) -> Path:

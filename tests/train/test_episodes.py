@@ -108,6 +108,26 @@ def test_the_refusal_weight_adds_evo_rags_refusal_reward_to_the_env_reward():
     assert EnvGRPOConfig(refusal_verifier="evidence").text_env().refusal_verifier == "evidence"
 
 
+@pytest.mark.parametrize(
+    ("preset", "tags", "played"),
+    [
+        ("none", None, "search_r1"),
+        ("eval_rar", None, "eval_rar"),
+        ("evo_rag", None, "evo_rag"),
+        ("when_to_search", None, "when_to_search"),  # a text-in preset: its own TextActions
+        ("none", "eval_rar", "eval_rar"),
+    ],
+)
+def test_played_tags_names_the_tag_set_the_policy_writes(preset, tags, played):
+    """What a GRPO run records as its ``tags`` (``search_r1:RUN`` plays the checkpoint with
+    them): the tag set of the env as built, not the option as given."""
+    from rag_gym.train.episodes import env_factory, played_tags
+
+    env = env_factory("rag_gym/SynthHop-v0", reward_preset=preset, tags=tags, **ENV)()
+    assert played_tags(env) == played
+    assert played_tags(env.unwrapped) is None
+
+
 def test_rollout_engine_names_what_it_needs():
     from rag_gym.train.episodes import rollout_engine
 

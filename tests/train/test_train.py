@@ -654,7 +654,12 @@ def test_trainer_two_steps_update_weights(tmp_path, algorithm, kl_estimator, bet
     if beta:
         assert any(row["kl"] > 0 for row in logs[1:])
     assert (tmp_path / "run" / "learning_curve.png").stat().st_size > 1000
-    assert (tmp_path / "run" / "config.json").is_file()
+    # trained with eval_rar's reward and no --tags: the record names the tags it wrote, and the
+    # checkpoint plays with them
+    from rag_gym.agents.search_r1 import checkpoint_tags
+
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["tags"] == "eval_rar"
+    assert checkpoint_tags(tmp_path / "run") == "eval_rar"
     assert any((tmp_path / "run" / "tensorboard").iterdir())
     # env-written tokens were masked: every episode has some
     assert all(0 in m for m in [e.env_mask for e in rollout.episodes])
