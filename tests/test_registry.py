@@ -301,7 +301,7 @@ def test_an_entry_point_preset_with_its_term_tags_and_agent_plays_through_rag_gy
         "rag_gym/HotpotQA-v0", split="test", reward_preset="capital_bonus", dataset="capitals"
     )()
     assert played_tags(text_env) == "plan_tags"
-    from rag_gym.integrations._common import text_actions_of
+    from rag_gym.wrappers.text_actions import text_actions_of
 
     assert "<plan>" in text_actions_of(text_env).system_prompt
     with pytest.raises(TypeError, match=r"unknown options \['beta'\]; it takes \['bonus'\]"):

@@ -56,15 +56,3 @@ def json_safe(value: Any) -> Any:
     if hasattr(value, "name") and hasattr(type(value), "__members__"):  # an Enum
         return value.name
     return str(value)
-
-
-def text_actions_of(env: gym.Env):
-    """The :class:`~rag_gym.wrappers.TextActions` in ``env``'s wrapper chain (a preset that is
-    text-in, such as ``when_to_search``, puts one there), or ``None``."""
-    from rag_gym.wrappers.text_actions import TextActions
-
-    while isinstance(env, gym.Wrapper):
-        if isinstance(env, TextActions):
-            return env
-        env = env.env
-    return None

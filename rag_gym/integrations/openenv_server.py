@@ -83,12 +83,12 @@ except ImportError as exc:
 
 from rag_gym.envs.search import ActionType
 from rag_gym.envs.tags import tag_set
-from rag_gym.integrations._common import json_safe, text_actions_of
+from rag_gym.integrations._common import json_safe
 from rag_gym.integrations.openenv_config import (  # noqa: F401  (config_from_environ re-exported)
     ServerConfig,
     config_from_environ,
 )
-from rag_gym.wrappers.text_actions import TextActions
+from rag_gym.wrappers.text_actions import TextActions, text_actions_of
 
 #: the Dict form's action names (``RagGymAction.type``), as in :class:`~rag_gym.envs.search.ActionType`
 ACTION_NAMES = ("search", "answer", "backtrack", "refuse", "evaluate")

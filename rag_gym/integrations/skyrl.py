@@ -42,10 +42,10 @@ from typing import Any
 
 import gymnasium as gym
 
-from rag_gym.integrations._common import check_env_id, check_json_dict, json_safe, text_actions_of
+from rag_gym.integrations._common import check_env_id, check_json_dict, json_safe
 from rag_gym.train.episodes import default_tags
 from rag_gym.wrappers.presets import make as make_with_preset
-from rag_gym.wrappers.text_actions import TextActions
+from rag_gym.wrappers.text_actions import TextActions, text_actions_of
 
 try:
     from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput

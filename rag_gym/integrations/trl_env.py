@@ -44,7 +44,8 @@ from typing import Any, ClassVar
 import gymnasium as gym
 
 from rag_gym.envs.search import ActionType
-from rag_gym.integrations._common import check_env_id, check_json_dict, text_actions_of
+from rag_gym.integrations._common import check_env_id, check_json_dict
+from rag_gym.wrappers.text_actions import text_actions_of
 
 SYSTEM_PROMPT = (
     "Answer the question by searching a document collection with the tools. Call search with a "

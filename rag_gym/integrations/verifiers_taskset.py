@@ -69,7 +69,7 @@ except ImportError as exc:
 
 from rag_gym.envs.tags import tag_set
 from rag_gym.integrations import trl_env
-from rag_gym.integrations._common import check_env_id, json_safe, text_actions_of
+from rag_gym.integrations._common import check_env_id, json_safe
 from rag_gym.integrations.verifiers_common import (  # noqa: F401  (tool_schema* re-exported)
     outcome,
     tool_schema,
@@ -84,7 +84,7 @@ from rag_gym.integrations.verifiers_tools import (
 )
 from rag_gym.wrappers.presets import check_preset
 from rag_gym.wrappers.presets import make as make_with_preset
-from rag_gym.wrappers.text_actions import TextActions, instructions
+from rag_gym.wrappers.text_actions import TextActions, instructions, text_actions_of
 
 __all__ = ["RagGymEnv", "RagGymHarness", "RagGymTaskset"]
 

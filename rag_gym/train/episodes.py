@@ -25,13 +25,10 @@ from rag_gym.train.rollout import Episode, RolloutEngine
 def played_tags(env: gym.Env) -> str | None:
     """The name of the tag set ``env``'s :class:`~rag_gym.wrappers.TextActions` parses (the one a
     policy trained in it writes), or ``None`` for an env without one (tree, reader)."""
-    from rag_gym.wrappers.text_actions import TextActions
+    from rag_gym.wrappers.text_actions import text_actions_of
 
-    while isinstance(env, gym.Wrapper):
-        if isinstance(env, TextActions):
-            return env.tags.name
-        env = env.env
-    return None
+    found = text_actions_of(env)
+    return found.tags.name if found is not None else None
 
 
 def default_tags(reward_preset: str) -> str:
@@ -74,7 +71,7 @@ def env_factory(
     from rag_gym.envs.search import SearchEnv
     from rag_gym.wrappers import presets
     from rag_gym.wrappers.evo_rag import refusal_verifier_name
-    from rag_gym.wrappers.text_actions import TextActions
+    from rag_gym.wrappers.text_actions import TextActions, text_actions_of
 
     reward_kwargs = dict(reward_kwargs or {})
     refusal_verifier_name(refusal_verifier)
@@ -93,10 +90,7 @@ def env_factory(
             max_episode_steps=max_episode_steps,
             **kwargs,
         )
-        inner, text = env, False
-        while isinstance(inner, gym.Wrapper):
-            text = text or isinstance(inner, TextActions)
-            inner = inner.env
+        text = text_actions_of(env) is not None  # a text-in preset brought its own
         if step_cost:
             from rag_gym.wrappers.evo_rag import StepCost
 

@@ -125,13 +125,11 @@ def action_stops(env: gym.Env) -> list[str]:
     (one expansion is a whole reply)."""
     from rag_gym.agents.search_r1 import turn_stops
     from rag_gym.envs.reader import ReaderEnv
-    from rag_gym.wrappers.text_actions import TextActions
+    from rag_gym.wrappers.text_actions import text_actions_of
 
-    inner = env
-    while isinstance(inner, gym.Wrapper):
-        if isinstance(inner, TextActions):
-            return list(turn_stops(inner.tags))  # the search_r1 agent stops at the same strings
-        inner = inner.env
+    text = text_actions_of(env)
+    if text is not None:
+        return list(turn_stops(text.tags))  # the search_r1 agent stops at the same strings
     if isinstance(env.unwrapped, ReaderEnv):
         return ["</answer>"]
     return []

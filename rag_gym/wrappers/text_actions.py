@@ -322,3 +322,13 @@ class TextActions(gym.Wrapper, gym.utils.RecordConstructorArgs):
 
     def _clip(self, text: str) -> str:
         return clip_text(sanitize(text), self.max_obs_chars)
+
+
+def text_actions_of(env: gym.Env) -> TextActions | None:
+    """The :class:`TextActions` in ``env``'s wrapper chain (a preset that is text-in, such as
+    ``when_to_search``, puts one there), or ``None``."""
+    while isinstance(env, gym.Wrapper):
+        if isinstance(env, TextActions):
+            return env
+        env = env.env
+    return None

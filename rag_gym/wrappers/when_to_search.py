@@ -30,13 +30,9 @@ from rag_gym.wrappers.base import RewardTerm
 
 
 def _is_text_env(env: gym.Env) -> bool:
-    from rag_gym.wrappers.text_actions import TextActions
+    from rag_gym.wrappers.text_actions import text_actions_of
 
-    while isinstance(env, gym.Wrapper):
-        if isinstance(env, TextActions):
-            return True
-        env = env.env
-    return False
+    return text_actions_of(env) is not None
 
 
 class _EpisodeText(RewardTerm):
