@@ -198,13 +198,9 @@ class _EvaluateTool:
         return self._step(ActionType.EVALUATE, note)  # type: ignore[attr-defined]
 
 
-#: rag-gym's presets that score EVALUATE notes (the ``evaluate`` tool exists only with them)
-EVALUATING_PRESETS = ("eval_rar",)
-
-
 def evaluates(reward_preset: str) -> bool:
-    """Whether ``reward_preset`` scores EVALUATE notes: its policy's tag set has an
-    ``evaluate`` tag."""
+    """Whether ``reward_preset`` scores EVALUATE notes (the ``evaluate`` tool exists only with
+    such a preset): its policy's tag set has an ``evaluate`` tag (rag-gym's: ``eval_rar``)."""
     from rag_gym.envs.tags import tag_set
     from rag_gym.wrappers.presets import PRESETS
 

@@ -53,7 +53,7 @@ except ImportError as exc:
         "the verifiers tool server needs verifiers: pip install 'rag-gym[verifiers]'"
     ) from exc
 
-from rag_gym.integrations.trl_env import EVALUATING_PRESETS, RagGymToolEnv, make_env_class, tools_of
+from rag_gym.integrations.trl_env import RagGymToolEnv, make_env_class, tools_of
 from rag_gym.integrations.verifiers_common import outcome, tool_env_class, tool_schema, tool_schemas
 
 __all__ = ["BAD_ARGUMENTS", "UNKNOWN_TOOL", "tool_env_class"]
@@ -120,8 +120,8 @@ class RagGymToolsConfig(vf.ToolsetConfig):
         return self
 
 
-# the tool env of a preset that scores notes: the one with an ``evaluate`` tool
-_EVALUATING = make_env_class(reward_preset=EVALUATING_PRESETS[0])
+# the tool env of a preset that scores notes (Eval-RAR's): the one with an ``evaluate`` tool
+_EVALUATING = make_env_class(reward_preset="eval_rar")
 
 
 class RagGymToolset(vf.Toolset[RagGymToolsConfig, RagGymState]):
