@@ -74,11 +74,6 @@ RETRIEVER_KINDS.register(
 )
 
 
-def known_kind(kind: object) -> bool:
-    """Whether ``kind`` names a registered index kind (an installed package's included)."""
-    return isinstance(kind, str) and kind in RETRIEVER_KINDS
-
-
 def kinds_text() -> str:
     """The kinds for a message: ``'bm25' or 'dense'``."""
     names = [repr(n) for n in RETRIEVER_KINDS.names()]

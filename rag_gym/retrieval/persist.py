@@ -30,7 +30,7 @@ from typing import Any
 
 from rag_gym.data.mapped import CORPUS_MAP, MAP_FILES, MappedCorpus, write_corpus_files
 from rag_gym.data.types import Corpus
-from rag_gym.retrieval.kinds import kinds_text, known_kind
+from rag_gym.retrieval.kinds import RETRIEVER_KINDS, kinds_text
 
 PARAMS = "params.json"
 #: Index folder format: 2 added the file manifest and the params checksum.
@@ -133,7 +133,11 @@ def foreign_files(folder: Path) -> list[str] | None:
     lists), as sorted POSIX paths relative to ``folder``; ``None`` when ``folder`` is not a
     rag-gym index (no ``params.json`` saying so)."""
     params = _read_params_quietly(folder / PARAMS)
-    if params is None or not known_kind(params.get("kind")) or "rag_gym_version" not in params:
+    if (
+        params is None
+        or params.get("kind") not in RETRIEVER_KINDS
+        or "rag_gym_version" not in params
+    ):
         return None
     files = params.get("files")
     listed = set(files if isinstance(files, dict) else _LEGACY_FILES.get(params["kind"], ()))
@@ -298,7 +302,7 @@ def read_params(in_dir: str | Path) -> dict[str, Any]:
         raise ValueError(f"{path} is not valid JSON ({exc}); rebuild the index") from None
     if not isinstance(params, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(params).__name__}; rebuild")
-    if not known_kind(params.get("kind")):
+    if params.get("kind") not in RETRIEVER_KINDS:
         raise ValueError(f"{path}: expected kind {kinds_text()}, got {params.get('kind')!r}")
     if params.get("format") != FORMAT or not isinstance(params.get("files"), dict):
         raise ValueError(
