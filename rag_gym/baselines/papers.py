@@ -135,14 +135,16 @@ class EvoRagAgent(LLMAgent):
         return _turn(("answer", answer(first_line(text))["text"]))
 
 
-class EvalRarAgent(LLMAgent):
-    name = "eval_rar"
+class _TrajectoryAgent(LLMAgent):
+    """A search-env agent whose prompt is its paper's instruction (:attr:`instruction`), the
+    question, and the whole trajectory so far: each reply it wrote and each observation the env
+    showed after it."""
+
     env_kind = "text"
-    tags = "eval_rar"
     prompt_version = "v2"
     max_tokens = 128
     stop = ("</search>", "</answer>")
-    max_searches = 5
+    instruction = ""
 
     def start(self, obs, info):
         return {"question": info["question"], "steps": 0, "trajectory": ""}
@@ -154,18 +156,30 @@ class EvalRarAgent(LLMAgent):
         return [
             {
                 "role": "user",
-                "content": (
-                    "Answer the question with searches. Reason inside <think>...</think>. To search, write "
-                    "<search>query</search>; results come back inside <information>...</information>. After each search, "
-                    "write <evaluate>...</evaluate>: what the documents establish and what is still missing. When you can "
-                    f"answer, write <answer>short answer</answer>.\nQuestion: {state['question']}\n{state['trajectory']}"
-                ),
+                "content": f"{self.instruction}\nQuestion: {state['question']}\n{state['trajectory']}",
             }
         ]
 
-    def parse(self, state, text, obs, info):
+    def _reply(self, state, text) -> str:
+        """``text`` with its cut-off action tag closed, added to the trajectory."""
         text = _close(text, ("search", "answer"))
         state["trajectory"] += text + "\n"
+        return text
+
+
+class EvalRarAgent(_TrajectoryAgent):
+    name = "eval_rar"
+    tags = "eval_rar"
+    max_searches = 5
+    instruction = (
+        "Answer the question with searches. Reason inside <think>...</think>. To search, write "
+        "<search>query</search>; results come back inside <information>...</information>. After each search, "
+        "write <evaluate>...</evaluate>: what the documents establish and what is still missing. When you can "
+        "answer, write <answer>short answer</answer>."
+    )
+
+    def parse(self, state, text, obs, info):
+        text = self._reply(state, text)
         parts: list[tuple[str, str]] = []
         for tag in _tags(text, {"evaluate", "search", "answer"}):
             if tag.name == "evaluate" and tag.content:
@@ -186,37 +200,19 @@ class EvalRarAgent(LLMAgent):
         return _turn(*parts)  # TextActions steps the evaluations, then the search or answer
 
 
-class LWTSAgent(LLMAgent):
+class LWTSAgent(_TrajectoryAgent):
     name = "lwts"
-    env_kind = "text"
     tags = "when_to_search"
-    prompt_version = "v2"
-    max_tokens = 128
-    stop = ("</search>", "</answer>")
     max_searches = 3
-
-    def start(self, obs, info):
-        return {"question": info["question"], "steps": 0, "trajectory": ""}
-
-    def decide(self, state, obs, info):
-        shown = _observed(state, obs)
-        if shown:
-            state["trajectory"] += shown + "\n"
-        return [
-            {
-                "role": "user",
-                "content": (
-                    "Begin with <think>...</think>, relying on what you know. If you know the answer, summarise in "
-                    "<reflect>...</reflect> and answer in <answer>...</answer>. Only if you do not know, search with a "
-                    "short keyword query in <search>...</search>; then judge the results in <reflect>...</reflect> and "
-                    f"answer, or search again.\nQuestion: {state['question']}\n{state['trajectory']}"
-                ),
-            }
-        ]
+    instruction = (
+        "Begin with <think>...</think>, relying on what you know. If you know the answer, summarise in "
+        "<reflect>...</reflect> and answer in <answer>...</answer>. Only if you do not know, search with a "
+        "short keyword query in <search>...</search>; then judge the results in <reflect>...</reflect> and "
+        "answer, or search again."
+    )
 
     def parse(self, state, text, obs, info):
-        text = _close(text, ("search", "answer"))
-        state["trajectory"] += text + "\n"
+        text = self._reply(state, text)
         for tag in _tags(text, {"search", "answer"}):
             if (
                 tag.name == "search"
