@@ -92,7 +92,6 @@ OPTION_FIELDS: dict[str, dict[str, tuple[type, str]]] = {
             "synthhop_ratio": "synthhop_ratio",
             "tags": "tags",
             "demos": "n_demos",
-            "joint_rate": "joint_rate",
             "confirm_rate": "confirm_rate",
             "style": "style",
             "model": "model",
@@ -1552,12 +1551,6 @@ def train_sft(
     demos: Annotated[
         int, typer.Option(help="Expert demonstrations per env (train split; 0: all of it).")
     ] = _SFT.n_demos,
-    joint_rate: Annotated[
-        float,
-        typer.Option(
-            help="Share of comparison demonstrations that search both names in one query."
-        ),
-    ] = _SFT.joint_rate,
     confirm_rate: Annotated[
         float,
         typer.Option(

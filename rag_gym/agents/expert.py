@@ -13,8 +13,6 @@ SynthHop worlds: it follows each question's gold decomposition (``meta["decompos
 * ``<answer>`` with the gold answer once every hop is read; for a comparison, the two values
   compared; on an unanswerable question (SynthHop-Hard), ``<refuse/>`` once the missing passage
   cannot be found, when the tag set has a refusal;
-* with ``joint_rate`` > 0, that share of the comparisons starts with one search naming both
-  entities and reads both facts from it;
 * with ``confirm_rate`` > 0, that share of the demonstrations searches once more after the
   last hop is read, to check it (a rephrased query for the same fact), then answers: a
   redundant search, the kind EVO-RAG's step cost exists to remove;
@@ -110,18 +108,6 @@ _MISS = (
     "None of these documents is about {X}. Let me search differently.",
     "The results do not say {need}. I will rephrase the search.",
     "These documents do not mention {need}. Let me try another query.",
-)
-_JOINT_PLAN = (
-    "I need {need} and {other}. One search of both names can find both.",
-    "The question depends on {need} and {other}. Let me search both names at once.",
-)
-_JOINT_MISS = (
-    "These documents do not give both. Let me search them one at a time, starting with {need}.",
-    "The results do not say {need}. I will look the two up one by one, first {need}.",
-)
-_JOINT_HALF = (
-    "{read} The results do not say {need}, so I search for it.",
-    "{read} Now I need {need}, which these documents do not give.",
 )
 #: the title-list phrasings (``title_list``), after ``Looking for X: Doc 1 is about A, …``
 _LISTED_MISS = (
@@ -220,13 +206,6 @@ class SynthHopExpert(TranscriptWriter):
         max_attempts: searches per hop before the expert gives up (refuses, or, with no
             refusal in the tag set, answers with what it has and the demonstration is marked
             ``gold_found=False``).
-        joint_rate: the share of comparison questions whose first search names both
-            entities (``Kiabaeneis Guild and Tithegon Observatory founded year``): one search
-            that usually brings both passages, read in one turn, where the default reads them
-            in two. When it misses the second entity's passage, the expert reads the first
-            and searches the second; when it misses the first, it says so and searches them
-            one at a time. 0 (the default) makes no extra random draw, so a seed gives the
-            same demonstrations as without the option.
         confirm_rate: the share of answered demonstrations that search the last hop's fact
             once more, with another query, and read it again before answering: one search
             more than the question needs. 0 (the default) makes no extra random draw, so a seed
@@ -234,8 +213,7 @@ class SynthHopExpert(TranscriptWriter):
         style: how a turn after a search reads the passages (:data:`STYLES`): ``"plain"``
             (the default: ``Doc 2 says ...``), ``"title_list"`` (the titles returned listed
             against the entity searched first) or ``"title_verdicts"`` (each listed title
-            marked ``(yes)`` or ``(no)``); see the module doc. The title styles do not take
-            ``joint_rate``.
+            marked ``(yes)`` or ``(no)``); see the module doc.
     """
 
     def __init__(
@@ -243,14 +221,12 @@ class SynthHopExpert(TranscriptWriter):
         tags: TagSet,
         seed: int = 0,
         max_attempts: int = 2,
-        joint_rate: float = 0.0,
         style: str = "plain",
         confirm_rate: float = 0.0,
     ) -> None:
         super().__init__(tags, seed, max_attempts)
-        check_options(style, joint_rate, confirm_rate)
+        check_options(style, confirm_rate)
         self.confirm_rate = float(confirm_rate)
-        self.joint_rate = float(joint_rate)
         self.style = style
         self.title_list = style != "plain"
         self.title_verdicts = style == "title_verdicts"
@@ -312,19 +288,7 @@ class SynthHopExpert(TranscriptWriter):
         def need(h: int) -> str:
             return _NEEDS[relations[h]].format(X=entity_of(h))
 
-        if (
-            comparison
-            and len(hops) == 2
-            and self.joint_rate
-            and self.rng.random() < self.joint_rate
-        ):
-            joint = self._joint(env, demo, meta, hops, relations, need)
-            if isinstance(joint, Demonstration):  # the env's step limit
-                return joint
-            text, values, prefix = joint
-            hop = len(values)
-        else:
-            text = self._think(self._pick(_PLAN).format(need=need(0)))
+        text = self._think(self._pick(_PLAN).format(need=need(0)))
         while hop < len(hops):
             sub_q = hops[hop]["question"]
             text += self._search(self._query(relations[hop], entity_of(hop), sub_q, attempt))
@@ -387,33 +351,6 @@ class SynthHopExpert(TranscriptWriter):
             final = self._think(f"{prefix} {self._pick(_FINAL).format(A=answer)}")
         return self._finish(env, demo, final + self._answer(answer))
 
-    def _joint(self, env, demo, meta, hops, relations, need):
-        """A comparison's first search for both entities at once. Returns the next turn's
-        text, the values read (both, or none) and the reading prefix; or the demonstration,
-        when the env's step limit ended it."""
-        a, b = meta["start_entity"], meta["other_entity"]
-        keyword = _FACTS[relations[0]][1]
-        plan = self._pick(_JOINT_PLAN).format(need=need(0), other=need(1))
-        query = self._pick((f"{a} {b}", f"{keyword} of {a} and {b}", f"{a} and {b} {keyword}"))
-        text = self._think(plan) + self._search(query)
-        info = self._search_step(env, demo, text)
-        if info is None:
-            return demo
-        retrieved = list(info.get("retrieved_ids", []))
-        golds = [hops[0]["passage_id"], hops[1]["passage_id"]]
-        if all(g in retrieved for g in golds):
-            facts = [
-                self._read(relations[h], (a, b)[h], hops[h]["answer"], retrieved.index(g) + 1)
-                for h, g in enumerate(golds)
-            ]
-            return "", [hops[0]["answer"], hops[1]["answer"]], " ".join(facts)
-        if golds[0] in retrieved:  # read the first, search the second
-            read = self._read(relations[0], a, hops[0]["answer"], retrieved.index(golds[0]) + 1)
-            miss = self._pick(_JOINT_HALF).format(read=read, need=need(1))
-            return self._think(miss), [hops[0]["answer"]], read
-        miss = self._pick(_JOINT_MISS).format(need=need(0))
-        return self._think(miss), [], ""
-
     @staticmethod
     def _search_step(env: gym.Env, demo: Demonstration, text: str) -> dict[str, Any] | None:
         """Step a search turn into ``demo``; its ``info``, or ``None`` when the env ended the
@@ -437,21 +374,15 @@ class SynthHopExpert(TranscriptWriter):
 STYLES = ("plain", "title_list", "title_verdicts")
 
 
-def check_options(style: str, joint_rate: float, confirm_rate: float = 0.0) -> None:
+def check_options(style: str, confirm_rate: float = 0.0) -> None:
     """Raise ``ValueError`` for options :class:`SynthHopExpert` does not take (also checked by
     ``SFTConfig``, before any demonstration is written)."""
     if style not in STYLES:
         from rag_gym._names import unknown_name
 
         raise unknown_name("style", style, STYLES)
-    if isinstance(joint_rate, bool) or not 0.0 <= joint_rate <= 1.0:
-        raise ValueError(f"expected joint_rate in [0, 1], got {joint_rate!r}")
     if isinstance(confirm_rate, bool) or not 0.0 <= confirm_rate <= 1.0:
         raise ValueError(f"expected confirm_rate in [0, 1], got {confirm_rate!r}")
-    if style != "plain" and joint_rate:
-        raise ValueError(
-            f"expected joint_rate 0 with style {style!r}: a joint search has no title list"
-        )
 
 
 def _fact(relation: str, entity: str, value: str) -> str:

@@ -68,10 +68,6 @@ class SFTConfig:
     n_demos: int | None = 600
     """Demonstrations per env id (questions drawn by ``seed`` from the split); ``None``: the
     whole split."""
-    joint_rate: float = 0.0
-    """The share of comparison questions whose demonstration searches both names at once
-    (:class:`~rag_gym.agents.expert.SynthHopExpert`'s ``joint_rate``): a cheaper path a step
-    cost can then teach the policy to prefer."""
     confirm_rate: float = 0.0
     """The share of demonstrations that search the last hop's fact once more before
     answering (:class:`~rag_gym.agents.expert.SynthHopExpert`'s ``confirm_rate``): a start
@@ -153,7 +149,7 @@ class SFTConfig:
             )
         if not self.learning_rate > 0 or not math.isfinite(self.learning_rate):
             raise ValueError(f"expected learning_rate > 0, got {self.learning_rate!r}")
-        check_options(self.style, self.joint_rate, self.confirm_rate)
+        check_options(self.style, self.confirm_rate)
         if self.eval_n is not None and (not isinstance(self.eval_n, int) or self.eval_n < 0):
             raise ValueError(f"expected eval_n >= 0 or None, got {self.eval_n!r}")
         if not isinstance(self.split_by_id, bool):
@@ -296,7 +292,6 @@ def _synthhop_demonstrations(cfg: SFTConfig, n_demos: int | None) -> list[Demons
     expert = SynthHopExpert(
         env.tags,
         seed=cfg.seed,
-        joint_rate=cfg.joint_rate,
         style=cfg.style,
         confirm_rate=cfg.confirm_rate,
     )
