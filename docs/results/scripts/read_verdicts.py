@@ -8,7 +8,7 @@ script checks those turns against the passages the env really returned, from an 
 trace files (``rag-gym evaluate`` writes ``steps.jsonl``, ``passages.jsonl`` and
 ``episodes.jsonl`` into its run folder)::
 
-    python examples/read_verdicts.py runs/test-hard-verdicts
+    python docs/results/scripts/read_verdicts.py runs/test-hard-verdicts
 
 For each agent it prints one JSON line:
 
