@@ -90,7 +90,7 @@ def main() -> None:
     engine = rollout.engine
     prompts = []
     for i in range(min(engine.n_questions, 64)):
-        engine.envs[0].reset(options={"index": i})
+        engine.envs[0].reset(options={"question_index": i})
         prompts.append(engine.envs[0].messages())
     model, tok = load_policy(args.model)
     single = trl.GRPOTrainer(

@@ -261,7 +261,11 @@ def test_read_verdicts_checks_titles_against_the_retrieved_passages(tmp_path):
         ],
     )
     out = subprocess.run(
-        [sys.executable, str(ROOT / "docs" / "results" / "scripts" / "read_verdicts.py"), str(tmp_path)],
+        [
+            sys.executable,
+            str(ROOT / "docs" / "results" / "scripts" / "read_verdicts.py"),
+            str(tmp_path),
+        ],
         capture_output=True,
         text=True,
         timeout=60,
@@ -280,7 +284,11 @@ def test_read_verdicts_checks_titles_against_the_retrieved_passages(tmp_path):
 
 def test_read_verdicts_names_a_missing_trace_file(tmp_path):
     done = subprocess.run(
-        [sys.executable, str(ROOT / "docs" / "results" / "scripts" / "read_verdicts.py"), str(tmp_path)],
+        [
+            sys.executable,
+            str(ROOT / "docs" / "results" / "scripts" / "read_verdicts.py"),
+            str(tmp_path),
+        ],
         capture_output=True,
         text=True,
         timeout=60,

@@ -211,7 +211,7 @@ def test_an_entry_point_dataset_plays_through_rag_gym_make(plugins, monkeypatch)
     _fresh(monkeypatch, data.DATASETS)
     assert [ex.answers for ex in data.load("Capitals", "test")][:2] == [("Paris",), ("Rome",)]
     env = rag_gym.make("rag_gym/HotpotQA-v0", dataset="capitals", split="test")
-    _, info = env.reset(options={"index": 1})
+    _, info = env.reset(options={"question_index": 1})
     assert info["question"] == "What is the capital of Italy?"
     from rag_gym.envs.search import ActionType
 
@@ -288,7 +288,7 @@ def test_an_entry_point_preset_with_its_term_tags_and_agent_plays_through_rag_gy
     ]
     agent = make_agent(PRESETS.get("capital_bonus").agent)
     for built in (env, gym.make(env.spec)):
-        obs, info = built.reset(options={"index": 2})
+        obs, info = built.reset(options={"question_index": 2})
         agent.reset(0)
         total, terminated = 0.0, False
         while not terminated:
@@ -342,7 +342,7 @@ def test_an_entry_point_retriever_kind_loads_its_index_through_rag_gym_make(
         "rag_gym/HotpotQA-v0", dataset="capitals", split="test", index=str(tmp_path / "kw"), k=1
     )
     assert type(env.unwrapped.retriever).__name__ == "KeywordRetriever"
-    env.reset(options={"index": 3})
+    env.reset(options={"question_index": 3})
     _, _, _, _, info = env.step({"type": ActionType.SEARCH, "text": "capital of Peru"})
     assert info["retrieved_ids"] == ["cap-Peru"]
     params = _json.loads((tmp_path / "kw" / "params.json").read_text())

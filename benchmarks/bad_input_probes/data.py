@@ -348,7 +348,7 @@ def probe_empty_gold(tmp: Path) -> tuple[int, int]:
     env = gym.make("rag_gym/SynthHop-Hard-v0", dataset_kwargs=SMALL)
     unans = [i for i, e in enumerate(env.unwrapped.examples) if not e.answerable]
     tried += 1
-    env.reset(options={"index": unans[0]})
+    env.reset(options={"question_index": unans[0]})
     _, reward, *_ = env.step({"type": 3, "text": ""})
     clean += reward == 1.0  # REFUSE on an unanswerable question still earns its reward
     return tried, clean

@@ -263,7 +263,7 @@ class SynthHopExpert(TranscriptWriter):
     # -- playing --
     def play(self, env: gym.Env, index: int, seed: int | None = None) -> Demonstration:
         """Play question ``index`` of ``env``'s split and return the demonstration."""
-        obs, info = env.reset(seed=seed, options={"index": int(index)})
+        obs, info = env.reset(seed=seed, options={"question_index": int(index)})
         example = env.unwrapped.current_example
         meta = example.meta
         if "decomposition" not in meta or "relations" not in meta:

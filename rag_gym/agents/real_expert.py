@@ -415,7 +415,7 @@ class AnnotationExpert(TranscriptWriter):
     def play(self, env: gym.Env, index: int) -> tuple[Demonstration | None, str]:
         """Play question ``index`` of ``env``'s split: the demonstration and ``"kept"``, or
         ``None`` and the reason it was dropped (:data:`DROP_REASONS`)."""
-        obs, _ = env.reset(options={"index": int(index)})
+        obs, _ = env.reset(options={"question_index": int(index)})
         base = env.unwrapped
         example = base.current_example
         try:

@@ -24,6 +24,7 @@ import dataclasses
 import json
 import os
 import threading
+import warnings
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -460,11 +461,11 @@ class QAEnv(gym.Env):
             if qid not in self._by_id:
                 raise ValueError(f"no question with id {qid!r} in {self.dataset}/{self.split}")
             index = self._by_id[qid]
-        elif "index" in options:
-            index = options["index"]
+        elif "question_index" in options:
+            index = options["question_index"]
             if not 0 <= index < len(self.examples):
                 raise ValueError(
-                    f"expected options['index'] in [0, {len(self.examples)}), got {index!r}"
+                    f"expected options['question_index'] in [0, {len(self.examples)}), got {index!r}"
                 )
         else:
             index = int(self.np_random.integers(len(self.examples)))
@@ -530,28 +531,42 @@ class QAEnv(gym.Env):
 
 def reset_options(options: Any) -> dict[str, Any]:
     """``reset``'s ``options`` as a dict, checked: ``None`` or a dict, whose ``question_id``
-    is a str and whose ``index`` is an int (not a bool), not both; other keys pass through
-    (a subclass's or a wrapper's). A ``TypeError`` or ``ValueError`` names the option.
+    is a str and whose ``question_index`` is an int (not a bool), not both; other keys pass
+    through (a subclass's or a wrapper's). A ``TypeError`` or ``ValueError`` names the option.
+    ``index``, the former name of ``question_index``, is read as it with a
+    ``DeprecationWarning`` (``index=`` of ``make`` is the search index).
 
-    >>> reset_options(None), reset_options({"index": 2})
-    ({}, {'index': 2})
-    >>> reset_options({"index": True})
+    >>> reset_options(None), reset_options({"question_index": 2})
+    ({}, {'question_index': 2})
+    >>> reset_options({"question_index": True})
     Traceback (most recent call last):
     ...
-    TypeError: expected options['index'] to be an int (a question's position), got bool: True
+    TypeError: expected options['question_index'] to be an int (a question's position), got bool: True
     """
     if options is None:
         return {}
     if not isinstance(options, Mapping):
         raise TypeError(
             f"expected options to be a dict or None, got {type(options).__name__}: "
-            f"{_short(options)}; pass options={{'index': 0}} or {{'question_id': '...'}}"
+            f"{_short(options)}; pass options={{'question_index': 0}} or {{'question_id': '...'}}"
         )
     options = dict(options)
-    if "question_id" in options and "index" in options:
+    if "index" in options:
+        if "question_index" in options:
+            raise ValueError(
+                "expected options['question_index'], got it and options['index'], its former "
+                "name: pass question_index only"
+            )
+        warnings.warn(
+            "reset(options={'index': i}) is deprecated: pass options={'question_index': i}",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        options["question_index"] = options.pop("index")
+    if "question_id" in options and "question_index" in options:
         raise ValueError(
-            "expected options['question_id'] or options['index'], got both "
-            f"({_short(options['question_id'])} and {_short(options['index'])}); pass one"
+            "expected options['question_id'] or options['question_index'], got both "
+            f"({_short(options['question_id'])} and {_short(options['question_index'])}); pass one"
         )
     qid = options.get("question_id")
     if "question_id" in options and not isinstance(qid, str):
@@ -559,12 +574,12 @@ def reset_options(options: Any) -> dict[str, Any]:
             f"expected options['question_id'] to be a str (a question's id), got "
             f"{type(qid).__name__}: {_short(qid)}"
         )
-    index = options.get("index")
-    if "index" in options and (
+    index = options.get("question_index")
+    if "question_index" in options and (
         isinstance(index, (bool, np.bool_)) or not isinstance(index, (int, np.integer))
     ):
         raise TypeError(
-            f"expected options['index'] to be an int (a question's position), got "
+            f"expected options['question_index'] to be an int (a question's position), got "
             f"{type(index).__name__}: {_short(index)}"
         )
     return options

@@ -72,7 +72,7 @@ class ReaderEnv(QAEnv):
 
     ## Starting State
 
-    ``reset`` draws a question with ``self.np_random`` (or takes ``options={"index": i}`` /
+    ``reset`` draws a question with ``self.np_random`` (or takes ``options={"question_index": i}`` /
     ``{"question_id": ...}``).
 
     ## Episode End

@@ -95,7 +95,7 @@ class SearchEnv(QAEnv):
     ## Starting State
 
     ``reset`` draws a question with ``self.np_random`` (seeded by ``reset(seed=...)``), or
-    takes ``options={"index": i}`` or ``options={"question_id": "..."}``.
+    takes ``options={"question_index": i}`` or ``options={"question_id": "..."}``.
 
     ## Episode End
 

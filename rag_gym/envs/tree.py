@@ -67,7 +67,7 @@ class TreeSearchEnv(QAEnv):
 
     ## Starting State
 
-    ``reset`` draws a question with ``self.np_random`` (or takes ``options={"index": i}`` /
+    ``reset`` draws a question with ``self.np_random`` (or takes ``options={"question_index": i}`` /
     ``{"question_id": ...}``); the tree is the root alone, the evidence empty unless
     ``options["context_ids"]`` gives starting documents.
 

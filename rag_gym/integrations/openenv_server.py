@@ -161,7 +161,7 @@ class RagGymEnvironment(Environment):
         if kwargs:
             raise TypeError(
                 f"reset got unknown arguments {sorted(kwargs)}; it takes seed, episode_id, "
-                "options ({'index': i} or {'question_id': ...}) and tags"
+                "options ({'question_index': i} or {'question_id': ...}) and tags"
             )
         tags = self.config.tags if tags is _UNSET else tags
         self._played, self._tags = self._env_for(tags)

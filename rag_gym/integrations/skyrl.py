@@ -116,7 +116,9 @@ class RagGymSkyRLEnv(BaseTextEnv):
         self.env: gym.Env = env
         self.max_turns = int(options.get("max_turns", 8))
         self.reset_options = {
-            k: extras[k] for k in ("question_id", "index") if extras.get(k) is not None
+            option: extras[key]
+            for key, option in (("question_id", "question_id"), ("index", "question_index"))
+            if extras.get(key) is not None
         }
         self.seed = extras.get("seed")
         self.info: dict[str, Any] = {}

@@ -102,7 +102,7 @@ class RagGymToolEnv:
         if "question_id" in row and row["question_id"] is not None:
             options = {"question_id": row["question_id"]}
         elif "index" in row and row["index"] is not None:
-            options = {"index": row["index"]}
+            options = {"question_index": row["index"]}
         else:
             options = None
         _, info = self._env.reset(seed=row.get("seed"), options=options)

@@ -685,7 +685,7 @@ def build_trainer(
     engine = rollout_engine(cfg, tokenizer, cfg.split)
     keys = keys if keys is not None else question_keys(engine)
     probe = engine.envs[0]
-    _, info = probe.reset(seed=cfg.seed, options={"index": 0})
+    _, info = probe.reset(seed=cfg.seed, options={"question_index": 0})
     term_names = sorted(info.get("reward_terms", {}))
     rollout = EnvRollout(
         engine,

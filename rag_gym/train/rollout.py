@@ -221,7 +221,7 @@ class RolloutEngine:
     def start(self, index: int, slot: int, seed: int | None = None) -> Episode:
         """Reset env copy ``slot`` on question ``index`` and render the prompt."""
         env = self.envs[slot]
-        obs, info = env.reset(seed=seed, options={"index": int(index)})
+        obs, info = env.reset(seed=seed, options={"question_index": int(index)})
         episode = Episode(prompt_ids=self.render_prompt(first_messages(env, obs)), index=index)
         episode.reward_terms = dict.fromkeys(info.get("reward_terms", {}), 0.0)
         example = getattr(env.unwrapped, "current_example", None)

@@ -203,7 +203,7 @@ def play_split(
     group_by: Callable[[QAExample], str] | None = None,
 ) -> dict[str, float]:
     """Play each of the first ``n_questions`` (all by default) of ``env``'s split once, in
-    order (``reset(options={"index": i})``), and average: ``em`` (the env's answer term: EM,
+    order (``reset(options={"question_index": i})``), and average: ``em`` (the env's answer term: EM,
     or 1 for a correct refusal), ``return`` (with the step costs), ``steps``, ``refused``,
     ``invalid`` (inapplicable macros per episode) and ``n``. With ``group_by`` (a question →
     its group's name), also ``em/<group>`` and ``n/<group>`` per group."""
@@ -212,7 +212,7 @@ def play_split(
     totals = {"em": 0.0, "return": 0.0, "steps": 0.0, "refused": 0.0, "invalid": 0.0}
     groups: dict[str, list[float]] = {}
     for i in range(n):
-        obs, info = env.reset(options={"index": i})
+        obs, info = env.reset(options={"question_index": i})
         for t in itertools.count():
             obs, reward, terminated, truncated, info = env.step(act(obs, t))
             totals["return"] += float(reward)

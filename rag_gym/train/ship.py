@@ -91,7 +91,7 @@ def record_fixed_questions(
     )
     fixed = []
     for index in indices:
-        obs, info = env.reset(options={"index": int(index)})
+        obs, info = env.reset(options={"question_index": int(index)})
         agent.reset(slot=0)
         while True:
             obs, _, terminated, truncated, info = env.step(agent.act(obs, info))

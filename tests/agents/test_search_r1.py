@@ -67,7 +67,7 @@ def test_prompt_is_the_trainers_layout_and_the_episode_scores():
         gym.make("rag_gym/SynthHop-v0", split="validation", dataset_kwargs=SMALL_WORLD),
         tags="search_r1",
     )
-    obs, info = env.reset(options={"index": 3})
+    obs, info = env.reset(options={"question_index": 3})
     agent.reset(slot=0)
     first = agent.act(obs, info)
     assert first.endswith("</search>")
@@ -286,7 +286,7 @@ def test_greedy_agent_equals_a_direct_text_actions_rollout(tmp_path):
     agent = SearchR1Agent(lm, max_tokens=12, max_turns=3)
     for ep in episodes:
         env = make()
-        obs, info = env.reset(options={"index": ep.index})
+        obs, info = env.reset(options={"question_index": ep.index})
         agent.reset(slot=0)
         for _ in range(3):
             action = agent.act(obs, info)

@@ -92,7 +92,7 @@ def test_dataset_kwargs_extend_the_hard_world_instead_of_replacing_it():
         env = gym.make("rag_gym/SynthHop-Hard-v0", split="train", dataset_kwargs=dataset_kwargs)
         n = 0
         for i in range(SMALL_WORLD["n_questions"][0]):
-            _, info = env.reset(options={"index": i})
+            _, info = env.reset(options={"question_index": i})
             n += not info["answerable"]
         return n, env.unwrapped.dataset
 

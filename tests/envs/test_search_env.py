@@ -81,7 +81,7 @@ def test_search_appends_passages_and_info():
 
 def test_evaluate_and_backtrack():
     env = make_env()
-    env.reset(options={"index": 0})
+    env.reset(options={"question_index": 0})
     env.step(act(S, "Ada Vell"))
     env.step(act(S, "Kestrel Guild founder"))
     obs, _, _, _, info = env.step(act(E, "The guild is irrelevant."))
@@ -142,7 +142,7 @@ def test_refusal_rewards():
 )
 def test_meaningless_actions_do_not_crash(action, message):
     env = make_env(invalid_action_penalty=-0.5)
-    env.reset(options={"index": 0})
+    env.reset(options={"question_index": 0})
     obs, reward, term, trunc, info = env.step(action)
     assert (
         info["invalid_action"]
@@ -169,7 +169,7 @@ def test_meaningless_actions_do_not_crash(action, message):
 )
 def test_actions_outside_the_space_raise(action, error, match):
     env = make_env()
-    env.reset(options={"index": 0})
+    env.reset(options={"question_index": 0})
     assert not env.action_space.contains(action)
     with pytest.raises(error, match=match):
         env.step(action)
@@ -177,7 +177,7 @@ def test_actions_outside_the_space_raise(action, error, match):
 
 def test_numpy_action_type_accepted():
     env = make_env()
-    env.reset(options={"index": 0})
+    env.reset(options={"question_index": 0})
     action = {"type": np.int64(0), "text": "Ada"}
     assert env.action_space.contains(action)
     assert env.step(action)[4]["action_type"] == "SEARCH"
@@ -187,12 +187,12 @@ def test_lifecycle_errors():
     env = make_env()
     with pytest.raises(RuntimeError, match=r"call reset\(\) before step\(\)"):
         env.step(act(S, "x"))
-    env.reset(options={"index": 0})
+    env.reset(options={"question_index": 0})
     env.step(act(R))
     with pytest.raises(RuntimeError, match="the episode has ended"):
         env.step(act(S, "x"))
-    with pytest.raises(ValueError, match=r"expected options\['index'\] in \[0, 2\)"):
-        env.reset(options={"index": 5})
+    with pytest.raises(ValueError, match=r"expected options\['question_index'\] in \[0, 2\)"):
+        env.reset(options={"question_index": 5})
     with pytest.raises(ValueError, match="no question with id 'zz'"):
         env.reset(options={"question_id": "zz"})
 
@@ -210,7 +210,7 @@ def test_truncation_at_20_steps():
 
 def test_observation_clipping_keeps_question_and_newest():
     env = make_env(max_obs_chars=300)
-    obs, _ = env.reset(options={"index": 0})
+    obs, _ = env.reset(options={"question_index": 0})
     for q in ["Ada Vell", "Orrin", "Tamaria", "Kestrel", "Bo Rann"]:
         obs, *_ = env.step(act(S, q))
         assert len(obs) <= 300 and env.observation_space.contains(obs)
@@ -227,7 +227,7 @@ def test_observation_is_rendered_incrementally_as_from_scratch():
     rng = np.random.default_rng(0)
     for max_obs_chars in (300, 16384):
         env = make_env(max_obs_chars=max_obs_chars)
-        env.reset(options={"index": 0})
+        env.reset(options={"question_index": 0})
         for _ in range(80):
             kind = int(rng.choice([S, S, S, E, B]))
             obs, *_ = env.step(act(kind, str(rng.choice(["Ada Vell", "Orrin", "", "Bo Rann"]))))
@@ -242,7 +242,7 @@ def test_observation_is_rendered_incrementally_as_from_scratch():
 
 def test_exclude_seen():
     env = make_env(exclude_seen=True)
-    env.reset(options={"index": 0})
+    env.reset(options={"question_index": 0})
     first = env.step(act(S, "Ada Vell Orrin"))[4]["retrieved_ids"]
     second = env.step(act(S, "Ada Vell Orrin"))[4]["retrieved_ids"]
     assert not set(first) & set(second)
@@ -277,7 +277,7 @@ def test_constructor_errors(kwargs, error, match):
 
 def test_render_ansi():
     env = make_env(render_mode="ansi")
-    env.reset(options={"index": 0})
+    env.reset(options={"question_index": 0})
     env.step(act(S, "Ada"))
     assert env.render().startswith("Question: In which country")
 
@@ -343,14 +343,51 @@ def test_k_above_the_candidates_returns_every_candidate():
         ({"question_id": ["q1"]}, TypeError, r"options\['question_id'\] to be a str.*got list"),
         ({"question_id": 1}, TypeError, r"options\['question_id'\] to be a str.*got int: 1"),
         ({"question_id": None}, TypeError, r"options\['question_id'\] to be a str.*NoneType"),
-        ({"index": True}, TypeError, r"options\['index'\] to be an int.*got bool: True"),
-        ({"index": np.bool_(False)}, TypeError, r"options\['index'\] to be an int.*got bool"),
-        ({"index": 1.0}, TypeError, r"options\['index'\] to be an int.*got float: 1\.0"),
-        ({"index": "1"}, TypeError, r"options\['index'\] to be an int.*got str: '1'"),
-        ({"index": None}, TypeError, r"options\['index'\] to be an int.*got NoneType"),
-        ({"index": -1}, ValueError, r"expected options\['index'\] in \[0, 2\), got -1"),
-        ({"index": 2}, ValueError, r"expected options\['index'\] in \[0, 2\), got 2"),
-        ({"index": 0, "question_id": "q2"}, ValueError, r"question_id'\] or .*'index'\], got both"),
+        (
+            {"question_index": True},
+            TypeError,
+            r"options\['question_index'\] to be an int.*got bool: True",
+        ),
+        (
+            {"question_index": np.bool_(False)},
+            TypeError,
+            r"options\['question_index'\] to be an int.*got bool",
+        ),
+        (
+            {"question_index": 1.0},
+            TypeError,
+            r"options\['question_index'\] to be an int.*got float: 1\.0",
+        ),
+        (
+            {"question_index": "1"},
+            TypeError,
+            r"options\['question_index'\] to be an int.*got str: '1'",
+        ),
+        (
+            {"question_index": None},
+            TypeError,
+            r"options\['question_index'\] to be an int.*got NoneType",
+        ),
+        (
+            {"question_index": -1},
+            ValueError,
+            r"expected options\['question_index'\] in \[0, 2\), got -1",
+        ),
+        (
+            {"question_index": 2},
+            ValueError,
+            r"expected options\['question_index'\] in \[0, 2\), got 2",
+        ),
+        (
+            {"question_index": 0, "question_id": "q2"},
+            ValueError,
+            r"question_id'\] or .*'question_index'\], got both",
+        ),
+        (
+            {"question_index": 0, "index": 0},
+            ValueError,
+            r"'question_index'\], got it and options\['index'\]",
+        ),
     ],
 )
 def test_bad_reset_options_are_typed_errors(options, error, match):
@@ -360,8 +397,17 @@ def test_bad_reset_options_are_typed_errors(options, error, match):
     # the good forms: an int (numpy's too), a question id, a read-only mapping
     from types import MappingProxyType
 
-    assert env.reset(options={"index": np.int64(1)})[1]["question_id"] == "q2"
+    assert env.reset(options={"question_index": np.int64(1)})[1]["question_id"] == "q2"
     assert env.reset(options=MappingProxyType({"question_id": "q1"}))[1]["question_id"] == "q1"
+
+
+def test_the_former_index_option_still_picks_the_question_with_a_deprecation_warning():
+    env = make_env()
+    with pytest.warns(DeprecationWarning, match="options=\\{'question_index': i\\}"):
+        _, info = env.reset(options={"index": 1})
+    assert info["question_id"] == "q2"
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="got both"):
+        env.reset(options={"index": 1, "question_id": "q1"})
 
 
 def test_tree_context_ids_must_be_a_list_of_ids():
@@ -369,10 +415,10 @@ def test_tree_context_ids_must_be_a_list_of_ids():
 
     env = TreeSearchEnv(examples=QUESTIONS, retriever=BM25Retriever(Corpus(PASSAGES)))
     with pytest.raises(TypeError, match=r"options\['context_ids'\] to be a list of passage ids"):
-        env.reset(options={"index": 0, "context_ids": "p1"})
+        env.reset(options={"question_index": 0, "context_ids": "p1"})
     with pytest.raises(TypeError, match=r"expected options to be a dict or None, got str"):
         env.reset(options="index")
-    assert env.reset(options={"index": 0, "context_ids": ["p1"]})[1]["question_id"] == "q1"
+    assert env.reset(options={"question_index": 0, "context_ids": ["p1"]})[1]["question_id"] == "q1"
 
 
 def test_pickle_and_deepcopy_say_what_holds_the_module_and_what_to_do():

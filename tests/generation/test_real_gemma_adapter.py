@@ -139,7 +139,7 @@ def test_the_quantised_file_agrees_on_the_first_token(tmp_path):
         tags="search_r1",
     )
     for index in range(20):
-        _, info = env.reset(options={"index": index})
+        _, info = env.reset(options={"question_index": index})
         messages = start_messages(tag_set("search_r1"), info["question"])
         prompt = on_torch.chat_prompt(messages)
         assert prompt == on_llama.chat_prompt(messages)

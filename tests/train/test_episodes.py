@@ -68,7 +68,7 @@ def _refuse_at_once(make) -> dict[bool, set[float]]:
     env = make()
     returns: dict[bool, set[float]] = {}
     for i in range(SMALL_WORLD["n_questions"][0]):
-        _, info = env.reset(options={"index": i})
+        _, info = env.reset(options={"question_index": i})
         _, reward, terminated, _, info = env.step("<think>nothing to go on</think><refuse/>")
         assert terminated
         returns.setdefault(info["answerable"], set()).add(reward)
@@ -148,8 +148,8 @@ def test_a_spec_and_its_config_build_the_same_engine():
     assert isinstance(cfg.text_env(), TextEnvSpec)
     assert (a.max_turns, a.stop, a.n_questions) == (b.max_turns, b.stop, b.n_questions)
     assert a.max_turns == 3 and a.n_questions == 30
-    obs_a, _ = a.envs[0].reset(options={"index": 4})
-    obs_b, _ = b.envs[0].reset(options={"index": 4})
+    obs_a, _ = a.envs[0].reset(options={"question_index": 4})
+    obs_b, _ = b.envs[0].reset(options={"question_index": 4})
     assert obs_a == obs_b
     from rag_gym.wrappers.evo_rag import find_wrapper
     from rag_gym.wrappers.text_actions import TextActions

@@ -29,7 +29,7 @@ def _env(judge, **kwargs):
 
 
 def _answer(env, text):
-    env.reset(seed=0, options={"index": 0})
+    env.reset(seed=0, options={"question_index": 0})
     return env.step({"type": ActionType.ANSWER, "text": text})
 
 
@@ -56,7 +56,7 @@ def test_a_wrong_answer_the_judge_rejects_scores_zero_and_a_right_one_costs_no_c
 def test_f1_answers_get_the_rest_of_the_way_and_searches_are_never_judged():
     judge = Recorder(True)
     env = _env(judge, answer_metric="f1")
-    env.reset(seed=0, options={"index": 0})
+    env.reset(seed=0, options={"question_index": 0})
     _, reward, _, _, info = env.step({"type": ActionType.SEARCH, "text": "anything"})
     assert info["reward_terms"]["judge"] == 0.0 and judge.asked == []
     gold = env.unwrapped.current_example.answers[0]
@@ -72,10 +72,10 @@ def test_refusals_and_unanswerable_questions_are_not_judged():
     env = JudgedAnswerReward(gym.make("rag_gym/SynthHop-Hard-v0", split="validation"), judge)
     examples = env.unwrapped.examples
     unanswerable = next(i for i, ex in enumerate(examples) if not ex.answerable)
-    env.reset(seed=0, options={"index": unanswerable})
+    env.reset(seed=0, options={"question_index": unanswerable})
     _, _, terminated, _, info = env.step({"type": ActionType.ANSWER, "text": "a guess"})
     assert terminated and "judge" not in info and judge.asked == []
-    env.reset(seed=0, options={"index": 0})
+    env.reset(seed=0, options={"question_index": 0})
     _, _, terminated, _, info = env.step({"type": ActionType.REFUSE, "text": ""})
     assert terminated and "judge" not in info and judge.asked == []
 

@@ -127,7 +127,7 @@ def test_an_unparsable_reply_is_traced_and_flagged_as_unparsable():
 
 def test_empty_query_reports_the_env_message():
     env = make()
-    env.reset(options={"index": 0})
+    env.reset(options={"question_index": 0})
     obs, _, _, _, info = env.step("<search>   </search>")
     assert (
         info["format_ok"]
@@ -140,7 +140,7 @@ def test_unclosed_and_counts_and_clipping():
         SearchEnv(examples=QUESTIONS, retriever=BM25Retriever(Corpus(PASSAGES))),
         max_action_chars=70,
     )
-    env.reset(options={"index": 0})
+    env.reset(options={"question_index": 0})
     _, _, _, _, info = env.step(
         "<think>a</think><think>b</think><search>Orrin</search><reflect>" + "x" * 100
     )
@@ -150,7 +150,7 @@ def test_unclosed_and_counts_and_clipping():
 
 def test_llm_output_never_crashes():
     env = make()
-    env.reset(options={"index": 0})
+    env.reset(options={"question_index": 0})
     obs, _, _, _, info = env.step("<search>emoji \U0001f600 and \x00 nul</search>")
     assert env.observation_space.contains(obs) and info["query"] == "emoji \ufffd and \ufffd nul"
     with pytest.raises(
@@ -161,7 +161,7 @@ def test_llm_output_never_crashes():
 
 def test_chat_messages():
     env = make()
-    env.reset(options={"index": 0})
+    env.reset(options={"question_index": 0})
     env.step("<search>Ada Vell</search>")
     msgs = env.messages()
     assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user"]

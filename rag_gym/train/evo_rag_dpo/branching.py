@@ -47,7 +47,7 @@ def replay(env: Any, index: int, actions: Sequence[str]) -> Replay:
     played before it). EVO-RAG's envs are deterministic given the question and the texts."""
     from rag_gym.envs.search import ActionType
 
-    _, info = env.reset(options={"index": int(index)})
+    _, info = env.reset(options={"question_index": int(index)})
     question = info["question"]
     steps = []
     for n, text in enumerate(actions):
