@@ -78,6 +78,7 @@ OPTION_FIELDS: dict[str, dict[str, tuple[type, str]]] = {
         "max_new_tokens": (EvalConfig, "max_new_tokens"),
         "temperature": (EvalConfig, "temperature"),
         "chat_template": (EvalConfig, "chat_template"),
+        "judge": (EvalConfig, "judge"),
         "out": (EvalConfig, "out_dir"),
         "run_name": (EvalConfig, "run_name"),
         "data_root": (SuiteConfig, "data_root"),
@@ -391,6 +392,8 @@ def evaluate(
             overrides = _fields("evaluate", EvalConfig, given_)
             if "agents" in overrides:
                 overrides["agents"] = agent_names
+            if given("prompt"):
+                overrides["prompt"] = prompt_text
             env_options = {"data_path": "data_path", "corpus": "corpus", "index": "index", "k": "k"}
             env_options["retriever"] = "retriever" if server is not None else "index"
             config = EvalConfig.resumed(
@@ -409,6 +412,7 @@ def evaluate(
                     **_fields("evaluate", EvalConfig, ctx.params),
                     "agents": agent_names,
                     "env_kwargs": env_kwargs_,
+                    "prompt": prompt_text,
                     "out_dir": str(out),
                 }
             )
@@ -422,10 +426,10 @@ def evaluate(
         if any(needs_lm(a) for a in config.agents):
             backend = make_lm(lm, seed=config.seed, **_lm_options(config))
             config.lm_spec = lm
-        if judge is not None:
+        if config.judge is not None:
             from rag_gym.generation.judges import LLMAnswerJudge
 
-            judge_lm = make_lm(judge)
+            judge_lm = make_lm(config.judge)
             judge_lm.check_chat()  # the judge prompts with chats: no template, no run
             judge_fn = LLMAnswerJudge(judge_lm)
     except (ImportError, FileNotFoundError, TypeError, ValueError) as exc:
@@ -436,7 +440,6 @@ def evaluate(
 
     def resume_command(run_dir: Path) -> str:
         again = ["rag-gym", "evaluate", "--resume", str(run_dir)]
-        again += ["--judge", judge] if judge is not None else []
         again += ["--track"] if track else []
         return shlex.join(again)
 
@@ -452,7 +455,7 @@ def evaluate(
 
             try:
                 episodes = RayEpisodes(
-                    AgentRecipe(config.lm_spec, config.seed, prompt_text, _lm_options(config)),
+                    AgentRecipe(config.lm_spec, config.seed, config.prompt, _lm_options(config)),
                     address=ray,
                     workers=ray_workers,
                     cpus_per_worker=cpus_per_worker,
@@ -464,7 +467,7 @@ def evaluate(
                 result = run(
                     config,
                     lambda name, e: make_agent(
-                        name, lm=backend, seed=config.seed, env=e, prompt=prompt_text
+                        name, lm=backend, seed=config.seed, env=e, prompt=config.prompt
                     ),
                     episodes=episodes,
                     progress=tick,

@@ -37,14 +37,13 @@ OWN = {
         "retriever",
         "k",
         "env_kwargs",
-        "judge",
         "track",
         "from_run",
         "resume",
         "overwrite",
         "progress",
         "suite",  # the suite file, read into SuiteConfig.suite
-        "prompt",  # a file, read into the prompt text
+        "prompt",  # a file, read into the prompt text (EvalConfig.prompt)
         "ray",  # where the episodes are played, not what the run is
         "ray_workers",
         "cpus_per_worker",

@@ -494,6 +494,46 @@ def test_an_unreachable_judge_stops_the_run_and_resume_finishes_it(tmp_path):
     assert [e["judge"] for e in episodes] == [1.0, 1.0]
 
 
+def test_a_judged_run_records_its_judge_and_from_run_replays_it(tmp_path):
+    """protocol.json records the judge's spec (not only that there was one), the prompt
+    template, and --from-run judges again with them: the same leaderboard, but for timings."""
+    import csv
+
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("Answer briefly. {question}")
+    with ChatServer(free_port()) as agent_server, ChatServer(free_port(), reply="yes") as judged:
+        lm = f"openai:m@http://127.0.0.1:{agent_server.httpd.server_address[1]}/v1"
+        judge = f"openai:j@http://127.0.0.1:{judged.httpd.server_address[1]}/v1"
+        args = ("--agents", "naive_rag", "--lm", lm, "--judge", judge, "--n", "3")
+        first = evaluate_cli(tmp_path, *args, "--prompt", str(prompt), "--run-name", "first")
+        assert first.exit_code == 0, first.output
+        protocol = json.loads((tmp_path / "first" / "protocol.json").read_text())
+        assert protocol["judge"] == protocol["config"]["judge"] == judge
+        assert protocol["config"]["prompt"] == "Answer briefly. {question}"
+        asked = judged.requests
+        assert asked == 3
+        again = runner.invoke(
+            app,
+            ["evaluate", "--from-run", str(tmp_path / "first"), "--out", str(tmp_path)]
+            + ["--run-name", "again", "--no-progress"],
+        )
+        assert again.exit_code == 0, again.output
+        assert judged.requests == 2 * asked  # judged again, by the recorded judge
+    replayed = json.loads((tmp_path / "again" / "protocol.json").read_text())
+    assert (
+        replayed["judge"] == judge and replayed["config"]["prompt"] == protocol["config"]["prompt"]
+    )
+
+    def rows(run: str) -> list[dict[str, str]]:
+        with open(tmp_path / run / "leaderboard.csv") as f:
+            return [
+                {k: v for k, v in row.items() if "sec" not in k and "time" not in k}
+                for row in csv.DictReader(f)
+            ]
+
+    assert rows("again") == rows("first") and rows("first")[0]["judge"] == "1.0"
+
+
 DRIVER = """
 import sys, time
 from pathlib import Path

@@ -55,6 +55,12 @@ class EvalConfig:
     """The chat template of the LLM: ``chatml``, ``gemma``, ``llama3`` or a Jinja template file,
     for a model without one or to replace its own (``None``: the model's own; a model without
     one is refused). See :mod:`rag_gym.generation.chat_templates`."""
+    judge: str | None = None
+    """The backend spec of an LLM judge of the answers (``openai:model@url``…; ``None``: no
+    judge), recorded so that ``--from-run`` and ``--resume`` judge again with it."""
+    prompt: str | None = None
+    """The prompt template's text for ``search_r1`` agents (``{question}`` marks the question;
+    ``None``: each agent's own)."""
     out_dir: str = "runs"
     """Parent folder of the run folder."""
     run_name: str | None = None
@@ -88,6 +94,13 @@ class EvalConfig:
                 f"expected the split once, got split {self.split!r} and env_kwargs split "
                 f"{self.env_kwargs['split']!r}: the questions come from split (--split); drop "
                 "'split' from env_kwargs (--env-kwargs)"
+            )
+        if self.prompt is not None and (
+            not isinstance(self.prompt, str) or "{question}" not in self.prompt
+        ):
+            raise ValueError(
+                f"expected the prompt template to hold {{question}} where the question goes, "
+                f"got {self.prompt!r:.80}"
             )
         self._check_lm_options()
         check_out_dir(self.out_dir)

@@ -219,8 +219,11 @@ def check_resumable(saved: dict[str, Any], protocol: dict[str, Any], run_dir: Pa
     was, now = saved.get("lm_spec"), protocol["lm_spec"]
     if was is not None and was != now:  # a run without LM agents may get some
         problems.append(f"lm {now!r} (the run has {was!r})")
-    if bool(saved.get("judge")) != bool(protocol.get("judge")):
-        problems.append("a judge" if protocol.get("judge") else "no judge (the run has one)")
+    judged, judge = saved.get("judge"), protocol.get("judge")
+    if bool(judged) != bool(judge):
+        problems.append("a judge" if judge else "no judge (the run has one)")
+    elif isinstance(judged, str) and isinstance(judge, str) and judged != judge:
+        problems.append(f"the judge {judge} (the run's is {judged})")
     saved_agents = saved.get("agents") or {}
     missing = [a for a in saved_agents if a not in protocol["agents"]]
     if missing:

@@ -213,7 +213,7 @@ def evaluate(
         "agents": described,
         "lm": lm_description,
         "lm_spec": config.lm_spec,
-        "judge": judge is not None,
+        "judge": config.judge if config.judge is not None else judge is not None,
         "batch_size": config.batch_size,
         "command": command,
         "config": {**asdict(config), "agents": list(config.agents)},
