@@ -333,8 +333,8 @@ def test_evaluate_run_folders_are_never_replaced_silently(tmp_path):
         (["--resume", "NOTHING"], "protocol.json not found: expected a run folder"),
         (["--resume", "NOTHING", "--run-name", "b"], "to name the --resume folder"),
         (["--resume", "NOTHING", "--overwrite"], "expected resume or overwrite, got both"),
-        (["--env-kwargs", "{k: 3}"], "expected --env-kwargs to be a JSON object"),
-        (["--env-kwargs", "[1]"], "expected --env-kwargs to be a JSON object"),
+        (["--env-kwargs", "{k: 3}"], "expected env_kwargs to be a dict or a JSON object"),
+        (["--env-kwargs", "[1]"], "expected env_kwargs to be a dict or a JSON object"),
     ],
 )
 def test_evaluate_run_folder_errors_are_clear(tmp_path, args, message):

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from pathlib import Path
+import typing
 
 import pytest
 from typer.testing import CliRunner
 
 from rag_gym import cli
+from rag_gym._options import field_help, plain
 from rag_gym.evaluate import EvalConfig
 from rag_gym.train.grpo import EnvGRPOConfig, train_from
 from rag_gym.train.pipeline import PipelineConfig
@@ -18,6 +19,7 @@ from rag_gym.train.sft import SFTConfig
 
 runner = CliRunner()
 
+#: every command whose options are made from config fields
 COMMANDS = {
     "evaluate": cli.evaluate,
     "train sft": cli.train_sft,
@@ -25,47 +27,57 @@ COMMANDS = {
     "train pipeline": cli.train_pipeline,
 }
 
-#: the options that set no config field: the command's own (where to write, what to resume or
-#: replay, JSON and env options merged into ``env_kwargs``, the LLM backend and judge)
-OWN = {
-    "evaluate": {
-        "ctx",
-        "lm",
-        "data_path",
-        "corpus",
-        "index",
-        "retriever",
-        "k",
-        "env_kwargs",
-        "track",
-        "from_run",
-        "resume",
-        "overwrite",
-        "progress",
-        "suite",  # the suite file, read into SuiteConfig.suite
-        "prompt",  # a file, read into the prompt text (EvalConfig.prompt)
-        "ray",  # where the episodes are played, not what the run is
-        "ray_workers",
-        "cpus_per_worker",
-    },
-    "train sft": {"ctx", "env_kwargs", "out", "run_name"},
-    "train grpo": {
-        "ctx",
-        "data_path",  # merged into env_kwargs, with split_by_id
-        "split_by_id",
-        "init",
-        "env_kwargs",
-        "dynamic_sampling",
-        "eval_n",
-        "resume",
-        "out",
-        "run_name",
-    },
-    # --eval-n: validation figures for each stage, off by default (the pipeline's figure is its
-    # --test-n test); SFTConfig.eval_n is a standalone SFT run's, and examples/
-    # train_synthhop_agent.py parses SFTConfig and PipelineConfig into one command line
-    "train pipeline": {"ctx", "env_kwargs", "eval_n", "out", "run_name"},
-}
+
+def _typer_option(parameter: inspect.Parameter):
+    kind, option = typing.get_args(parameter.annotation)
+    return kind, option
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_every_option_is_its_config_fields_in_default_type_and_help(command):
+    """An option made from a field has the field's default (as the command line writes it),
+    type (as Typer parses it) and help (the field's docstring as plain text); no option is
+    declared by hand beside the fields of its config."""
+    function = COMMANDS[command]
+    params = inspect.signature(function).parameters
+    groups = function.__options__
+    assert groups, f"{command} takes no options from a config"
+    for options in groups.values():
+        hints = typing.get_type_hints(options.cls)
+        for field in options.fields():
+            parameter = params[options.option(field.name)]
+            kind, option = _typer_option(parameter)
+            default = _field_default(options.cls, field.name)
+            hint = hints[field.name]
+            if hint == tuple[str, ...]:
+                assert (kind, parameter.default) == (str, ",".join(default)), field.name
+            elif isinstance(default, dict):
+                assert (kind, parameter.default) == (str | None, default or None), field.name
+            else:
+                assert parameter.default == default, field.name
+                assert kind == hint or set(typing.get_args(kind)) == set(typing.get_args(hint)), (
+                    field.name,
+                    kind,
+                    hint,
+                )
+            assert option.help == field_help(options.cls, field.name), field.name
+            assert "``" not in option.help and ":class:" not in option.help
+
+
+def test_field_help_is_the_docstring_as_plain_text():
+    assert (
+        field_help(EvalConfig, "n")
+        == "Questions to sample (all of them when the split is smaller)."
+    )
+    assert plain(":class:`~rag_gym.baselines.papers.EvalRarAgent`") == "EvalRarAgent"
+    assert plain(":mod:`rag_gym.data`, ``k``") == "rag_gym.data, k"
+    with pytest.raises(TypeError, match="has no docstring"):
+
+        @dataclasses.dataclass
+        class Bare:
+            x: int = 1
+
+        field_help(Bare, "x")
 
 
 def _field_default(cls: type, name: str):
@@ -73,37 +85,10 @@ def _field_default(cls: type, name: str):
     return field.default_factory() if field.default is dataclasses.MISSING else field.default
 
 
-def _as_field(option: str, value):
-    """An option's value as its field holds it."""
-    if option == "agents":
-        return tuple(value.split(","))
-    return str(value) if isinstance(value, Path) else value
-
-
-@pytest.mark.parametrize("command", list(COMMANDS))
-def test_every_option_is_a_field_or_the_commands_own(command):
-    params = set(inspect.signature(COMMANDS[command]).parameters)
-    fields = set(cli.OPTION_FIELDS[command])
-    assert fields.isdisjoint(OWN[command])
-    assert params - fields - OWN[command] == set(), "options neither a field nor the command's own"
-    assert (fields | OWN[command]) - params == set(), "names of options the command does not have"
-
-
-@pytest.mark.parametrize("command", list(COMMANDS))
-def test_every_options_default_is_its_fields(command):
-    params = inspect.signature(COMMANDS[command]).parameters
-    differ = {
-        option: (_as_field(option, params[option].default), _field_default(cls, field))
-        for option, (cls, field) in cli.OPTION_FIELDS[command].items()
-        if _as_field(option, params[option].default) != _field_default(cls, field)
-    }
-    assert differ == {}
-
-
 def test_the_grpo_defaults_that_differed_are_one():
     """The eight settings on which ``train grpo`` and ``EnvGRPOConfig`` disagreed."""
     params = inspect.signature(cli.train_grpo).parameters
-    cfg = EnvGRPOConfig()
+    cfg = EnvGRPOConfig()  # the options' defaults are the fields' (the test above)
     pairs = {
         "reward_preset": "reward_preset",
         "steps": "max_steps",

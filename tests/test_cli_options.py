@@ -11,6 +11,7 @@ import typer
 from typer.testing import CliRunner
 
 import rag_gym.cli
+import rag_gym.commands
 from rag_gym.cli import app
 from rag_gym.data.synthhop import world_for
 from rag_gym.retrieval import BM25Retriever
@@ -135,7 +136,7 @@ def test_lm_options_reach_the_backend_and_the_protocol(tmp_path, monkeypatch):
 def test_the_default_options_change_nothing(tmp_path, monkeypatch):
     made = _with_fake_lm(monkeypatch)
     assert _naive(tmp_path, "run").exit_code == 0
-    assert made == [{"spec": "llama_cpp", **dict.fromkeys(rag_gym.cli.LM_OPTIONS)}]
+    assert made == [{"spec": "llama_cpp", **dict.fromkeys(rag_gym.commands.LM_OPTIONS)}]
     agent = json.loads((tmp_path / "run" / "protocol.json").read_text())["agents"]["naive_rag"]
     assert agent["max_tokens"] == 32 and "temperature" not in agent  # naive_rag's own, greedy
 
@@ -146,7 +147,7 @@ def test_a_run_recorded_before_templates_resumes(tmp_path, monkeypatch):
     path = tmp_path / "old" / "protocol.json"
     protocol = json.loads(path.read_text())  # as rag-gym wrote it before: no template, no options
     del protocol["lm"]["chat_template"], protocol["agents"]["naive_rag"]["lm"]["chat_template"]
-    for key in rag_gym.cli.LM_OPTIONS:
+    for key in rag_gym.commands.LM_OPTIONS:
         del protocol["config"][key]
     path.write_text(json.dumps(protocol))
     (tmp_path / "old" / "episodes.jsonl").write_text("")  # so the resume plays them again

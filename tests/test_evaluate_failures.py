@@ -514,8 +514,10 @@ def test_a_judged_run_records_its_judge_and_from_run_replays_it(tmp_path):
         assert asked == 3
         again = runner.invoke(
             app,
-            ["evaluate", "--from-run", str(tmp_path / "first"), "--out", str(tmp_path)]
-            + ["--run-name", "again", "--no-progress"],
+            [
+                *("evaluate", "--from-run", str(tmp_path / "first"), "--out", str(tmp_path)),
+                *("--run-name", "again", "--no-progress"),
+            ],
         )
         assert again.exit_code == 0, again.output
         assert judged.requests == 2 * asked  # judged again, by the recorded judge

@@ -50,7 +50,7 @@ from pathlib import Path
 import pytest
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("_http", "_names", "_registry", "_text", "health", "metrics", "stats", "traces"),
+    ("_http", "_names", "_options", "_registry", "_text", "health", "metrics", "stats", "traces"),
     ("data",),
     ("retrieval",),
     ("envs",),
@@ -63,7 +63,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("evaluate", "compare"),
     ("view",),
     ("integrations",),
-    ("cli",),
+    ("cli", "commands"),
 )
 #: The package root's own imports: module-level ones at most ``envs``, lazy ones ``wrappers``.
 ROOT_LAYERS = {"module": "envs", "lazy": "wrappers"}

@@ -32,7 +32,13 @@ needs ``resume`` or ``overwrite``, and ``overwrite`` deletes only a folder holdi
 ``protocol.json``.
 """
 
-from rag_gym.evaluate.config import EvalConfig, EvalResult, check_run_dir, default_run_name
+from rag_gym.evaluate.config import (
+    EvalConfig,
+    EvalResult,
+    EvalRunner,
+    check_run_dir,
+    default_run_name,
+)
 from rag_gym.evaluate.leaderboard import (
     COLUMNS,
     format_cell,
@@ -71,6 +77,7 @@ __all__ = [
     "EpisodeScheduler",
     "EvalConfig",
     "EvalResult",
+    "EvalRunner",
     "RunInterrupted",
     "check_out_dir",
     "check_resumable",

@@ -4,14 +4,14 @@ slow, claimed when the run starts), and what a run gives back (:class:`EvalResul
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 
 from rag_gym import _names
-from rag_gym.baselines import check_agent_name
+from rag_gym.baselines import check_agent_name, needs_lm
 from rag_gym.evaluate.run_folder import (
     atomic_write,
     check_out_dir,
@@ -20,6 +20,9 @@ from rag_gym.evaluate.run_folder import (
     read_protocol,
     run_dir_of,
 )
+
+#: the fields of :class:`EvalConfig` that are set on its ``env_kwargs`` (the env's arguments)
+ENV_OPTIONS = ("data_path", "corpus", "index", "retriever", "k")
 
 
 @dataclass
@@ -38,11 +41,26 @@ class EvalConfig:
     """Agent names (see :mod:`rag_gym.baselines`; ``search_r1:synthhop`` is the shipped trained
     agent)."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Extra ``gym.make`` kwargs (``data_path``, ``corpus``, ``index``, ``k``…); plain JSON values."""
+    """Extra ``gym.make`` kwargs as a JSON object, e.g. ``{"dataset_kwargs": {"n_passages":
+    2000}}``; the options below are set on them."""
+    data_path: str | None = None
+    """The dataset file of a real-data env (the env's ``data_path``)."""
+    corpus: str | None = None
+    """A corpus JSONL to search (the env's ``corpus``; Bamboogle needs one)."""
+    index: str | None = None
+    """A saved index folder to search (``rag-gym index build``), or an OpenSearch or
+    Elasticsearch index (``opensearch+http://127.0.0.1:9200/wiki18``): the env's ``index``."""
+    retriever: str | None = None
+    """A retrieval server's URL to search (``rag-gym serve``; Search-R1's ``/retrieve`` API): the
+    env's ``retriever``."""
+    k: int | None = None
+    """Passages per search (``None``: the env's, 3)."""
     batch_size: int = 8
     """Episodes stepped together (one batched agent call per step)."""
     lm_spec: str | None = None
-    """The backend spec (``llama_cpp``, ``openai:model@url``…), recorded for re-runs."""
+    """The LLM backend of the agents that need one: ``llama_cpp[:file.gguf]``,
+    ``transformers[:id]``, ``vllm:id`` or ``openai:model@url`` (``None``: ``llama_cpp``, the
+    embedded model)."""
     n_ctx: int | None = None
     """The LLM's context window in tokens (llama.cpp, vLLM; ``None``: the backend's default,
     4,096 tokens for llama.cpp)."""
@@ -84,11 +102,19 @@ class EvalConfig:
             raise ValueError(
                 f"expected a registered env id (rag-gym envs lists them), got {self.env_id!r}{hint}"
             )
-        if not isinstance(self.env_kwargs, dict):
-            raise TypeError(
-                f"expected env_kwargs to be a dict (a JSON object), got "
-                f"{type(self.env_kwargs).__name__}"
-            )
+        from rag_gym.train.options import dict_option
+
+        self.env_kwargs = dict(dict_option("env_kwargs", self.env_kwargs))
+        for name in ENV_OPTIONS:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if self.env_kwargs.get(name, value) != value:
+                raise ValueError(
+                    f"expected {name} once, got {value!r} and env_kwargs {name} "
+                    f"{self.env_kwargs[name]!r}: drop one"
+                )
+            self.env_kwargs[name] = value
         if "split" in self.env_kwargs and self.env_kwargs["split"] != self.split:
             raise ValueError(
                 f"expected the split once, got split {self.split!r} and env_kwargs split "
@@ -103,6 +129,8 @@ class EvalConfig:
                 f"got {self.prompt!r:.80}"
             )
         self._check_lm_options()
+        if self.lm_spec is None and any(needs_lm(a) for a in self.agents):
+            self.lm_spec = "llama_cpp"
         check_out_dir(self.out_dir)
         if self.run_name is not None:
             run_dir_of(self.out_dir, self.run_name)
@@ -141,26 +169,44 @@ class EvalConfig:
         return cls(**{**saved, **overrides})
 
     @classmethod
-    def resumed(
-        cls,
-        run_dir: str | Path,
-        env_kwargs: dict[str, Any] | None = None,
-        env_options: dict[str, Any] | None = None,
-        **overrides: Any,
-    ) -> EvalConfig:
+    def resumed(cls, run_dir: str | Path, **overrides: Any) -> EvalConfig:
         """The config of the stopped run in ``run_dir``, to go on with it: the run's own
         settings but for ``overrides`` (fields given again, which :func:`evaluate
         <rag_gym.evaluate.runner.evaluate>` checks against the run's protocol). ``env_kwargs``
-        replaces the run's env kwargs, and ``env_options`` (``data_path``, ``corpus``,
-        ``index``, ``k``) are set on them."""
+        replaces the run's env kwargs; an env option (:data:`ENV_OPTIONS`) replaces the run's."""
         run_dir = Path(run_dir)
-        config = cls.from_run(
-            run_dir, out_dir=str(run_dir.parent), run_name=run_dir.name, **overrides
-        )
-        if env_kwargs is not None or env_options:
-            base = config.env_kwargs if env_kwargs is None else env_kwargs
-            config.env_kwargs = {**base, **(env_options or {})}
-        return config
+        saved = asdict(cls.from_run(run_dir, out_dir=str(run_dir.parent), run_name=run_dir.name))
+        if "env_kwargs" in overrides:
+            saved.update(dict.fromkeys(ENV_OPTIONS), env_kwargs={})
+        for name in ENV_OPTIONS:
+            if overrides.get(name) is not None:
+                saved["env_kwargs"].pop(name, None)
+        return cls(**{**saved, **overrides})
+
+
+@dataclass
+class EvalRunner:
+    """How an evaluation is run, which changes none of its results (not recorded in
+    ``protocol.json``'s config)."""
+
+    from_run: str | None = None
+    """Re-run the protocol saved in this run folder (judged runs with their judge)."""
+    resume: str | None = None
+    """Go on with this stopped run folder: only its missing episodes are played (options given
+    must match its protocol; agents may be added)."""
+    overwrite: bool = False
+    """Replace the run folder if it holds a run."""
+    progress: bool = True
+    """Show a progress bar."""
+    track: bool = False
+    """Log to Weights & Biases (offline unless configured)."""
+    ray: str | None = None
+    """Play the episodes on workers of this Ray cluster (``auto``, ``HOST:PORT``,
+    ``ray://HOST:PORT``, or ``local`` to start one here); the same leaderboard as a local run."""
+    ray_workers: int = 2
+    """With ``ray``: workers playing episodes (each loads its backend once)."""
+    cpus_per_worker: float = 1.0
+    """With ``ray``: CPUs each worker reserves, and its LLM threads."""
 
 
 @dataclass

@@ -189,7 +189,9 @@ class EnvGRPOConfig:
     max_resample_rounds: int = 3
     """Refill rounds per batch at most (the batch goes on with what it has after them)."""
     temperature: float = 1.0
+    """Sampling temperature of the rollouts."""
     top_p: float = 1.0
+    """Nucleus sampling threshold of the rollouts (1: off)."""
     learning_rate: float = 2e-5
     """Peak learning rate (of the LoRA adapters with ``lora``, the default: a full-weight run
     wants about 1e-6, as the papers' recipes use)."""
@@ -200,22 +202,28 @@ class EnvGRPOConfig:
     flat steps: with one question a step, the first group alone sets it, and a warmup spreads
     that first move over several groups. 0: the full rate from the first step."""
     max_steps: int = 100
+    """Optimiser steps (the learning-rate schedule's length)."""
     max_turns: int = 8
     """Model turns per episode at most (the env's horizon usually ends it first)."""
     max_turn_tokens: int = 128
+    """New tokens per model turn at most."""
     max_completion_tokens: int = 1024
     """Model + env tokens per episode."""
     lora: bool = True
     """Train LoRA adapters (peft) instead of all weights."""
     lora_r: int = 16
+    """LoRA rank (with ``lora``)."""
     lora_alpha: int = 32
+    """LoRA scaling alpha (with ``lora``)."""
     stages: tuple[tuple[Any, float], ...] | str | None = ()
     """Curriculum: ``((stage, until_fraction), …)``, e.g. LWTS ``((1, 0.5), (2, 1.0))`` (JSON
     ``[[1, 0.5], [2, 1.0]]`` on a command line);
     each stage is set on every env (:func:`~rag_gym.wrappers.presets.set_stage`) until that
     fraction of ``max_steps``."""
     output_dir: str = "runs"
+    """Parent folder of the run folder."""
     exp_name: str = "grpo"
+    """The run's name in W&B and in the default run folder name."""
     save_steps: int = 10
     """Checkpoint every this many steps (``resume_from_checkpoint`` picks one up)."""
     max_minutes: float | None = None
@@ -226,6 +234,7 @@ class EnvGRPOConfig:
     """Save a few sampled rollouts to ``steps.jsonl`` every this many steps, and at the end
     (:mod:`rag_gym.train.rollout_log`, shown by ``rag-gym view``); 0: only at the end."""
     resume_from_checkpoint: str | None = None
+    """A checkpoint folder of this run to go on from (``rag-gym train grpo --resume`` finds the newest)."""
     track: bool = False
     """Log to W&B (offline unless configured); TensorBoard is always on."""
     use_vllm: bool = False
@@ -235,6 +244,7 @@ class EnvGRPOConfig:
     about a third more compute. Off here: ``micro_batch_size`` saves memory without the
     recomputation."""
     seed: int = 0
+    """Seed of the questions drawn, the rollouts' sampling and training."""
     run_dir: str | None = None
     """Exact folder to write into; default ``output_dir/<run name>``."""
 

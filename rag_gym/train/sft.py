@@ -89,10 +89,13 @@ class SFTConfig:
     lora: bool = True
     """Train LoRA adapters on every linear layer but the (tied) output head."""
     lora_r: int = 16
+    """LoRA rank (with ``lora``)."""
     lora_alpha: int = 32
+    """LoRA scaling alpha (with ``lora``)."""
     learning_rate: float = 1e-3
     """Peak learning rate (linear decay after 5 % warm-up)."""
     epochs: float = 1.0
+    """Passes over the demonstrations (when ``max_steps`` is -1)."""
     max_steps: int = -1
     """Optimiser steps; ``-1`` derives them from ``epochs``."""
     batch_size: int = 8
@@ -112,16 +115,23 @@ class SFTConfig:
     eval_before: bool = True
     """Also evaluate the untrained model (the "before" figure)."""
     max_turns: int = 8
+    """Model turns per demonstration at most (the rendered transcripts' limit, as in RL)."""
     max_turn_tokens: int = 128
+    """New tokens per model turn at most, as the RL rollouts have them."""
     max_completion_tokens: int = 1024
+    """Model + env tokens per episode at most, as the RL rollouts have them."""
     output_dir: str = "runs"
+    """Parent folder of the run folder."""
     exp_name: str = "sft"
+    """The run's name in W&B and in the default run folder name."""
     run_dir: str | None = None
     """Exact folder to write into; default ``output_dir/<run name>``."""
     save_steps: int = 10
+    """Checkpoint every this many optimiser steps."""
     track: bool = False
     """Log to W&B (offline unless configured); TensorBoard is always on."""
     seed: int = 0
+    """Seed of the demonstrations drawn, their phrasing, and training."""
 
     def __post_init__(self) -> None:
         from rag_gym.train.models import model_option

@@ -31,7 +31,7 @@ def run_cli(*args: str):
         (["--steps", "-1"], "grpo_steps"),
         (["--num-generations", "1"], "num_generations"),
         (["--lr", "0"], "expected grpo_learning_rate > 0"),
-        (["--env-kwargs", "[1]"], "expected --env-kwargs to be a JSON object"),
+        (["--env-kwargs", "[1]"], "expected env_kwargs to be a dict or a JSON object"),
         (
             ["--env", "rag_gym/HotpotQA-v0,rag_gym/MuSiQue-v0", "--data-path", "h.json"],
             "one data_path per env id",
