@@ -468,18 +468,12 @@ def train_grpo(
             cfg, init, eval_n = resume_config(resume)
         else:
             extra = dict_option("--env-kwargs", grpo["env_kwargs"])
-            if data_path is not None:
-                extra["data_path"] = data_path
+            extra.update({} if data_path is None else {"data_path": data_path})
             if split_by_id:
                 extra["dataset_kwargs"] = {**extra.get("dataset_kwargs", {}), "split_by_id": True}
-            run_dir = _run_dir(grpo, run_name, grpo["algorithm"])
-            cfg = _config(
-                EnvGRPOConfig,
-                grpo,
-                env_kwargs=extra,
-                run_dir=str(run_dir),
-                **_dynamic_sampling(dynamic_sampling),
-            )
+            run_dir = str(_run_dir(grpo, run_name, grpo["algorithm"]))
+            sampling = _dynamic_sampling(dynamic_sampling)
+            cfg = _config(EnvGRPOConfig, grpo, env_kwargs=extra, run_dir=run_dir, **sampling)
         results = train_from(cfg, init=init, eval_n=eval_n)
     except (TypeError, ValueError, FileNotFoundError) as exc:
         _fail(str(exc))

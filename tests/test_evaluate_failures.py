@@ -285,8 +285,8 @@ def test_a_split_in_env_kwargs_must_be_the_split(tmp_path):
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('{"k": ' + "7" * 5000 + "}", "expected --env-kwargs to hold numbers of at most 4,300"),
-        ('{"k": ' + "[" * 50_000 + "]" * 50_000 + "}", "expected --env-kwargs to be JSON nested"),
+        ('{"k": ' + "7" * 5000 + "}", "env_kwargs to hold numbers of at most 4,300"),
+        ('{"k": ' + "[" * 50_000 + "]" * 50_000 + "}", "env_kwargs to be JSON nested"),
         ("[1, 2]", "JSON object"),
     ],
 )

@@ -46,7 +46,7 @@ from rag_gym.data import (
 )
 from rag_gym.data import load as load_dataset
 from rag_gym.data.splits import canonical_split
-from rag_gym.retrieval import BM25Retriever, Retriever, load_index
+from rag_gym.retrieval import BM25Retriever, Retriever
 from rag_gym.retrieval.base import corpus_size
 
 ANSWER_METRICS = ("em", "f1", "em_f1")
@@ -221,7 +221,9 @@ def source_fingerprint(path: str | os.PathLike | None) -> Any:
     modification time, inode and sampled checksum; an index folder's ``params.json`` (its
     files' checksums); another folder's entries with their sizes and times; ``None`` for no
     path, or one that cannot be read (its loader reports that)."""
-    if path is None or (isinstance(path, str) and "://" in path):
+    from rag_gym.retrieval.source import is_url
+
+    if path is None or is_url(path):
         return None  # a hub name or a search-engine URL: not a file
     from rag_gym.retrieval.persist import PARAMS, sample_digest
 
@@ -334,27 +336,14 @@ class QAEnv(gym.Env):
         if examples is None:
             examples = load_dataset(self.dataset, self.split, path=data_path, **dataset_kwargs)
         examples = [ex for ex in examples if self.keep_example(ex)]
-        from rag_gym.retrieval.search_engine import SearchEngineRetriever, is_engine_url
+        from rag_gym.retrieval.source import Source
 
         if isinstance(retriever, str):
-            if is_engine_url(retriever):
-                raise ValueError(
-                    f"an OpenSearch or Elasticsearch index is an index: pass index={retriever!r}"
-                )
-            if not retriever.startswith(("http://", "https://")):
-                raise ValueError(
-                    f"expected retriever to be a retriever object or a server URL, got {retriever!r}"
-                )
-            from rag_gym.retrieval.server import HttpRetriever
-
-            retriever = HttpRetriever(retriever)
+            retriever = Source.parse(retriever, "retriever").open()
         if index is not None:
             if retriever is not None or corpus_path is not None:
                 raise ValueError("pass one of index=, corpus= and retriever=, not several")
-            if is_engine_url(index):
-                retriever = SearchEngineRetriever(index)
-            else:
-                retriever, _ = load_index(index)
+            retriever = Source.parse(index, "index").open()
         if retriever is not None:
             return _SharedData(examples, retriever.corpus, corpus_mode or "corpus", retriever)
         if corpus_path is not None:

@@ -37,6 +37,7 @@ from rag_gym.data.splits import canonical_split
 from rag_gym.evaluate.config import EvalConfig
 from rag_gym.evaluate.run_folder import atomic_write, check_out_dir, run_dir_of
 from rag_gym.metrics import normalize_answer
+from rag_gym.retrieval.source import is_server_url, is_url
 
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
 """The shipped suite files (``<name>.json``)."""
@@ -249,7 +250,7 @@ class SuiteConfig:
                 f"a suite searches one corpus for every dataset: pass exactly one of --corpus "
                 f"FILE, --index DIR and --retriever URL (got {len(given)})"
             )
-        if self.retriever is not None and not self.retriever.startswith(("http://", "https://")):
+        if self.retriever is not None and not is_server_url(self.retriever):
             raise SuiteError(
                 f"expected --retriever to be a server URL (http://host:port), got "
                 f"{self.retriever!r}: a saved index is --index DIR"
@@ -443,7 +444,7 @@ def corpus_pin(config: SuiteConfig) -> dict[str, Any]:
     kind = "corpus" if config.corpus is not None else "index"
     where = config.corpus if config.corpus is not None else config.index
     assert where is not None
-    if "://" in where:  # a search-engine index
+    if is_url(where):  # a search-engine index
         return {"kind": kind, "url": where}
     path = Path(where)
     if not path.exists():

@@ -91,7 +91,9 @@ class OpenAICompatibleLM(LanguageModel):
     ) -> None:
         if not isinstance(model, str) or not model:
             raise ValueError(f"expected a model name, got {model!r}")
-        if not base_url.startswith(("http://", "https://")):
+        from rag_gym.retrieval.source import is_server_url
+
+        if not is_server_url(base_url):
             raise ValueError(
                 f"expected base_url to start with http:// or https://, got {base_url!r}"
             )

@@ -42,6 +42,7 @@ from typing import Any
 from rag_gym._http import SameOriginCredentials
 from rag_gym.data.types import Corpus, Passage
 from rag_gym.retrieval.base import RetrievalResult, check_k, check_queries, per_query
+from rag_gym.retrieval.source import is_server_url
 
 try:  # orjson (the server extra installs it) encodes and parses a reply of 768 passages
     import orjson  # about 5 times as fast as json: most of a batched request's cost at 100k
@@ -181,7 +182,7 @@ class HttpRetriever:
         corpus_size: int | None = None,
         max_overfetch: int = 1000,
     ) -> None:
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        if not is_server_url(url):
             raise ValueError(f"expected a server URL such as http://127.0.0.1:8000, got {url!r}")
         if max_overfetch < 1:
             raise ValueError(f"expected max_overfetch >= 1, got {max_overfetch}")

@@ -49,9 +49,8 @@ from rag_gym.data.types import Corpus, Passage
 from rag_gym.retrieval.base import RetrievalResult, check_k, check_queries, per_query
 from rag_gym.retrieval.bm25_format import BM25Config, bm25s_stopwords
 from rag_gym.retrieval.http import _RemoteCorpus, split_contents
+from rag_gym.retrieval.source import is_engine_url
 
-#: the engines, by URL scheme prefix (``opensearch+http://...``)
-FLAVORS = ("opensearch", "elasticsearch")
 IF_EXISTS = ("check", "reuse", "overwrite")
 _EXTRA = "pip install 'rag-gym[search-engine]'"
 _START = {
@@ -63,18 +62,6 @@ _START = {
 _NAME = "rag_gym_bm25"  # the analyzer's and the similarity's name in the index settings
 # what Elasticsearch and OpenSearch refuse in an index name
 _BAD_INDEX = re.compile(r'[\\/*?"<>| ,#:A-Z]|^[-_+]|^\.{1,2}$')
-
-
-def is_engine_url(value: object) -> bool:
-    """Whether ``value`` names an index on a cluster (``opensearch+http://...``,
-    ``elasticsearch+https://...``), as ``index=`` and ``rag-gym serve --index`` take it.
-
-    >>> is_engine_url("opensearch+http://127.0.0.1:9200/wiki18"), is_engine_url("indexes/bm25")
-    (True, False)
-    """
-    return isinstance(value, str) and value.startswith(
-        tuple(f"{f}+{s}://" for f in FLAVORS for s in ("http", "https"))
-    )
 
 
 @dataclass(frozen=True)
