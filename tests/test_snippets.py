@@ -1,6 +1,6 @@
-"""Every ```python block of the README, the getting-started page and the extending page runs on
-its own (what it registers is gone after it): a snippet that stops working (an API change, a
-missing import, a wrong answer) fails here."""
+"""Every ```python block of the README and of the getting-started, landing and extending pages
+runs on its own (what it registers is gone after it): a snippet that stops working (an API
+change, a missing import, a wrong answer) fails here."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FILES = ("README.md", "docs/getting-started.md", "docs/extending.md")
+FILES = ("README.md", "docs/getting-started.md", "docs/index.md", "docs/extending.md")
 
 #: a module a snippet may import -> the extra that installs it
 EXTRAS = {
@@ -28,6 +28,8 @@ EXTRAS = {
     "wandb": "track",
     "datasets": "hub",
 }
+#: a rag_gym module a snippet may import -> the module it runs on
+BACKENDS = {"rag_gym.generation.llama_cpp": "llama_cpp"}
 
 _BLOCK = re.compile(r"^```python[^\n]*\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
@@ -51,7 +53,7 @@ def missing_modules(code: str) -> list[str]:
         if isinstance(node, ast.Import):
             names.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names.add(node.module.split(".")[0])
+            names.add(BACKENDS.get(node.module, node.module.split(".")[0]))
     return sorted(n for n in names if importlib.util.find_spec(n) is None)
 
 
