@@ -14,10 +14,10 @@ JSONL, or the ``--corpus`` file), each step in a fresh process so that memory fi
   load (and how much of it is file-backed, i.e. mapped index pages), then batched throughput (one
   ``retrieve`` call over ``--queries`` queries, k = ``--k``, best of ``--repeats`` after a first
   timed pass that also builds the kernel's lazy per-list tables) and
-  single-query throughput (``--single`` calls); the top-k kernels on the same queries, timed
-  alternately: block-max (default), block-max without its pair bounds, block-max without its
-  length and pair bounds, term-at-a-time MaxScore and, up to ``--exhaustive-max`` passages,
-  exhaustive scoring; all must return the same top-k;
+  single-query throughput (``--single`` calls);
+* **exhaustive** (up to ``--exhaustive-max`` passages): the same queries scored whole by the
+  numpy backend (bm25s's full score array and a top-k over it), once, timed; the serve step's
+  top-k (ids and float32 scores) must be identical;
 * **tantivy** (``pip install tantivy``; skipped with the reason when absent): the same corpus,
   queries and k through tantivy's Python bindings (``en_stem`` tokenizer, BM25, OR of the query
   words; one query per call, as its API searches), with the same figures, and the overlap of its
@@ -148,32 +148,23 @@ def cell_serve(args, out: dict) -> None:
         bm25.retrieve([q], k)
     out["single_qps"] = len(single) / (time.perf_counter() - t0)
     out["rss_served"] = rss()
-    kernels = ["blockmax", "blockmax-no-pairs", "blockmax-no-length", "maxscore"]
-    if len(bm25.corpus) <= args.exhaustive_max:
-        kernels.append("dense")
+    out["passages"] = len(bm25.corpus)
+    got = bm25.retrieve(batch, k)
+    Path(args.topk_file).write_text(json.dumps({"ids": got.ids, "scores": got.scores}))
 
-    def use(name):  # "blockmax-no-pairs": without its pair bounds; "-no-length": without both
-        bm25.kernel = name.removesuffix("-no-length").removesuffix("-no-pairs")
-        bm25.length_bounds = not name.endswith("-no-length")
-        bm25.pair_bounds = not name.endswith(("-no-length", "-no-pairs"))
 
-    expected = None
-    for name in kernels:
-        use(name)
-        got = bm25.retrieve(batch, k)
-        assert expected is None or got == expected, f"the {name} kernel's top-k differs"
-        expected = got
+def cell_exhaustive(args, out: dict) -> None:
+    from rag_gym.retrieval import BM25Retriever
 
-    def timer(name):
-        def run():
-            use(name)
-            bm25.retrieve(batch, k)
-
-        return run
-
-    times = best_of(args.repeats, *(timer(name) for name in kernels))
-    out["kernels_qps"] = {name: len(batch) / t for name, t in zip(kernels, times, strict=True)}
-    Path(args.topk_file).write_text(json.dumps(expected.ids))
+    bm25 = BM25Retriever.load(args.index, backend="numpy")
+    batch = load_queries(args.queries_file, args.queries)
+    t0 = time.perf_counter()
+    got = bm25.retrieve(batch, args.k)
+    out["qps"] = len(batch) / (time.perf_counter() - t0)
+    out["same"] = json.loads(Path(args.topk_file).read_text()) == {
+        "ids": got.ids,
+        "scores": got.scores,
+    }
 
 
 def _words(text: str, stopwords: frozenset[str] = frozenset()) -> str:
@@ -243,7 +234,7 @@ def cell_tantivy_serve(args, out: dict) -> None:
         [searcher.doc(addr)["id"][0] for _, addr in searcher.search(query, k, count=False).hits]
     out["single_qps"] = len(single) / (time.perf_counter() - t0)
     out["rss_served"] = rss()
-    ours = json.loads(Path(args.topk_file).read_text())
+    ours = json.loads(Path(args.topk_file).read_text())["ids"]
     theirs = search_all()
     shared = sum(len(set(a) & set(b)) for a, b in zip(ours, theirs, strict=True))
     out["overlap"] = shared / max(1, sum(len(a) for a in ours))
@@ -253,6 +244,7 @@ CELLS = {
     "generate": cell_generate,
     "build": cell_build,
     "serve": cell_serve,
+    "exhaustive": cell_exhaustive,
     "tantivy_build": cell_tantivy_build,
     "tantivy_serve": cell_tantivy_serve,
 }
@@ -309,9 +301,6 @@ def best_serve(runs: list[dict]) -> dict:
     out = dict(runs[0])
     for key in ("batched_qps", "single_qps", "first_pass_qps"):
         out[key] = max(r[key] for r in runs)
-    out["kernels_qps"] = {
-        name: max(r["kernels_qps"][name] for r in runs) for name in runs[0]["kernels_qps"]
-    }
     return out
 
 
@@ -323,9 +312,6 @@ def show_against(rev: str, now: dict, then: dict) -> None:
     rows = [
         (key.removesuffix("_qps").replace("_", " "), now[key], then[key])
         for key in ("batched_qps", "single_qps", "first_pass_qps")
-    ]
-    rows += [
-        (f"kernel {name}", q, then["kernels_qps"][name]) for name, q in now["kernels_qps"].items()
     ]
     print(f"  this tree against {rev} ({then['package']}), same index and queries, q/s:")
     for name, a, b in rows:
@@ -445,21 +431,14 @@ def main() -> None:
                 show_against(args.against, serve, then)
                 print(f"  top-k identical to {args.against}'s: {'yes' if same else 'NO'}")
             show("rag-gym", build, serve)
-            if "kernels_qps" in serve:
-                kq = serve["kernels_qps"]
-                ratios = (
-                    f"block-max / MaxScore {kq['blockmax'] / kq['maxscore']:.2f}x, with / "
-                    f"without pair bounds {kq['blockmax'] / kq['blockmax-no-pairs']:.2f}x, "
-                    "with pair bounds / without length and pair bounds "
-                    f"{kq['blockmax'] / kq['blockmax-no-length']:.2f}x"
-                )
-                if "dense" in kq:
-                    ratios += f", block-max / exhaustive {kq['blockmax'] / kq['dense']:.1f}x"
-                print(
-                    "  top-k kernels, same top-k, batched: "
-                    + ", ".join(f"{name} {q:,.0f} q/s" for name, q in kq.items())
-                    + f"; {ratios}"
-                )
+            if serve and serve["passages"] <= args.exhaustive_max:
+                full = run_cell("exhaustive", args, index=work / "rag-gym", **common)
+                if full:
+                    print(
+                        f"  exhaustive scoring (numpy backend): {full['qps']:,.0f} q/s, one pass; "
+                        f"block-max / exhaustive {serve['batched_qps'] / full['qps']:.1f}x; "
+                        f"top-k identical: {'yes' if full['same'] else 'NO'}"
+                    )
             theirs = {}
             if has_tantivy and serve:
                 tb = run_cell("tantivy_build", args, index=work / "tantivy", **common)

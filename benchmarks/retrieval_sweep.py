@@ -126,37 +126,7 @@ def cell_bm25(args, out: dict) -> None:
         f"  bm25 batched {rate:,.0f} q/s ({len(batch)} queries, k={k}); single-query "
         f"{single_ours:,.0f} q/s ({len(single)} calls)"
     )
-    # the top-k kernels on the same index and queries, timed alternately: block-max pruning (the
-    # default), term-at-a-time MaxScore, and exhaustive scoring; all return the same top-k
-    kernels = ["blockmax", "maxscore", "dense"] if ours._prunable else [ours.kernel]
-    expected = None
-    timers = []
-    for name in kernels:
-        ours.kernel = name
-        got = ours.retrieve(batch, k)
-        assert expected is None or got == expected, f"the {name} kernel's top-k differs"
-        expected = got
-
-        def timed(name=name):
-            ours.kernel = name
-            ours.retrieve(batch, k)
-
-        timers.append(timed)
-    times = best_of(args.repeats, *timers)
-    ours.kernel = kernels[0]
-    by_kernel = {name: len(batch) / t for name, t in zip(kernels, times, strict=True)}
-    print(
-        "  kernels, batched, same top-k: "
-        + ", ".join(f"{name} {qps:,.0f} q/s" for name, qps in by_kernel.items())
-        + (
-            f"; block-max / exhaustive speed {by_kernel['blockmax'] / by_kernel['dense']:.1f}x, "
-            f"block-max / MaxScore {by_kernel['blockmax'] / by_kernel['maxscore']:.2f}x"
-            if "dense" in by_kernel and "blockmax" in by_kernel
-            else ""
-        )
-    )
     out["bm25"] = {
-        "kernels_qps": by_kernel,
         "build_s": build,
         "rss": rss1,
         "rss_growth": rss1 - rss0,

@@ -3,17 +3,15 @@
 bm25s stores BM25 eagerly: one sparse column per token holding that token's score contribution to
 every passage it occurs in (``data``, ``indices``, ``indptr``: CSC). A query's score for a passage
 is the sum of its tokens' columns, in query order, in float32, plus a per-query constant
-(``base``, non-zero for bm25l and bm25+ only). Both top-``k`` kernels return exactly what
-:func:`rag_gym.retrieval.base.top_k` returns on that full score array (same float32 scores, ties
-broken by passage-id rank, excluded passages never returned):
-
-* :func:`top_k_pruned` reads only what can matter (MaxScore pruning, then an exact re-scoring of
-  the near-best candidates); it needs non-negative contributions and sorted posting lists, which
-  :func:`index_facts` checks once per index;
-* :func:`top_k_dense` builds the full score array, for any other index.
+(``base``, non-zero for bm25l and bm25+ only). The top-``k`` kernel, :func:`top_k_blockmax`,
+returns exactly what :func:`rag_gym.retrieval.base.top_k` returns on that full score array (same
+float32 scores, ties broken by passage-id rank, excluded passages never returned) while reading
+only what can change the top ``k``; it needs non-negative contributions and sorted posting lists,
+which :func:`block_facts` checks once per index. :func:`full_scores` builds the full score array,
+for any other index and for queries restricted to a pool.
 
 Scratch arrays (:func:`new_scratch`) belong to the caller, one set per thread; stamps let the
-pruned kernel reuse them without clearing. Every kernel releases the GIL.
+kernel reuse them without clearing. Every kernel releases the GIL.
 """
 
 from __future__ import annotations
@@ -72,8 +70,8 @@ class Blocks(NamedTuple):
 
 class Bounds(NamedTuple):
     """The block-max kernel's length, pair and superblock bounds for one batch of queries
-    (:func:`length_bounds`, :func:`pair_bounds`, :func:`super_blocks`; :func:`no_length_bounds`
-    switches them off, :func:`no_pair_bounds` and :func:`no_super_blocks` their parts)."""
+    (:func:`length_bounds`, :func:`pair_bounds`, :func:`super_blocks`), or none for an index
+    saved without passage lengths (:func:`no_length_bounds`)."""
 
     doc_len: np.ndarray
     """Each passage's BM25 length (empty: length bounds off)."""
@@ -85,7 +83,7 @@ class Bounds(NamedTuple):
     """``len_bound[row, L]``: the row's largest contribution to a passage at least ``L`` long."""
     pair_bound: np.ndarray
     """``pair_bound[row(a), row(b)]``: ``b``'s largest contribution to a passage holding ``a``
-    (-1: not computed; shape (0, 0): pair bounds off)."""
+    (-1: not computed)."""
     sb_off: np.ndarray
     """Each row's first superblock (-1: none),"""
     sb_max: np.ndarray
@@ -229,34 +227,6 @@ def _rounding_margin(m, total):
 
 
 @njit(nogil=True, cache=True)
-def top_k_dense(index, queries, k, scores, out) -> None:
-    """Top-``k`` of each of ``queries`` (:class:`Queries`) from its full score array (any
-    ``index``, a :class:`Postings`: no assumption on signs or order), into ``out``
-    (:class:`TopK`). ``scores`` is scratch of corpus size."""
-    data, indices, indptr, _, id_rank, _ = index
-    tokens, token_ptr, base, excluded, excluded_ptr = queries
-    hs, hr, hp = _new_heap(k, scores)
-    for q in range(token_ptr.shape[0] - 1):
-        scores[:] = 0
-        for t in range(token_ptr[q], token_ptr[q + 1]):
-            tid = tokens[t]
-            for j in range(indptr[tid], indptr[tid + 1]):
-                scores[indices[j]] += data[j]
-        for j in range(excluded_ptr[q], excluded_ptr[q + 1]):
-            scores[excluded[j]] = -np.inf
-        b = base[q]
-        size = 0
-        for d in range(scores.shape[0]):
-            if scores[d] == -np.inf:
-                continue
-            v = scores[d] + b
-            if size == k and (v < hs[0] or (v == hs[0] and id_rank[d] > hr[0])):
-                continue
-            size = _push(hs, hr, hp, size, k, v, id_rank[d], d)
-        _pop_into(hs, hr, hp, size, out, q)
-
-
-@njit(nogil=True, cache=True)
 def _find(indices, lo, hi, d) -> int:
     # position of passage d in the posting list indices[lo:hi] (sorted by passage), or -1
     end = hi
@@ -289,244 +259,19 @@ def _gallop(indices, j, hi, d) -> int:
 
 
 @njit(nogil=True, cache=True)
-def _kth_largest(acc, cand, n_cand, k, heap, docs) -> float:
-    # the k-th largest acc over the candidates (a min-heap of k values, their passages in
-    # docs), -inf if fewer than k
-    if n_cand < k:
-        return -np.inf
-    size = 0
-    for c in range(n_cand):
-        d = cand[c]
-        v = acc[d]
-        if size < k:
-            i = size
-            heap[i] = v
-            docs[i] = d
-            size += 1
-            while i > 0:
-                parent = (i - 1) >> 1
-                if heap[parent] <= heap[i]:
-                    break
-                heap[i], heap[parent] = heap[parent], heap[i]
-                docs[i], docs[parent] = docs[parent], docs[i]
-                i = parent
-        elif v > heap[0]:
-            heap[0] = v
-            docs[0] = d
-            i = 0
-            while True:
-                child = 2 * i + 1
-                if child >= size:
-                    break
-                if child + 1 < size and heap[child + 1] < heap[child]:
-                    child += 1
-                if heap[i] <= heap[child]:
-                    break
-                heap[i], heap[child] = heap[child], heap[i]
-                docs[i], docs[child] = docs[child], docs[i]
-                i = child
-    return heap[0]
-
-
-@njit(nogil=True, cache=True)
-def _exact(data, indices, indptr, tokens, t0, t1, d, zero):
-    # passage d's score summed exactly as bm25s sums it: tokens in query order, in float32
-    v = zero
-    for i in range(t0, t1):
-        tid = tokens[i]
-        j = _find(indices, indptr[tid], indptr[tid + 1], d)
-        if j >= 0:
-            v += data[j]
-    return v
-
-
-@njit(nogil=True, cache=True)
-def top_k_pruned(index, queries, k, acc, stamp, cand, count, clock, out) -> None:
-    """:func:`top_k_dense`'s results, bit for bit, reading far fewer postings; needs every
-    ``data`` value >= 0 and each posting list sorted by passage (bm25s's CSC layout).
-
-    MaxScore-style pruning (Turtle & Flood, 1995): tokens are read in decreasing order of their
-    largest contribution (``token_max``); once the k-th best partial score beats the most that
-    the unread tokens can still add, no new passage is admitted, hopeless candidates are dropped,
-    and the unread posting lists are only probed (galloping search) for the candidates left. To
-    get there early, the k best partial scores are completed (every token probed) while
-    admitting: k passages with known exact scores bound the k-th best from below. The
-    near-best candidates are then re-scored exactly as bm25s sums (tokens in query order, float32),
-    and the top ``k`` taken by (score, id). Every comparison that discards a passage keeps a
-    margin of ``delta``, larger than any float32 rounding of the sums, so a discarded passage
-    scores strictly below ``k`` kept ones and cannot even tie with them.
-    """
-    data, indices, indptr, token_max, id_rank, by_rank = index
-    tokens, token_ptr, base, _, _ = queries
-    hs, hr, hp = _new_heap(k, acc)
-    kth = np.empty(k, dtype=acc.dtype)
-    kth_docs = np.empty(k, dtype=np.int64)
-    zero = np.zeros(1, dtype=acc.dtype)[0]
-    for q in range(token_ptr.shape[0] - 1):
-        hit = _open_query(stamp, clock, queries, q)
-        gone = hit + 1
-        t0, t1 = token_ptr[q], token_ptr[q + 1]
-        m = t1 - t0
-        # token occurrences by decreasing largest contribution (insertion sort: m is small)
-        order = np.arange(t0, t1)
-        for i in range(1, m):
-            x = order[i]
-            j = i - 1
-            while j >= 0 and token_max[tokens[order[j]]] < token_max[tokens[x]]:
-                order[j + 1] = order[j]
-                j -= 1
-            order[j + 1] = x
-        rest = 0.0
-        for i in range(t0, t1):
-            rest += token_max[tokens[i]]
-        delta = _rounding_margin(m, rest)
-        admitting = True
-        n_cand = 0
-        theta = -np.inf
-        floor = -np.inf  # k passages are known to score at least this, exactly
-        # candidates come in runs sorted by passage, one per token read while admitting
-        runs = np.zeros(m + 1, dtype=np.int64)
-        n_runs = 0
-        for i in range(m):
-            tid = tokens[order[i]]
-            rest -= token_max[tid]
-            lo, hi = indptr[tid], indptr[tid + 1]
-            if admitting:
-                for j in range(lo, hi):
-                    d = indices[j]
-                    s = stamp[d]
-                    if s == hit:
-                        acc[d] += data[j]
-                        count[d] += 1
-                    elif s != gone:
-                        stamp[d] = hit
-                        acc[d] = data[j]
-                        count[d] = 1
-                        cand[n_cand] = d
-                        n_cand += 1
-                if n_cand > runs[n_runs]:
-                    n_runs += 1
-                    runs[n_runs] = n_cand
-            else:
-                # one galloping merge of each sorted run through the posting list
-                for r in range(n_runs):
-                    j = lo
-                    for c in range(runs[r], runs[r + 1]):
-                        d = cand[c]
-                        j = _gallop(indices, j, hi, d)
-                        if j >= hi:
-                            break
-                        if indices[j] == d:
-                            acc[d] += data[j]
-                            count[d] += 1
-            if n_cand < k:
-                continue
-            theta = max(_kth_largest(acc, cand, n_cand, k, kth, kth_docs), floor)
-            if admitting and theta - delta <= rest + delta:
-                # complete the k best partial scores: k passages that score at least their
-                # k-th exact score make a floor that can close admission much earlier
-                low = np.inf
-                for c in range(k):
-                    low = min(low, _exact(data, indices, indptr, tokens, t0, t1, kth_docs[c], zero))
-                floor = max(floor, low)
-                theta = max(theta, floor)
-            if admitting and theta - delta > rest + delta:
-                admitting = False
-            if not admitting:
-                # drop the hopeless, keeping each run sorted
-                kept = 0
-                for r in range(n_runs):
-                    start, end = runs[r], runs[r + 1]
-                    runs[r] = kept
-                    for c in range(start, end):
-                        d = cand[c]
-                        if acc[d] + rest + 2 * delta >= theta:
-                            cand[kept] = d
-                            kept += 1
-                        else:
-                            stamp[d] = gone
-                runs[n_runs] = kept
-                n_cand = kept
-        # exact scores of the near-best candidates, summed as bm25s does; float addition is
-        # commutative, so a sum of two terms (or one in query order) is exact already
-        in_order = True
-        for i in range(m):
-            in_order = in_order and order[i] == t0 + i
-        redo = 0
-        for c in range(n_cand):
-            d = cand[c]
-            if acc[d] >= theta - 2 * delta and count[d] > 2 and not in_order:
-                acc[d] = zero  # re-summed below
-                count[d] = -1
-                redo += 1
-        if redo:
-            # tokens in query order, one galloping merge of each sorted run per token
-            for i in range(t0, t1):
-                tid = tokens[i]
-                lo, hi = indptr[tid], indptr[tid + 1]
-                for r in range(n_runs):
-                    j = lo
-                    for c in range(runs[r], runs[r + 1]):
-                        d = cand[c]
-                        if count[d] != -1:
-                            continue
-                        j = _gallop(indices, j, hi, d)
-                        if j >= hi:
-                            break
-                        if indices[j] == d:
-                            acc[d] += data[j]
-        b = base[q]
-        size = 0
-        for c in range(n_cand):
-            d = cand[c]
-            stamp[d] = gone
-            if acc[d] >= theta - 2 * delta or count[d] == -1:
-                size = _push(hs, hr, hp, size, k, acc[d] + b, id_rank[d], d)
-        if admitting:
-            # every touched passage was a candidate; the rest score b exactly
-            size = _fill_untouched(hs, hr, hp, size, k, b, by_rank, stamp, gone)
-        _pop_into(hs, hr, hp, size, out, q)
-
-
-@njit(nogil=True, cache=True)
-def index_facts(data, indices, indptr, token_max) -> bool:
-    """Fill ``token_max`` (each token's largest contribution) and say whether the index allows
-    :func:`top_k_pruned`: every contribution >= 0 and each posting list sorted by passage."""
-    ok = True
-    for t in range(indptr.shape[0] - 1):
-        best = 0.0
-        for j in range(indptr[t], indptr[t + 1]):
-            v = data[j]
-            if v < 0 or v != v:
-                ok = False
-            if v > best:
-                best = v
-            if j > indptr[t] and indices[j] <= indices[j - 1]:
-                ok = False
-        token_max[t] = best
-    return ok
-
-
-@njit(nogil=True, cache=True)
 def full_scores(data, indices, indptr, tokens, scores) -> None:
     """Every passage's score for one query (``scores`` zeroed by the caller), summed in bm25s's
-    order; used for queries restricted to a candidate pool."""
+    order; used for queries restricted to a candidate pool, and for every query of an index
+    that :func:`top_k_blockmax` does not accept."""
     for t in range(tokens.shape[0]):
         tid = tokens[t]
         for j in range(indptr[tid], indptr[tid + 1]):
             scores[indices[j]] += data[j]
 
 
-def new_scratch(n_docs: int, dtype) -> tuple[np.ndarray, ...]:
-    """``(acc, stamp, cand, count, clock)`` for :func:`top_k_pruned`; :func:`top_k_dense` and
-    :func:`full_scores` use ``acc`` alone."""
-    return (
-        np.empty(n_docs, dtype=dtype),
-        np.full(n_docs, -1, dtype=np.int32),
-        np.empty(n_docs, dtype=np.int32),
-        np.empty(n_docs, dtype=np.int32),
-        np.zeros(1, dtype=np.int64),
-    )
+def new_scratch(n_docs: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(stamp, clock)`` for :func:`top_k_blockmax`."""
+    return np.full(n_docs, -1, dtype=np.int32), np.zeros(1, dtype=np.int64)
 
 
 def warm_up(data, indices, indptr, id_rank, doc_len=None) -> None:
@@ -539,40 +284,28 @@ def warm_up(data, indices, indptr, id_rank, doc_len=None) -> None:
         return out
 
     d, ix, ip, rank = like(data, [1]), like(indices, [0]), like(indptr, [0, 1]), like(id_rank, [0])
-    index_facts(d, ix, ip, np.zeros(1, dtype=np.float64))
     tok, ptr, none = np.zeros(1, np.int64), np.array([0, 1], np.int64), np.zeros(2, np.int64)
     base = np.zeros(1, dtype=data.dtype)
     out = tuple(
         TopK(np.zeros((1, 1), np.int64), np.zeros((1, 1), data.dtype), np.zeros(1, np.int64))
     )
-    scratch = new_scratch(1, data.dtype)
+    stamp, clock = new_scratch(1)
     blocks = compute_blocks(d, ix, ip)
     blocks["block_rank"] = block_min_rank(ix, ip, blocks, rank)
     blocks["best_block"] = best_blocks(blocks)
     index = tuple(Postings(d, ix, ip, blocks["token_max"], rank, rank))
     queries = tuple(Queries(tok, ptr, base, none[:0], none))
     for_blocks = tuple(block_arrays(blocks))
-    top_k_blockmax(
-        index,
-        for_blocks,
-        tuple(no_length_bounds(data.dtype)),
-        queries,
-        1,
-        scratch[1],
-        scratch[4],
-        out,
-    )
+    no_lengths = tuple(no_length_bounds(data.dtype))
+    top_k_blockmax(index, for_blocks, no_lengths, queries, 1, stamp, clock, out)
     lengths = like(doc_len, [1]) if doc_len is not None else np.ones(1, dtype=np.int32)
     state: dict = {}
     minlen, rows, table = length_bounds(tok, d, ix, ip, blocks, lengths, state)
     pairs = pair_bounds(tok, ptr, rows, d, ix, ip, state)
     supers = super_blocks(tok, rows, blocks, state)
     bounds = tuple(Bounds(lengths, minlen, rows, table, pairs, *supers))
-    top_k_blockmax(index, for_blocks, bounds, queries, 1, scratch[1], scratch[4], out)
+    top_k_blockmax(index, for_blocks, bounds, queries, 1, stamp, clock, out)
     check_lists(tok, ip, ix, 1, blocks, np.zeros(1, np.uint8))
-    check_lists(tok, ip, ix, 1, None, np.zeros(1, np.uint8))
-    top_k_pruned(index, queries, 1, *scratch, out)
-    top_k_dense(index, queries, 1, scratch[0], out)
     full_scores(d, ix, ip, tok, np.zeros(1, dtype=data.dtype))
 
 
@@ -584,8 +317,8 @@ def warm_up(data, indices, indptr, id_rank, doc_len=None) -> None:
 def block_facts(data, indices, indptr, block, token_max, block_ptr, block_max, block_last) -> bool:
     """Fill each token's largest contribution (``token_max``), its blocks of ``block`` postings
     (token ``t``'s are ``block_ptr[t]:block_ptr[t + 1]``, with their largest contribution in
-    ``block_max`` and last passage in ``block_last``), and say whether the index allows the
-    pruned kernels: every contribution >= 0 and each posting list sorted by passage.
+    ``block_max`` and last passage in ``block_last``), and say whether the index allows
+    :func:`top_k_blockmax`: every contribution >= 0 and each posting list sorted by passage.
     ``block_ptr`` is filled by the caller (:func:`block_pointers`)."""
     ok = True
     for t in range(indptr.shape[0] - 1):
@@ -745,10 +478,13 @@ def _head_start(index, blocks, tok, occ, k, b, stamp, seen, hs, hr, hp, contrib,
 
 @njit(nogil=True, cache=True)
 def top_k_blockmax(index, blocks, bounds, queries, k, stamp, clock, out) -> None:
-    """:func:`top_k_dense`'s results, bit for bit, reading a fraction of the postings; needs
-    ``blocks`` (:class:`Blocks`) and an ``index`` (:class:`Postings`) that :func:`block_facts`
-    accepted (contributions >= 0, sorted lists); ``bounds`` (:class:`Bounds`) are the length,
-    pair and superblock bounds of ``queries``' tokens, or none (:func:`no_length_bounds`).
+    """Top-``k`` of each of ``queries`` (:class:`Queries`) into ``out`` (:class:`TopK`):
+    exhaustive scoring's results (:func:`full_scores`, then
+    :func:`~rag_gym.retrieval.base.top_k`), bit for bit, reading a fraction of the postings.
+    Needs ``blocks`` (:class:`Blocks`) and an ``index`` (:class:`Postings`) that
+    :func:`block_facts` accepted (contributions >= 0, sorted lists); ``bounds``
+    (:class:`Bounds`) are the length, pair and superblock bounds of ``queries``' tokens, or none
+    (:func:`no_length_bounds`). ``stamp`` and ``clock`` are scratch (:func:`new_scratch`).
 
     Document-at-a-time block-max MaxScore (Turtle & Flood 1995; Ding & Suel 2011; Mallia et al.
     2019). A repeated query token is one posting list whose bound counts it that many times.
@@ -782,7 +518,7 @@ def top_k_blockmax(index, blocks, bounds, queries, k, stamp, clock, out) -> None
     tied passages' exact contributions: whole blocks of tied passages are skipped by the tie
     rule above, and a longer passage is dropped before any probe.
 
-    Pair bounds (with the length bounds; ``pair_bound`` of shape (0, 0): off): a passage that
+    Pair bounds (with the length bounds): a passage that
     holds token ``a`` gets from token ``b`` at most the largest contribution ``b`` makes to any
     passage holding ``a``, ``pair_bound[row(a), row(b)]`` (rows of ``token_row``; -1: not
     computed, the list's maximum then; :func:`pair_bounds`). A range's passages each hold one
@@ -811,7 +547,6 @@ def top_k_blockmax(index, blocks, bounds, queries, k, stamp, clock, out) -> None
     zero = np.zeros(1, dtype=out_scores.dtype)[0]
     big = np.iinfo(np.int64).max
     use_len = doc_len.shape[0] > 0
-    use_pair = use_len and pair_bound.shape[0] > 0
     cap = len_bound.shape[1] - 1
     for q in range(token_ptr.shape[0] - 1):
         seen = _open_query(stamp, clock, queries, q)
@@ -852,8 +587,8 @@ def top_k_blockmax(index, blocks, bounds, queries, k, stamp, clock, out) -> None
         # pb[e, v]: v's bound on a passage holding e; this query uses pair bounds (and the
         # wide ranges) only where one of them is at most half its list's maximum
         pq = False
-        pb = np.empty((n_u if use_pair else 0, n_u), dtype=out_scores.dtype)
-        if use_pair:
+        pb = np.empty((n_u if use_len else 0, n_u), dtype=out_scores.dtype)
+        if use_len:
             for e in range(n_u):
                 for v in range(n_u):
                     pb[e, v] = tmax[v] if e == v else _pair_at(pair_bound, row[e], row[v], tmax[v])
@@ -873,7 +608,7 @@ def top_k_blockmax(index, blocks, bounds, queries, k, stamp, clock, out) -> None
         ne = 0  # ord_[:ne] are the non-essential lists
         while size == k and ne < n_u and prefix[ne] + margin < theta:
             ne += 1
-        if use_pair and not pq:
+        if use_len and not pq:
             # the wide ranges also where an essential list spans superblocks: a list of
             # templated passages tied at the k-th best score is then skipped a superblock at
             # a time
@@ -1254,22 +989,11 @@ def super_blocks(tokens, rows, blocks: dict, state: dict) -> tuple:
     sb_minlen)`` for the lists of ``tokens``, whose length-table rows are ``rows``
     (:func:`length_bounds`, with the same ``state``): each row's superblocks (:data:`SUPERBLOCK`
     blocks: their largest contribution, last passage, smallest id rank and shortest passage),
-    computed the first time a query reads the row's list and kept in ``state``; none without
-    ``blocks["block_rank"]`` (every row keeps offset -1). A row never changes once written,
-    and growing the pool copies it. Not thread-safe: call it under the caller's lock."""
+    computed the first time a query reads the row's list and kept in ``state``, from
+    ``blocks["block_rank"]`` (:func:`block_min_rank`) and the rest of ``blocks``. A row never
+    changes once written, and growing the pool copies it. Not thread-safe: call it under the caller's lock."""
     _super_blocks(tokens, rows, blocks, state)
     return tuple(state[name] for name in ("sb_off", "sb_max", "sb_last", "sb_rank", "sb_minlen"))
-
-
-def no_super_blocks(dtype) -> tuple:
-    """:func:`top_k_blockmax`'s superblock arguments, none."""
-    return (
-        np.zeros(0, dtype=np.int64),
-        np.zeros(0, dtype=dtype),
-        np.zeros(0, dtype=np.int64),
-        np.zeros(0, dtype=np.int64),
-        np.zeros(0, dtype=np.uint8),
-    )
 
 
 @njit(nogil=True, cache=True)
@@ -1321,9 +1045,6 @@ def _super_blocks(tokens, rows, blocks: dict, state: dict) -> None:
         grown = np.full(n_rows, -1, dtype=np.int64)
         grown[: state["sb_off"].shape[0]] = state["sb_off"]
         state["sb_off"] = grown
-    rank = blocks.get("block_rank")
-    if rank is None:
-        return  # no superblocks: every row keeps offset -1
     while True:
         full = _fill_super_blocks(
             tokens,
@@ -1331,7 +1052,7 @@ def _super_blocks(tokens, rows, blocks: dict, state: dict) -> None:
             blocks["block_ptr"],
             blocks["block_max"],
             blocks["block_last"],
-            rank,
+            blocks["block_rank"],
             state["block_minlen"],
             state["sb_off"],
             state["sb_max"],
@@ -1350,20 +1071,20 @@ def _super_blocks(tokens, rows, blocks: dict, state: dict) -> None:
 
 
 def no_length_bounds(dtype) -> Bounds:
-    """:func:`top_k_blockmax`'s length, pair and superblock bounds, switched off."""
+    """:func:`top_k_blockmax`'s bounds for an index saved without passage lengths: none."""
+    ints = np.zeros(0, dtype=np.int64)
     return Bounds(
         np.zeros(0, dtype=np.int32),
         np.zeros(0, dtype=np.uint8),
-        np.zeros(0, dtype=np.int64),
+        ints,
         np.zeros((0, 1), dtype=dtype),
-        no_pair_bounds(dtype),
-        *no_super_blocks(dtype),
+        np.zeros((0, 0), dtype=dtype),
+        ints,
+        np.zeros(0, dtype=dtype),
+        ints,
+        ints,
+        np.zeros(0, dtype=np.uint8),
     )
-
-
-def no_pair_bounds(dtype) -> np.ndarray:
-    """:func:`top_k_blockmax`'s ``pair_bound``, switched off."""
-    return np.zeros((0, 0), dtype=dtype)
 
 
 PAIR_ROWS = 2048
@@ -1471,33 +1192,27 @@ def _check_lists(
         for j in range(lo, hi):
             if indices[j] < 0 or indices[j] >= n_docs:
                 return t
-        if block > 0:
-            b_lo, b_hi = block_ptr[t], block_ptr[t + 1]
-            if b_lo < 0 or b_hi > n_blocks or b_hi - b_lo != (hi - lo + block - 1) // block:
+        b_lo, b_hi = block_ptr[t], block_ptr[t + 1]
+        if b_lo < 0 or b_hi > n_blocks or b_hi - b_lo != (hi - lo + block - 1) // block:
+            return t
+        top = b_lo
+        for c in range(b_lo, b_hi):
+            if block_last[c] < 0 or block_last[c] >= n_docs:
                 return t
-            top = b_lo
-            for c in range(b_lo, b_hi):
-                if block_last[c] < 0 or block_last[c] >= n_docs:
-                    return t
-                if block_max[c] > block_max[top]:
-                    top = c
-            best[t] = top
+            if block_max[c] > block_max[top]:
+                top = c
+        best[t] = top
         checked[t] = 1
     return -1
 
 
-def check_lists(tokens, indptr, indices, n_docs: int, blocks: dict | None, checked) -> int:
+def check_lists(tokens, indptr, indices, n_docs: int, blocks: dict, checked) -> int:
     """The first of ``tokens`` (columns) whose posting list could make a kernel read outside an
     array, or ``-1``: its ``indptr`` span inside the postings, its passage numbers in
-    ``[0, n_docs)``, and with ``blocks`` its block span (as :func:`compute_blocks` lays it out)
-    and block ends in range. A loaded index checks each list the first time a query reads it
+    ``[0, n_docs)``, and its block span (as :func:`compute_blocks` lays ``blocks`` out) and block
+    ends in range. A loaded index checks each list the first time a query reads it
     (``checked`` marks those found sound) instead of reading every posting at load; the same
     pass records each checked token's ``best_block`` (:func:`best_blocks`)."""
-    if blocks is None:
-        none = np.zeros(0, np.int64)
-        return int(
-            _check_lists(tokens, indptr, indices, n_docs, 0, none, none, none, checked, none)
-        )
     return int(
         _check_lists(
             tokens,

@@ -13,8 +13,8 @@ Two backends sum those contributions and select the top ``k``, with identical re
 float32 scores, the same ids, the same tie-breaks):
 
 * ``"numba"`` (``pip install 'rag-gym[fast]'``): a compiled kernel that reads only what can
-  change the top ``k`` (block-max MaxScore by default; see ``BM25Retriever.kernel``), keeps the
-  best ``k`` in a heap ordered by (score, id), and runs a batch on ``n_threads`` threads
+  change the top ``k`` (block-max MaxScore), keeps the best ``k`` in a heap ordered by
+  (score, id), and runs a batch on ``n_threads`` threads
   (:mod:`rag_gym.retrieval._bm25_numba`). It is compiled, or loaded from numba's cache, when the
   index is built or loaded, never during ``retrieve``.
 * ``"numpy"``: bm25s's own ``get_scores_from_ids`` and :func:`~rag_gym.retrieval.base.top_k`
@@ -72,7 +72,6 @@ from rag_gym.retrieval.bm25_format import (
 from rag_gym.retrieval.persist import read_index, write_index
 
 BACKENDS = ("auto", "numba", "numpy")
-KERNELS = ("blockmax", "maxscore", "dense")
 
 # a batch is split across threads only when it reads at least this many postings
 _POSTINGS_PER_THREAD = 200_000
@@ -95,26 +94,12 @@ class BM25Retriever:
         config: BM25 parameters and tokenisation.
         show_progress: bm25s's progress bars while indexing.
         backend: ``"numba"``, ``"numpy"`` or ``"auto"`` (numba when installed); same results.
+            With numba, an index the block-max kernel does not accept (a negative contribution
+            or an unsorted posting list, which bm25s never writes) is scored whole, one query
+            at a time.
         n_threads: threads for a batch with the numba backend (default: the CPUs this process
             may use). A batch too small to gain from threads runs in the calling thread.
-
-    Attributes:
-        kernel: the numba backend's top-k kernel, set when an index is built or loaded:
-            ``"blockmax"`` (document-at-a-time block-max MaxScore), ``"maxscore"``
-            (term-at-a-time MaxScore) or ``"dense"`` (every touched passage scored; the only
-            one for an index with negative contributions or unsorted lists). All three return
-            the same top-k, bit for bit (docs/retrieval-scale.md).
-        length_bounds: the block-max kernel bounds a list's contribution by the passage's
-            length (an index built with passage lengths: every index built since they were
-            saved); the results are the same either way (``False`` to compare speeds).
-        pair_bounds: with the length bounds, the block-max kernel also bounds a list's
-            contribution to a passage by the largest it makes beside the query's other words
-            found there (0 for two words that never share a passage); the same results
-            either way (``False`` to compare speeds).
     """
-
-    length_bounds: bool = True
-    pair_bounds: bool = True
 
     def __init__(
         self,
@@ -138,7 +123,6 @@ class BM25Retriever:
         ):
             raise ValueError(f"expected n_threads to be an int >= 1 or None, got {n_threads!r}")
         self._kernels = kernels
-        self._kernel = "dense"
         self._prunable = False
         self.backend = "numba" if kernels is not None else "numpy"
         self.n_threads = n_threads or len(os.sched_getaffinity(0))
@@ -164,21 +148,6 @@ class BM25Retriever:
         self.model: bm25s.BM25 | None = None
         if corpus is not None:
             self.index(corpus)
-
-    @property
-    def kernel(self) -> str:
-        return self._kernel
-
-    @kernel.setter
-    def kernel(self, name: str) -> None:
-        if name not in KERNELS:
-            raise unknown_name("BM25 kernel", name, KERNELS)
-        if name != "dense" and not self._prunable:
-            raise ValueError(
-                f"kernel {name!r} needs contributions >= 0 and sorted posting lists, which this "
-                "index does not have; use kernel='dense'"
-            )
-        self._kernel = name
 
     def tokenize(self, texts: list[str]) -> list[list[str]]:
         """Tokens exactly as the index saw them (lower-case, stop words out, stemmed): what
@@ -246,7 +215,6 @@ class BM25Retriever:
             blocks = self._blocks
             self._token_max = blocks["token_max"]
             self._prunable = bool(blocks["prunable"])
-            self.kernel = "blockmax" if self._prunable else "dense"
 
     def scores(self, query: str) -> np.ndarray:
         """BM25 score of every passage for one query (aligned with ``corpus.ids``)."""
@@ -320,7 +288,7 @@ class BM25Retriever:
         out_ids: list[list[str]] = [[] for _ in queries]
         out_scores: list[list[float]] = [[] for _ in queries]
         todo = range(len(queries))
-        if self._kernels is not None:
+        if self._kernels is not None and self._prunable:
             free = [i for i in todo if pools[i] is None]
             self._numba_top_k(free, token_ids, excl, k, out_ids, out_scores)
             todo = [i for i in todo if pools[i] is not None]
@@ -344,7 +312,7 @@ class BM25Retriever:
         return RetrievalResult(out_ids, out_scores)
 
     def _numba_top_k(self, rows, token_ids, excl, k, out_ids, out_scores) -> None:
-        """Top-``k`` of the queries ``rows`` (no pool) through the numba kernel, on threads."""
+        """Top-``k`` of the queries ``rows`` (no pool) through the block-max kernel, on threads."""
         if not rows:
             return
         n = len(rows)
@@ -390,7 +358,7 @@ class BM25Retriever:
                 self._by_rank,
             )
         )
-        blocks = tuple(self._block_arrays()) if self.kernel == "blockmax" else None
+        blocks = tuple(self._block_arrays())
         limits = tuple(limits)
 
         def run(lo: int, hi: int) -> None:
@@ -404,14 +372,7 @@ class BM25Retriever:
             )
             out = (out_pos[lo:hi], out_val[lo:hi], out_n[lo:hi])  # a TopK's fields
             try:
-                if blocks is not None:
-                    kernels.top_k_blockmax(
-                        index, blocks, limits, queries, k, scratch[1], scratch[4], out
-                    )
-                elif self.kernel == "maxscore":
-                    kernels.top_k_pruned(index, queries, k, *scratch, out)
-                else:
-                    kernels.top_k_dense(index, queries, k, scratch[0], out)
+                kernels.top_k_blockmax(index, blocks, limits, queries, k, *scratch, out)
             finally:
                 with self._lock:
                     self._scratch.append(scratch)
@@ -492,25 +453,18 @@ class BM25Retriever:
         ``tokens``/``token_ptr`` (:func:`~rag_gym.retrieval._bm25_numba.length_bounds` and
         :func:`~rag_gym.retrieval._bm25_numba.pair_bounds`: each list's table and block
         lengths, and each pair of lists' bounds, are computed the first time a query reads
-        them, with each list's superblocks); switched off for an index without passage lengths,
-        with ``length_bounds`` off, or another kernel, and the pair bounds (with the wider
-        ranges they allow) alone with ``pair_bounds`` off."""
+        them, with each list's superblocks); none for an index without passage lengths."""
         kernels = self._kernels
-        if self._doc_len is None or not self.length_bounds or self.kernel != "blockmax":
+        if self._doc_len is None:
             return kernels.no_length_bounds(self._data.dtype)
         arrays = (self._data, self._indices, self._indptr)
-        if self.pair_bounds:
-            self._block_ranks(self._blocks)  # the block ranks, which the superblocks keep
+        self._block_ranks(self._blocks)  # the block ranks, which the superblocks keep
         with self._lock:
             minlen, rows, table = kernels.length_bounds(
                 tokens, *arrays, self._blocks, self._doc_len, self._lengths
             )
-            if self.pair_bounds:
-                pairs = kernels.pair_bounds(tokens, token_ptr, rows, *arrays, self._lengths)
-                supers = kernels.super_blocks(tokens, rows, self._blocks, self._lengths)
-            else:
-                pairs = kernels.no_pair_bounds(self._data.dtype)
-                supers = kernels.no_super_blocks(self._data.dtype)
+            pairs = kernels.pair_bounds(tokens, token_ptr, rows, *arrays, self._lengths)
+            supers = kernels.super_blocks(tokens, rows, self._blocks, self._lengths)
         return kernels.Bounds(self._doc_len, minlen, rows, table, pairs, *supers)
 
     def _take_scratch(self) -> tuple:
@@ -521,7 +475,7 @@ class BM25Retriever:
                 scratch = self._scratch.pop()
                 if scratch[0].shape[0] == n:  # not left over from a previous index
                     return scratch
-        return self._kernels.new_scratch(n, self._data.dtype)
+        return self._kernels.new_scratch(n)
 
     # ---- persistence --------------------------------------------------------------------------
     def save(self, out_dir: str | Path, force: bool = False) -> Path:

@@ -56,9 +56,12 @@ def adversarial_queries(rng: random.Random, corpus: Corpus) -> list[str]:
     return queries
 
 
-def kernels(retriever: BM25Retriever):
-    assert retriever._prunable and retriever.kernel == "blockmax"
-    return ("blockmax", "maxscore", "dense")
+def pruned_and_exhaustive(corpus: Corpus, config: BM25Config | None = None):
+    """The numba backend on an index its block-max kernel prunes, and exhaustive scoring (the
+    numpy backend: bm25s's full score array and a top-k over it) on the same corpus."""
+    bm25 = BM25Retriever(corpus, config, backend="numba")
+    assert bm25._prunable
+    return bm25, BM25Retriever(corpus, config, backend="numpy")
 
 
 @pytest.mark.parametrize("method", ["lucene", "robertson", "atire", "bm25l", "bm25+"])
@@ -66,7 +69,7 @@ def test_pruned_equals_exhaustive(method):
     from rag_gym.retrieval import _bm25_numba
 
     corpus = zipf_corpus(seed=len(method))
-    bm25 = BM25Retriever(corpus, BM25Config(method=method), backend="numba")
+    bm25, exhaustive = pruned_and_exhaustive(corpus, BM25Config(method=method))
     rng = random.Random(3)
     queries = adversarial_queries(rng, corpus)
     default_blocks = bm25._blocks
@@ -74,18 +77,14 @@ def test_pruned_equals_exhaustive(method):
     for k in (1, 3, 257):
         exclude = [rng.sample(corpus.ids, rng.randint(0, 40)) for _ in queries]
         for excl in (None, exclude):
-            results = {}
+            expected = exhaustive.retrieve(queries, k, exclude=excl)
+            assert all(len(ids) == k for ids in expected.ids) or excl is not None
             for blocks in (default_blocks, small_blocks):
                 bm25._blocks = blocks
-                for kernel in kernels(bm25):
-                    bm25.kernel = kernel
-                    results[(kernel, blocks["block"])] = bm25.retrieve(queries, k, exclude=excl)
-                bm25.kernel = "blockmax"
-            expected = results[("dense", 64)]
-            assert all(len(ids) == k for ids in expected.ids) or excl is not None
-            for key, got in results.items():
-                assert got.ids == expected.ids, (method, k, key)
-                assert got.scores == expected.scores, (method, k, key)  # bit-identical float32
+                got = bm25.retrieve(queries, k, exclude=excl)
+                assert got.ids == expected.ids, (method, k, blocks["block"])
+                # bit-identical float32
+                assert got.scores == expected.scores, (method, k, blocks["block"])
     bm25._blocks = default_blocks
 
 
@@ -104,21 +103,16 @@ def test_templated_ties_at_the_kth_score(id_order):
     if id_order == "shuffled":
         rng.shuffle(ids)
     corpus = Corpus([Passage(pid, "", t) for pid, t in zip(ids, texts, strict=True)])
-    bm25 = BM25Retriever(corpus, backend="numba")
+    bm25, exhaustive = pruned_and_exhaustive(corpus)
     queries = [f"{RARE[i % 300]}x{i} {nouns[i % 3]}" for i in rng.sample(range(n), 40)]
     queries += ["lantern", "harbour mirror", "lantern lantern guild", "north lantern"]
     for k in (1, 3, 50):
         exclude = [rng.sample(corpus.ids, 3) for _ in queries]
         for excl in (None, exclude):
-            results = {}
-            for kernel in kernels(bm25):
-                bm25.kernel = kernel
-                results[kernel] = bm25.retrieve(queries, k, exclude=excl)
-            bm25.kernel = "blockmax"
-            expected = results["dense"]
-            for kernel, got in results.items():
-                assert got.ids == expected.ids, (id_order, k, kernel)
-                assert got.scores == expected.scores, (id_order, k, kernel)
+            expected = exhaustive.retrieve(queries, k, exclude=excl)
+            got = bm25.retrieve(queries, k, exclude=excl)
+            assert got.ids == expected.ids, (id_order, k)
+            assert got.scores == expected.scores, (id_order, k)
     # the ties are real: a two-word query's 2nd to k-th results share one score
     got = bm25.retrieve([queries[0]], 3)
     assert got.scores[0][1] == got.scores[0][2]
@@ -168,21 +162,25 @@ def test_pruning_reads_fewer_postings_than_exist():
     assert np.all(np.diff(blocks["block_ptr"]) == -(-np.diff(indptr) // 8))
 
 
-def test_kernel_choice_errors():
+def test_an_index_the_kernel_cannot_prune_is_scored_whole():
+    """An index with an unsorted posting list (which bm25s never writes) is not pruned: the
+    numba backend scores every passage, with exhaustive scoring's results."""
     corpus = zipf_corpus(seed=6, n=300, duplicates=0)
-    bm25 = BM25Retriever(corpus, backend="numba")
-    with pytest.raises(
-        ValueError, match=r"expected a BM25 kernel in .*got 'blockmx'; did you mean"
-    ):
-        bm25.kernel = "blockmx"
-    bm25._prunable = False  # as for an index with a negative contribution
-    with pytest.raises(ValueError, match="kernel 'maxscore' needs contributions >= 0"):
-        bm25.kernel = "maxscore"
-    bm25.kernel = "dense"
-    assert (
-        bm25.retrieve(["apple"], 3).ids
-        == BM25Retriever(corpus, backend="numpy").retrieve(["apple"], 3).ids
-    )
+    bm25, exhaustive = pruned_and_exhaustive(corpus)
+    for word in ("apple", "pear"):
+        token = bm25.model.get_tokens_ids(bm25.tokenize([word])[0])[0]
+        span = slice(bm25._indptr[token], bm25._indptr[token + 1])
+        for key in ("indices", "data"):  # the same postings, in reverse passage order
+            bm25.model.scores[key][span] = bm25.model.scores[key][span][::-1].copy()
+    bm25._install(bm25.model, corpus, doc_len=bm25._doc_len)
+    assert not bm25._prunable
+    rng = random.Random(6)
+    queries = adversarial_queries(rng, corpus)
+    exclude = [rng.sample(corpus.ids, 5) for _ in queries]
+    for k in (1, 3, 40):
+        for excl in (None, exclude):
+            expected = exhaustive.retrieve(queries, k, exclude=excl)
+            assert bm25.retrieve(queries, k, exclude=excl) == expected, k
 
 
 KINDS = {
@@ -214,17 +212,19 @@ def templated_corpus(seed: int, n: int = 6000) -> Corpus:
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_length_bounds_keep_exhaustive_top_k(seed):
-    """The block-max kernel with its length and pair bounds (and without either) returns
-    exhaustive scoring's top-k on templated text whose k-th best score is a tie, with
-    comparison-like and template-only queries, k of 1, 3 and 40, exclusions, and blocks of 64
-    and of 4 postings (whose superblocks of 256 postings the wide ranges then skip)."""
+    """The block-max kernel with its length and pair bounds (and without them, as for an index
+    saved without passage lengths) returns exhaustive scoring's top-k on templated text whose
+    k-th best score is a tie, with comparison-like and template-only queries, k of 1, 3 and 40,
+    exclusions, and blocks of 64 and of 4 postings (whose superblocks of 256 postings the wide
+    ranges then skip)."""
     from rag_gym.retrieval import _bm25_numba
 
     corpus = templated_corpus(seed)
-    bm25 = BM25Retriever(corpus, backend="numba")
+    bm25, exhaustive = pruned_and_exhaustive(corpus)
+    doc_len = bm25._doc_len
     default_blocks = bm25._blocks
     small_blocks = _bm25_numba.compute_blocks(bm25._data, bm25._indices, bm25._indptr, block=4)
-    assert bm25._doc_len is not None
+    assert doc_len is not None
     rng = random.Random(seed)
 
     def named(i: int) -> str:  # passage i's name and kind
@@ -241,19 +241,17 @@ def test_length_bounds_keep_exhaustive_top_k(seed):
     for k in (1, 3, 40):
         exclude = [rng.sample(corpus.ids, 5) for _ in queries]
         for excl in (None, exclude):
-            bm25.kernel = "dense"
-            expected = bm25.retrieve(queries, k, exclude=excl)
-            bm25.kernel = "blockmax"
+            expected = exhaustive.retrieve(queries, k, exclude=excl)
             for blocks in (default_blocks, small_blocks):
                 bm25._blocks = blocks
-                for lengths, pairs in ((True, True), (True, False), (False, False)):
-                    bm25.length_bounds, bm25.pair_bounds = lengths, pairs
+                for lengths in (doc_len, None):
+                    bm25._doc_len = lengths
                     got = bm25.retrieve(queries, k, exclude=excl)
-                    case = (seed, k, blocks["block"], lengths, pairs)
+                    case = (seed, k, blocks["block"], lengths is not None)
                     assert got.ids == expected.ids, case
                     assert got.scores == expected.scores, case
     bm25._blocks = default_blocks
-    bm25.length_bounds = bm25.pair_bounds = True
+    bm25._doc_len = doc_len
     # the ties are real: most comparison queries' top 40 hold one score 20 times or more
     got = bm25.retrieve(queries[:60], 40)
     tied = [max(scores.count(s) for s in scores) for scores in got.scores]
