@@ -1,5 +1,6 @@
-"""Redirects for rag-gym's HTTP clients (the retrieval server's, the OpenAI-compatible
-backend's): credentials stay with the origin they were given for."""
+"""URLs for rag-gym's HTTP clients (the retrieval server's, the OpenAI-compatible backend's,
+the search engines'): the one place that tells a URL from a path by its text, and redirects
+that keep credentials with the origin they were given for."""
 
 from __future__ import annotations
 
@@ -8,6 +9,32 @@ import urllib.request
 
 #: the schemes an HTTP client follows, with their default ports
 DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+#: the search engines, by URL scheme prefix (``opensearch+http://...``)
+FLAVORS = ("opensearch", "elasticsearch")
+
+
+def is_server_url(value: object) -> bool:
+    """Whether ``value`` is an ``http(s)://`` URL (a retrieval server's, a backend's)."""
+    return isinstance(value, str) and value.startswith(("http://", "https://"))
+
+
+def is_engine_url(value: object) -> bool:
+    """Whether ``value`` names an index on a cluster (``opensearch+http://...``,
+    ``elasticsearch+https://...``), as ``index=`` and ``rag-gym serve --index`` take it.
+
+    >>> is_engine_url("opensearch+http://127.0.0.1:9200/wiki18"), is_engine_url("indexes/bm25")
+    (True, False)
+    """
+    return isinstance(value, str) and value.startswith(
+        tuple(f"{f}+{s}://" for f in FLAVORS for s in ("http", "https"))
+    )
+
+
+def is_url(value: object) -> bool:
+    """Whether ``value`` is a URL of any scheme (not a path on this machine)."""
+    return isinstance(value, str) and "://" in value
 
 
 def origin(url: str) -> tuple[str, str, int | None]:

@@ -55,7 +55,7 @@ def read_prompt(path: Path | None) -> str | None:
 def _retriever_alias(run: dict[str, Any]) -> None:
     """``--retriever DIR``, the deprecated alias of ``--index DIR``, moved to ``index``."""
     retriever = run["retriever"]
-    from rag_gym.retrieval.source import is_server_url
+    from rag_gym._http import is_server_url
 
     if retriever is None or is_server_url(retriever):
         return

@@ -298,7 +298,7 @@ def test_env_kwargs_that_python_cannot_read_get_a_clear_error(tmp_path, text, me
     assert message in result.output and isinstance(result.exception, (SystemExit, type(None)))
     # the training configs read their env_kwargs text with the same parser
     with pytest.raises((TypeError, ValueError), match=message.split(", got")[0]):
-        dict_option("--env-kwargs", text)
+        dict_option("env_kwargs", text)
 
 
 def test_synth_and_compare_name_a_bad_output_path(tmp_path):

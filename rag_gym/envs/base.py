@@ -221,7 +221,7 @@ def source_fingerprint(path: str | os.PathLike | None) -> Any:
     modification time, inode and sampled checksum; an index folder's ``params.json`` (its
     files' checksums); another folder's entries with their sizes and times; ``None`` for no
     path, or one that cannot be read (its loader reports that)."""
-    from rag_gym.retrieval.source import is_url
+    from rag_gym._http import is_url
 
     if path is None or is_url(path):
         return None  # a hub name or a search-engine URL: not a file

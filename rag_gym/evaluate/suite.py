@@ -33,11 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from rag_gym import _names, traces
+from rag_gym._http import is_server_url, is_url
 from rag_gym.data.splits import canonical_split
 from rag_gym.evaluate.config import EvalConfig
 from rag_gym.evaluate.run_folder import atomic_write, check_out_dir, run_dir_of
 from rag_gym.metrics import normalize_answer
-from rag_gym.retrieval.source import is_server_url, is_url
 
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
 """The shipped suite files (``<name>.json``)."""

@@ -91,7 +91,7 @@ class OpenAICompatibleLM(LanguageModel):
     ) -> None:
         if not isinstance(model, str) or not model:
             raise ValueError(f"expected a model name, got {model!r}")
-        from rag_gym.retrieval.source import is_server_url
+        from rag_gym._http import is_server_url
 
         if not is_server_url(base_url):
             raise ValueError(

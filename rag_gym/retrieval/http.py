@@ -39,10 +39,9 @@ import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from rag_gym._http import SameOriginCredentials
+from rag_gym._http import SameOriginCredentials, is_server_url
 from rag_gym.data.types import Corpus, Passage
 from rag_gym.retrieval.base import RetrievalResult, check_k, check_queries, per_query
-from rag_gym.retrieval.source import is_server_url
 
 try:  # orjson (the server extra installs it) encodes and parses a reply of 768 passages
     import orjson  # about 5 times as fast as json: most of a batched request's cost at 100k

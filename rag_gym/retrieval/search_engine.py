@@ -45,11 +45,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from rag_gym._http import is_engine_url
 from rag_gym.data.types import Corpus, Passage
 from rag_gym.retrieval.base import RetrievalResult, check_k, check_queries, per_query
 from rag_gym.retrieval.bm25_format import BM25Config, bm25s_stopwords
 from rag_gym.retrieval.http import _RemoteCorpus, split_contents
-from rag_gym.retrieval.source import is_engine_url
 
 IF_EXISTS = ("check", "reuse", "overwrite")
 _EXTRA = "pip install 'rag-gym[search-engine]'"

@@ -57,7 +57,7 @@ class Serve:
     """With ``ray``: CPUs Ray reserves for each replica."""
 
     def __post_init__(self) -> None:
-        from rag_gym.retrieval.source import is_engine_url
+        from rag_gym._http import is_engine_url
 
         if (self.index is None) == (self.faiss_index is None):
             raise ValueError(
@@ -84,11 +84,11 @@ class Serve:
 def open_retriever(config: Serve) -> tuple[Any, str, str, str | None, Any]:
     """The retriever ``config`` serves, its kind, where it comes from, the index id clients
     see (``None``: a random one per start) and the watch on its files (``None``: none)."""
+    from rag_gym._http import is_engine_url
     from rag_gym.retrieval import load_index
     from rag_gym.retrieval.persist import IndexWatch, read_params
     from rag_gym.retrieval.search_engine import SearchEngineRetriever
     from rag_gym.retrieval.shards import ShardedRetriever, is_sharded, read_shards
-    from rag_gym.retrieval.source import is_engine_url
 
     index = config.index
     if config.ray is not None:

@@ -1,6 +1,6 @@
-"""Where passages are searched: one type (:class:`Source`) for every way rag-gym is told, and the
-one place that tells a server URL, a search-engine index URL, an index folder and a corpus file
-apart.
+"""Where passages are searched: one type (:class:`Source`) for every way rag-gym is told, which
+tells a server URL, a search-engine index URL, an index folder and a corpus file apart (with
+the URL predicates of :mod:`rag_gym._http`).
 
 =============  ===============================================  ==========================
 kind           given as                                         searched by
@@ -29,32 +29,10 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from rag_gym._http import is_engine_url, is_server_url, is_url
+
 #: what each argument takes
 ROLES = ("retriever", "index", "corpus")
-#: the search engines, by URL scheme prefix (``opensearch+http://...``)
-FLAVORS = ("opensearch", "elasticsearch")
-
-
-def is_server_url(value: object) -> bool:
-    """Whether ``value`` is an ``http(s)://`` URL (a retrieval server's, a backend's)."""
-    return isinstance(value, str) and value.startswith(("http://", "https://"))
-
-
-def is_engine_url(value: object) -> bool:
-    """Whether ``value`` names an index on a cluster (``opensearch+http://...``,
-    ``elasticsearch+https://...``), as ``index=`` and ``rag-gym serve --index`` take it.
-
-    >>> is_engine_url("opensearch+http://127.0.0.1:9200/wiki18"), is_engine_url("indexes/bm25")
-    (True, False)
-    """
-    return isinstance(value, str) and value.startswith(
-        tuple(f"{f}+{s}://" for f in FLAVORS for s in ("http", "https"))
-    )
-
-
-def is_url(value: object) -> bool:
-    """Whether ``value`` is a URL of any scheme (not a path on this machine)."""
-    return isinstance(value, str) and "://" in value
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""One retrieval-source type: every way of naming where passages are searched is parsed in
-rag_gym/retrieval/source.py, and nowhere else."""
+"""One retrieval-source type: every way of naming where passages are searched is parsed by
+rag_gym/retrieval/source.py, with the URL predicates of rag_gym/_http.py, and nowhere else."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rag_gym.retrieval.source import Source, is_engine_url, is_server_url, is_url
+from rag_gym._http import is_engine_url, is_server_url, is_url
+from rag_gym.retrieval.source import Source
 
 PACKAGE = Path(__file__).resolve().parents[2] / "rag_gym"
 
@@ -67,11 +68,11 @@ def test_a_saved_index_opens_as_load_index_opens_it(tmp_path):
 
 
 def test_url_and_folder_sniffing_lives_in_one_module():
-    """No module but retrieval/source.py tells a URL from a path by its text."""
+    """No module but rag_gym/_http.py tells a URL from a path by its text."""
     pattern = re.compile(r"""startswith\(\(?["']https?://|["']://["'] in """)
     found = [
         str(path.relative_to(PACKAGE))
         for path in PACKAGE.rglob("*.py")
         if pattern.search(path.read_text(encoding="utf-8"))
     ]
-    assert found == ["retrieval/source.py"]
+    assert found == ["_http.py"]
