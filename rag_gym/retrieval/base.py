@@ -51,6 +51,51 @@ class Retriever(Protocol):
     ) -> RetrievalResult: ...
 
 
+class BaseRetriever:
+    """The argument checks every retriever shares: :meth:`retrieve` checks the queries, ``k``
+    and the per-query ``exclude`` and ``within`` lists once, then calls :meth:`_retrieve`, which
+    a backend implements."""
+
+    def searchable(self) -> int:
+        """How many passages a query without a pool searches (``k`` is checked against it)."""
+        return len(self.corpus)
+
+    def retrieve(
+        self,
+        queries: Sequence[str],
+        k: int,
+        exclude: Sequence[Iterable[str] | None] | None = None,
+        within: Sequence[Sequence[str] | None] | None = None,
+    ) -> RetrievalResult:
+        """Top-``k`` passage ids and scores for each query.
+
+        Args:
+            queries: query strings.
+            k: results per query; ``ValueError`` when it exceeds the corpus (or a ``within`` pool).
+            exclude: per query, ids never to return (fewer than ``k`` come back when the
+                candidates run out).
+            within: per query, the candidate ids to rank (a question's own pool); ``None``
+                entries rank the whole corpus. Unknown ids are an error, never skipped.
+        """
+        queries = check_queries(queries)
+        exclude = per_query(exclude, len(queries), "exclude")
+        within = per_query(within, len(queries), "within")
+        if not queries or any(pool is None for pool in within):
+            check_k(k, self.searchable())
+        return self._retrieve(queries, k, exclude, within)
+
+    def _retrieve(
+        self,
+        queries: list[str],
+        k: int,
+        exclude: list[Iterable[str] | None],
+        within: list[Sequence[str] | None],
+    ) -> RetrievalResult:
+        """The search of checked arguments: one ``exclude`` and one ``within`` entry a query
+        (``None``: nothing excluded; the whole corpus)."""
+        raise NotImplementedError
+
+
 def corpus_size(retriever: Retriever) -> int:
     """How many passages ``retriever`` searches: ``len(retriever.corpus)``, or for a server's
     corpus (which holds only the passages received so far) the server's size, ``sys.maxsize``

@@ -39,7 +39,6 @@ import itertools
 import os
 import re
 import threading
-from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
@@ -50,12 +49,11 @@ from rag_gym._names import unknown_name
 from rag_gym.data.mapped import plain_view
 from rag_gym.data.types import Corpus
 from rag_gym.retrieval.base import (
+    BaseRetriever,
     IdColumn,
     RetrievalResult,
     check_k,
-    check_queries,
     id_ranks,
-    per_query,
     positions,
     top_k,
 )
@@ -86,7 +84,7 @@ def _numba_kernels():
     return _bm25_numba
 
 
-class BM25Retriever:
+class BM25Retriever(BaseRetriever):
     """BM25 over a :class:`Corpus` (title and text are indexed together).
 
     Args:
@@ -256,30 +254,13 @@ class BM25Retriever:
             scores += self._base(ids)
         return scores
 
-    def retrieve(
-        self,
-        queries: Sequence[str],
-        k: int,
-        exclude: Sequence[Iterable[str] | None] | None = None,
-        within: Sequence[Sequence[str] | None] | None = None,
-    ) -> RetrievalResult:
-        """Top-``k`` passage ids and scores for each query.
-
-        Args:
-            queries: query strings.
-            k: results per query; ``ValueError`` when it exceeds the corpus (or a ``within`` pool).
-            exclude: per query, ids never to return (fewer than ``k`` come back when the
-                candidates run out).
-            within: per query, the candidate ids to rank (a question's own pool); ``None``
-                entries rank the whole corpus. Unknown ids are an error, never skipped.
-        """
+    def searchable(self) -> int:
         if self.model is None:
             raise RuntimeError("the retriever has no index yet; call index(corpus) first")
-        queries = check_queries(queries)
-        excl = per_query(exclude, len(queries), "exclude")
-        pools = per_query(within, len(queries), "within")
-        if within is None:
-            check_k(k, len(self.corpus))
+        return len(self.corpus)
+
+    def _retrieve(self, queries, k, excl, pools) -> RetrievalResult:
+        self.searchable()  # an index to search
         tokens = self.tokenize(queries) if queries else []
         token_ids = self._token_ids(tokens)
         n_columns = len(self._indptr) - 1

@@ -13,7 +13,7 @@ Needs ``pip install torch==2.13.0 'rag-gym[dense]'``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -21,12 +21,11 @@ import numpy as np
 
 from rag_gym.data.types import Corpus
 from rag_gym.retrieval.base import (
+    BaseRetriever,
     IdColumn,
     RetrievalResult,
     check_k,
-    check_queries,
     id_ranks,
-    per_query,
     positions,
     top_k,
 )
@@ -86,7 +85,7 @@ def exact_scores(vectors: np.ndarray, query: np.ndarray) -> np.ndarray:
     return (np.asarray(vectors, dtype=np.float64) * np.asarray(query, dtype=np.float64)).sum(axis=1)
 
 
-class DenseRetriever:
+class DenseRetriever(BaseRetriever):
     """Embeddings + FAISS over a :class:`Corpus` (title and text encoded together).
 
     FAISS finds each query's candidates (``k`` plus the excluded ids plus a margin of 16); a
@@ -167,20 +166,13 @@ class DenseRetriever:
         self._id_rank = id_ranks(corpus)
         self._ids = IdColumn(corpus)
 
-    def retrieve(
-        self,
-        queries: Sequence[str],
-        k: int,
-        exclude: Sequence[Iterable[str] | None] | None = None,
-        within: Sequence[Sequence[str] | None] | None = None,
-    ) -> RetrievalResult:
+    def searchable(self) -> int:
         if self._index is None:
             raise RuntimeError("the retriever has no index yet; call index(corpus) first")
-        queries = check_queries(queries)
-        excl = per_query(exclude, len(queries), "exclude")
-        pools = per_query(within, len(queries), "within")
-        if within is None:
-            check_k(k, len(self.corpus))
+        return len(self.corpus)
+
+    def _retrieve(self, queries, k, excl, pools) -> RetrievalResult:
+        self.searchable()  # an index to search
         q = (
             self._encode(queries, self.config.query_prefix)
             if queries

@@ -36,12 +36,12 @@ import time
 import urllib.error
 import urllib.request
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from rag_gym._http import SameOriginCredentials, is_server_url
 from rag_gym.data.types import Corpus, Passage
-from rag_gym.retrieval.base import RetrievalResult, check_k, check_queries, per_query
+from rag_gym.retrieval.base import BaseRetriever, RetrievalResult, check_k, check_queries
 
 try:  # orjson (the server extra installs it) encodes and parses a reply of 768 passages
     import orjson  # about 5 times as fast as json: most of a batched request's cost at 100k
@@ -154,7 +154,7 @@ def parse_document(item: Any) -> tuple[str, str, float]:
     return (str(pid) if pid is not None else derived_id(contents)), contents, score
 
 
-class HttpRetriever:
+class HttpRetriever(BaseRetriever):
     """The retriever protocol over HTTP: ``HttpRetriever("http://127.0.0.1:8000")``.
 
     Works against ``rag-gym serve`` and any server that answers Search-R1's ``/retrieve`` (see
@@ -325,28 +325,21 @@ class HttpRetriever:
             rows.append(row)
         return rows
 
-    def retrieve(
-        self,
-        queries: Sequence[str],
-        k: int,
-        exclude: Sequence[Iterable[str] | None] | None = None,
-        within: Sequence[Sequence[str] | None] | None = None,
-    ) -> RetrievalResult:
-        queries = check_queries(queries)
-        check_k(k, self.corpus_size if self.corpus_size is not None else sys.maxsize)
-        excl = [set(e or ()) for e in per_query(exclude, len(queries), "exclude")]
-        pools = [
-            list(dict.fromkeys(w)) if w is not None else None
-            for w in per_query(within, len(queries), "within")
-        ]
+    def searchable(self) -> int:
+        return self.corpus_size if self.corpus_size is not None else sys.maxsize
+
+    def _retrieve(self, queries, k, exclude, within) -> RetrievalResult:
+        check_k(k, self.searchable())  # with pools too: the server's topk
+        excl = [set(e or ()) for e in exclude]
+        pools = [list(dict.fromkeys(w)) if w is not None else None for w in within]
         if not queries:
             return RetrievalResult([], [])
         extra: dict[str, Any] = {}
         topk = k
         if self.honours_filters:
-            if exclude is not None:
+            if any(e is not None for e in exclude):
                 extra["exclude"] = [sorted(e) for e in excl]
-            if within is not None:
+            if any(w is not None for w in within):
                 extra["within"] = pools
         else:  # ask for enough that k remain once the excluded ids are dropped
             topk = min(k + max(len(e) for e in excl), max(self.max_overfetch, k))

@@ -16,13 +16,13 @@ sorted by score, ties by passage id. All members must index the same corpus.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from rag_gym.data.types import Corpus
-from rag_gym.retrieval.base import RetrievalResult, Retriever, check_k, check_queries, per_query
+from rag_gym.retrieval.base import BaseRetriever, RetrievalResult, Retriever, check_k
 
 
-class HybridRetriever:
+class HybridRetriever(BaseRetriever):
     """Reciprocal-rank fusion of several retrievers over one corpus."""
 
     def __init__(
@@ -47,17 +47,7 @@ class HybridRetriever:
             r.index(corpus)
         self.corpus = corpus
 
-    def retrieve(
-        self,
-        queries: Sequence[str],
-        k: int,
-        exclude: Sequence[Iterable[str] | None] | None = None,
-        within: Sequence[Sequence[str] | None] | None = None,
-    ) -> RetrievalResult:
-        queries = check_queries(queries)
-        pools = per_query(within, len(queries), "within")
-        if within is None:
-            check_k(k, len(self.corpus))
+    def _retrieve(self, queries, k, exclude, pools) -> RetrievalResult:
         fused: list[dict[str, float]] = [{} for _ in queries]
         for r in self.retrievers:
             depths = [
@@ -65,7 +55,7 @@ class HybridRetriever:
                 for p in pools
             ]
             depth = min(depths) if depths else k
-            result = r.retrieve(queries, max(depth, min(k, depth)), exclude=exclude, within=within)
+            result = r.retrieve(queries, max(depth, min(k, depth)), exclude=exclude, within=pools)
             for scores, ids in zip(fused, result.ids, strict=True):
                 for rank, pid in enumerate(ids, 1):
                     scores[pid] = scores.get(pid, 0.0) + 1.0 / (self.k_rrf + rank)

@@ -40,14 +40,13 @@ import os
 import re
 import threading
 import urllib.parse
-from collections.abc import Iterable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from rag_gym._http import is_engine_url
 from rag_gym.data.types import Corpus, Passage
-from rag_gym.retrieval.base import RetrievalResult, check_k, check_queries, per_query
+from rag_gym.retrieval.base import BaseRetriever, RetrievalResult, check_k
 from rag_gym.retrieval.bm25_format import BM25Config, bm25s_stopwords
 from rag_gym.retrieval.http import _RemoteCorpus, split_contents
 
@@ -211,7 +210,7 @@ class SearchEngineConfig:
         }
 
 
-class SearchEngineRetriever:
+class SearchEngineRetriever(BaseRetriever):
     """The retriever protocol over an index on an OpenSearch or Elasticsearch cluster.
 
     ``SearchEngineRetriever("opensearch+http://127.0.0.1:9200/wiki18")`` connects to an index
@@ -479,25 +478,16 @@ class SearchEngineRetriever:
             "_source": ["id", "title", "text", "contents"],
         }
 
-    def retrieve(
-        self,
-        queries: Sequence[str],
-        k: int,
-        exclude: Sequence[Iterable[str] | None] | None = None,
-        within: Sequence[Sequence[str] | None] | None = None,
-    ) -> RetrievalResult:
+    def searchable(self) -> int:
+        return self.corpus_size
+
+    def _retrieve(self, queries, k, exclude, within) -> RetrievalResult:
         """Top ``k`` ids and scores per query, in one ``_msearch`` request (see the module doc).
 
         ``k`` is checked against the index's size, or against a ``within`` pool's; a pool id
         that is not in the index is a ``KeyError``, as in :class:`BM25Retriever`."""
-        queries = check_queries(queries)
-        excl = [sorted(set(e or ())) for e in per_query(exclude, len(queries), "exclude")]
-        pools = [
-            list(dict.fromkeys(w)) if w is not None else None
-            for w in per_query(within, len(queries), "within")
-        ]
-        if any(p is None for p in pools) or not queries:
-            check_k(k, self.corpus_size)
+        excl = [sorted(set(e or ())) for e in exclude]
+        pools = [list(dict.fromkeys(w)) if w is not None else None for w in within]
         for pool in pools:
             if pool is not None:
                 check_k(k, len(pool), "the candidate pool")

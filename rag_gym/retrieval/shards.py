@@ -53,7 +53,7 @@ import numpy as np
 from rag_gym.data._io import parse_line
 from rag_gym.data.mapped import _Column, _IdLookup
 from rag_gym.data.types import Corpus, Passage, passage_from_record
-from rag_gym.retrieval.base import RetrievalResult, check_k, check_queries, per_query
+from rag_gym.retrieval.base import BaseRetriever, RetrievalResult, check_k, per_query
 from rag_gym.retrieval.bm25_build import (
     CorpusStats,
     build_bm25_index,
@@ -718,7 +718,7 @@ class ShardedCorpus(Corpus):
         return f"ShardedCorpus(name={self.name!r}, passages={self.server_size}, shards={len(self._starts)})"
 
 
-class ShardedRetriever:
+class ShardedRetriever(BaseRetriever):
     """A sharded index searched as one: each batch goes to every shard (:func:`shard_search`)
     and their top-k are merged (:func:`merge_top_k`), which gives the ranking of one index over
     the whole corpus. ``search(s, queries, k, exclude, within)`` runs shard ``s``'s part; here
@@ -777,18 +777,10 @@ class ShardedRetriever:
         """Every shard's part of a batch (one after another here)."""
         return [self.search(s, queries, k, exclude, within) for s in range(self.n_shards)]
 
-    def retrieve(
-        self,
-        queries: Sequence[str],
-        k: int,
-        exclude: Sequence[Iterable[str] | None] | None = None,
-        within: Sequence[Sequence[str] | None] | None = None,
-    ) -> RetrievalResult:
-        queries = check_queries(queries)
-        excl = per_query(exclude, len(queries), "exclude")
-        pools = per_query(within, len(queries), "within")
-        if within is None:
-            check_k(k, self.size)
+    def searchable(self) -> int:
+        return self.size
+
+    def _retrieve(self, queries, k, excl, pools) -> RetrievalResult:
         for pool in pools:
             if pool is not None:
                 check_k(k, len(dict.fromkeys(pool)), "the candidate pool")
@@ -797,8 +789,10 @@ class ShardedRetriever:
         parts = self.search_all(
             queries,
             k,
-            [list(e) if e else None for e in excl] if exclude is not None else None,
-            [list(p) if p is not None else None for p in pools] if within is not None else None,
+            [list(e) if e else None for e in excl] if any(e is not None for e in excl) else None,
+            [list(p) if p is not None else None for p in pools]
+            if any(p is not None for p in pools)
+            else None,
         )
         for i, pool in enumerate(pools):
             if pool is None:
