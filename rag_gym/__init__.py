@@ -1,7 +1,7 @@
 """rag-gym: the Gymnasium of multi-hop retrieval QA.
 
 ``import rag_gym`` registers the environments, so ``gym.make("rag_gym/SynthHop-v0")`` works;
-``rag_gym.make(id, reward_preset=...)`` adds a paper's reward stack around it.
+``rag_gym.make(id, reward_preset=..., extra_terms=..., text_actions=...)`` builds the stack.
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ _register_envs()
 
 
 def make(env_id: Any, reward_preset: str = "none", **kwargs: Any) -> Any:
-    """``gym.make(env_id, **kwargs)`` in the reward stack of ``reward_preset`` (see
-    :func:`rag_gym.wrappers.presets.make`, which takes ``reward_kwargs`` and
-    ``max_episode_steps`` too)."""
+    """:func:`rag_gym.wrappers.presets.make`: ``gym.make(env_id, **kwargs)`` in the stack of
+    ``reward_preset``, ``reward_kwargs``, ``max_episode_steps``, ``extra_terms``, ``text_actions``."""
     from rag_gym.wrappers.presets import make as make_with_preset
 
     return make_with_preset(env_id, reward_preset=reward_preset, **kwargs)

@@ -33,9 +33,8 @@ the retrieved passages' ids, which it checks against the gold ids — so every s
 transcript is backed by a passage in the same transcript. Phrasings are drawn from the expert's
 own ``numpy`` generator, so a seed gives the same demonstrations.
 
->>> import gymnasium as gym, rag_gym
->>> from rag_gym.wrappers import TextActions
->>> env = TextActions(gym.make("rag_gym/SynthHop-v0", dataset_kwargs={"n_passages": 2000, "n_questions": [40, 10, 10]}), tags="search_r1")
+>>> import rag_gym
+>>> env = rag_gym.make("rag_gym/SynthHop-v0", text_actions="search_r1", dataset_kwargs={"n_passages": 2000, "n_questions": [40, 10, 10]})
 >>> demo = SynthHopExpert(env.tags, seed=0).play(env, index=0)
 >>> demo.info["scores"]["em"], demo.turns[-1].action.endswith("</answer>")
 (1.0, True)

@@ -14,7 +14,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from rag_gym import health, metrics, traces
+from rag_gym import health, make, metrics, traces
 from rag_gym.agents.base import Agent
 
 #: the env id suffix of each agent kind ("text" agents play the search env through TextActions)
@@ -47,19 +47,11 @@ def replayable(record: dict[str, Any]) -> bool:
 
 
 def make_env(env_id: str, kwargs: dict[str, Any], agent: Agent | None = None) -> gym.Env:
-    """Every env the evaluator builds, ``agent``'s own included (the one place to wrap them).
-
-    ``reward_preset`` / ``reward_kwargs`` among ``kwargs`` put that paper's reward stack around
-    the env (:func:`rag_gym.wrappers.presets.make`). A ``"text"`` agent (``search_r1``) plays the
-    search env through :class:`~rag_gym.wrappers.TextActions` with its own tag preset."""
-    from rag_gym.wrappers.presets import make as make_with_preset
-
-    env = make_with_preset(env_id, **kwargs)
-    if agent is not None and agent.env_kind == "text":
-        from rag_gym.wrappers.text_actions import TextActions
-
-        env = TextActions(env, tags=agent.tags)
-    return env
+    """Every env the evaluator builds, ``agent``'s own included: :func:`rag_gym.make` of
+    ``kwargs`` (``reward_preset`` / ``reward_kwargs`` among them); a ``"text"`` agent
+    (``search_r1``) plays through :class:`~rag_gym.wrappers.TextActions` with its own tags."""
+    text = agent is not None and agent.env_kind == "text"
+    return make(env_id, **kwargs, text_actions=agent.tags if text else None)
 
 
 def sample_indices(n_questions: int, n: int, seed: int) -> list[int]:

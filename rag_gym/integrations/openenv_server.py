@@ -88,7 +88,8 @@ from rag_gym.integrations.openenv_config import (  # noqa: F401  (config_from_en
     ServerConfig,
     config_from_environ,
 )
-from rag_gym.wrappers.text_actions import TextActions, text_actions_of
+from rag_gym.wrappers.presets import with_text_actions
+from rag_gym.wrappers.text_actions import text_actions_of
 
 #: the Dict form's action names (``RagGymAction.type``), as in :class:`~rag_gym.envs.search.ActionType`
 ACTION_NAMES = ("search", "answer", "backtrack", "refuse", "evaluate")
@@ -145,7 +146,6 @@ class RagGymEnvironment(Environment):
         super().__init__()
         self.config = config
         self._env = config.make()
-        self._text_only = text_actions_of(self._env) is not None
         self._played: gym.Env | None = None
         self._tags: str | None = None
         self._state = RagGymState(env_id=config.env_id, reward_preset=config.reward_preset)
@@ -227,19 +227,12 @@ class RagGymEnvironment(Environment):
         self._env.close()
 
     def _env_for(self, tags: str | None) -> tuple[gym.Env, str | None]:
-        if self._text_only:
-            name = text_actions_of(self._env).tags.name
-            if tags not in (None, name):
-                raise ValueError(
-                    f"reward preset {self.config.reward_preset!r} plays tag preset {name!r} "
-                    f"only, got tags={tags!r}"
-                )
-            return self._env, name
-        if tags is None:
-            return self._env, None
+        if tags is None:  # the Dict form, or the text form of a text-in preset's own tags
+            own = text_actions_of(self._env)
+            return self._env, own.tags.name if own is not None else None
         name = tag_set(tags).name
         if name != self._tags or self._played is self._env:
-            return TextActions(self._env, tags=name), name
+            return with_text_actions(self._env, name), name
         return self._played, name
 
 

@@ -43,9 +43,8 @@ from typing import Any
 import gymnasium as gym
 
 from rag_gym.integrations._common import check_env_id, check_json_dict, json_safe
-from rag_gym.train.episodes import default_tags
 from rag_gym.wrappers.presets import make as make_with_preset
-from rag_gym.wrappers.text_actions import TextActions, text_actions_of
+from rag_gym.wrappers.text_actions import text_actions_of
 
 try:
     from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
@@ -101,19 +100,14 @@ class RagGymSkyRLEnv(BaseTextEnv):
         self.env_id = check_env_id(options["env_id"])
         env_kwargs = check_json_dict("env_kwargs", options.get("env_kwargs"))
         env_kwargs.setdefault("split", options.get("split", "train"))
-        env = make_with_preset(
+        self.env: gym.Env = make_with_preset(
             self.env_id,
             options.get("reward_preset") or "none",
             reward_kwargs=check_json_dict("reward_kwargs", options.get("reward_kwargs")),
             max_episode_steps=options.get("max_episode_steps"),
+            text_actions=options.get("tags") or True,
             **env_kwargs,
         )
-        if text_actions_of(env) is None:
-            env = TextActions(
-                env,
-                tags=options.get("tags") or default_tags(options.get("reward_preset") or "none"),
-            )
-        self.env: gym.Env = env
         self.max_turns = int(options.get("max_turns", 8))
         self.reset_options = {
             option: extras[key]

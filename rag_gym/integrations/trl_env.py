@@ -41,8 +41,6 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import gymnasium as gym
-
 from rag_gym.envs.search import ActionType
 from rag_gym.integrations._common import check_env_id, check_json_dict
 from rag_gym.wrappers.text_actions import text_actions_of
@@ -202,9 +200,9 @@ def evaluates(reward_preset: str) -> bool:
     """Whether ``reward_preset`` scores EVALUATE notes (the ``evaluate`` tool exists only with
     such a preset): its policy's tag set has an ``evaluate`` tag (rag-gym's: ``eval_rar``)."""
     from rag_gym.envs.tags import tag_set
-    from rag_gym.wrappers.presets import PRESETS
+    from rag_gym.wrappers.presets import default_tags
 
-    return tag_set(PRESETS.get(reward_preset).tags or "search_r1").evaluate is not None
+    return tag_set(default_tags(reward_preset)).evaluate is not None
 
 
 @dataclass
@@ -369,14 +367,14 @@ def tool_call_demonstrations(
     gold decomposition)."""
     from rag_gym.agents.expert import SynthHopExpert
     from rag_gym.envs.tags import parse
-    from rag_gym.wrappers.text_actions import TextActions
+    from rag_gym.wrappers.presets import make as make_with_preset
 
     if not env_cls.env_id.startswith("rag_gym/SynthHop"):
         raise ValueError(
             f"expected a SynthHop id (the expert needs its world), got {env_cls.env_id!r}"
         )
     tool_env = env_cls()
-    twin = TextActions(gym.make(env_cls.env_id, **env_cls.env_kwargs), tags="all")
+    twin = make_with_preset(env_cls.env_id, text_actions="all", **env_cls.env_kwargs)
     expert = SynthHopExpert(twin.tags, seed=seed)
     kinds = twin.tags.actions()
     tools = tools_of(tool_env)

@@ -84,7 +84,7 @@ from rag_gym.integrations.verifiers_tools import (
 )
 from rag_gym.wrappers.presets import check_preset
 from rag_gym.wrappers.presets import make as make_with_preset
-from rag_gym.wrappers.text_actions import TextActions, instructions, text_actions_of
+from rag_gym.wrappers.text_actions import instructions
 
 __all__ = ["RagGymEnv", "RagGymHarness", "RagGymTaskset"]
 
@@ -366,8 +366,9 @@ def _no_steps(data: Any) -> dict[str, Any]:
 
 
 def _text_env(data: Any):
-    env = make_with_preset(data.env_id, data.reward_preset or "none", **data.env_kwargs)
-    return env if text_actions_of(env) is not None else TextActions(env, tags=data.tags)
+    return make_with_preset(
+        data.env_id, data.reward_preset or "none", text_actions=data.tags, **data.env_kwargs
+    )
 
 
 async def _tool_loop(

@@ -32,12 +32,10 @@ def played_tags(env: gym.Env) -> str | None:
 
 
 def default_tags(reward_preset: str) -> str:
-    """The :class:`~rag_gym.wrappers.TextActions` tag preset that goes with a reward preset: its
-    own (``eval_rar``, ``evo_rag``, ``when_to_search``'s, or a registered preset's ``tags``),
-    else ``search_r1``."""
-    from rag_gym.wrappers.presets import PRESETS
+    """The tag set of a reward preset (:func:`rag_gym.wrappers.presets.default_tags`)."""
+    from rag_gym.wrappers.presets import default_tags as preset_tags
 
-    return PRESETS.get(reward_preset).tags or "search_r1"
+    return preset_tags(reward_preset)
 
 
 def env_factory(
@@ -54,65 +52,49 @@ def env_factory(
     judge_weight: float = 1.0,
     **env_kwargs: Any,
 ) -> Callable[[], gym.Env]:
-    """A function that builds the text-action env a policy trains in: ``gym.make`` with the
-    reward preset, EVO-RAG's :class:`~rag_gym.wrappers.StepCost` when ``step_cost`` > 0 and its
+    """A function that builds the text-action env a policy trains in: :func:`rag_gym.make` with
+    the reward preset, ``text_actions=tags`` (``None``: ``True``), and as ``extra_terms`` EVO-RAG's
+    :class:`~rag_gym.wrappers.StepCost` when ``step_cost`` > 0 and its
     :class:`~rag_gym.wrappers.RefusalReward` when ``refusal`` > 0 (the weights η and ρ, on top of
-    the preset's reward), and :class:`~rag_gym.wrappers.TextActions` around a search env (the
-    ``when_to_search`` preset brings its own). ``refusal_verifier`` names the refusal reward's
-    sufficiency verifier (:data:`~rag_gym.wrappers.evo_rag.REFUSAL_VERIFIERS`): by default
-    ``"answerable"``, the env's ground truth, because ``"evidence"`` (the evidence so far, as the
-    paper's LLM judge sees it) rewards refusing before searching. ``judge`` (a backend spec,
-    :func:`~rag_gym.generation.backends.make_lm`) adds :class:`~rag_gym.wrappers.JudgedAnswerReward`
-    with weight ``judge_weight``: one :class:`~rag_gym.generation.judges.LLMAnswerJudge`, built on
-    the first env and shared by every env of the factory with its cache."""
+    the preset's reward). ``refusal_verifier`` names the refusal reward's sufficiency verifier
+    (:data:`~rag_gym.wrappers.evo_rag.REFUSAL_VERIFIERS`): by default ``"answerable"``, the env's
+    ground truth, because ``"evidence"`` (the evidence so far, as the paper's LLM judge sees it)
+    rewards refusing before searching. ``judge`` (a backend spec) adds
+    :class:`~rag_gym.wrappers.JudgedAnswerReward` with weight ``judge_weight``: one
+    :class:`~rag_gym.generation.judges.LLMAnswerJudge`, shared by the factory's envs."""
     for name, weight in (("step_cost", step_cost), ("refusal", refusal)):
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0:
             raise ValueError(f"expected {name} >= 0, got {weight!r}")
-    from rag_gym.envs.search import SearchEnv
-    from rag_gym.wrappers import presets
-    from rag_gym.wrappers.evo_rag import refusal_verifier_name
-    from rag_gym.wrappers.text_actions import TextActions, text_actions_of
+    from functools import partial
 
-    reward_kwargs = dict(reward_kwargs or {})
+    import rag_gym
+    from rag_gym.wrappers.evo_rag import RefusalReward, StepCost, refusal_verifier_name
+    from rag_gym.wrappers.judged import JudgedAnswerReward
+
     refusal_verifier_name(refusal_verifier)
     if judge is not None and (not isinstance(judge, str) or not judge):
         raise ValueError(f"expected judge to be a backend spec such as 'llama_cpp', got {judge!r}")
-    judges: list[Any] = []  # the one judge, built on the first env
+    terms: list[Callable[[gym.Env], gym.Env]] = []
+    if step_cost:
+        terms.append(partial(StepCost, weight=float(step_cost)))
+    if refusal:
+        terms.append(partial(RefusalReward, weight=float(refusal), verifier=refusal_verifier))
+    if judge is not None:
+        from rag_gym.generation.backends import make_lm
+        from rag_gym.generation.judges import LLMAnswerJudge
 
-    def make() -> gym.Env:
-        kwargs = {**env_kwargs, "split": split}
-        # the preset's stack goes outside gym.make's TimeLimit (the registered horizon, or
-        # max_episode_steps), whose limit is its T_max
-        env = presets.make(
-            env_id,
-            reward_preset,
-            reward_kwargs or None,
-            max_episode_steps=max_episode_steps,
-            **kwargs,
-        )
-        text = text_actions_of(env) is not None  # a text-in preset brought its own
-        if step_cost:
-            from rag_gym.wrappers.evo_rag import StepCost
-
-            env = StepCost(env, weight=float(step_cost))
-        if refusal:
-            from rag_gym.wrappers.evo_rag import RefusalReward
-
-            env = RefusalReward(env, weight=float(refusal), verifier=refusal_verifier)
-        if judge is not None:
-            from rag_gym.wrappers.judged import JudgedAnswerReward
-
-            if not judges:
-                from rag_gym.generation.backends import make_lm
-                from rag_gym.generation.judges import LLMAnswerJudge
-
-                judges.append(LLMAnswerJudge(make_lm(judge)))
-            env = JudgedAnswerReward(env, judges[0], weight=float(judge_weight))
-        if isinstance(env.unwrapped, SearchEnv) and not text:
-            env = TextActions(env, tags=tags or default_tags(reward_preset))
-        return env
-
-    return make
+        shared = LLMAnswerJudge(make_lm(judge))
+        terms.append(partial(JudgedAnswerReward, judge=shared, weight=float(judge_weight)))
+    return partial(
+        rag_gym.make,
+        env_id,
+        reward_preset,
+        reward_kwargs=dict(reward_kwargs or {}) or None,
+        max_episode_steps=max_episode_steps,
+        text_actions=tags or True,
+        extra_terms=terms,
+        **{**env_kwargs, "split": split},
+    )
 
 
 @dataclass(frozen=True)

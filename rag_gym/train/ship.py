@@ -76,18 +76,15 @@ def record_fixed_questions(
     questions ``indices`` of its env's ``split``, and write what it answers into its
     ``rag_gym.json`` (``fixed_questions``, ``fixed_questions_em``) and ``README.md``: the figures
     the shipped-checkpoint test replays. Returns the updated ``rag_gym.json``."""
-    import gymnasium as gym
-
-    import rag_gym  # noqa: F401  (registers the envs)
+    import rag_gym
     from rag_gym.baselines import make_agent
     from rag_gym.generation.llama_cpp import LlamaCppLM
-    from rag_gym.wrappers import TextActions
 
     folder = Path(folder)
     meta = json.loads((folder / "rag_gym.json").read_text())
     agent = make_agent(f"search_r1:{folder}", lm=LlamaCppLM(n_threads=n_threads))
-    env = TextActions(
-        gym.make(meta["env_id"], split=split, **(meta.get("env_kwargs") or {})), tags=meta["tags"]
+    env = rag_gym.make(
+        meta["env_id"], text_actions=meta["tags"], split=split, **(meta.get("env_kwargs") or {})
     )
     fixed = []
     for index in indices:

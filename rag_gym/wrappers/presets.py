@@ -1,11 +1,10 @@
 """Reward presets: each paper's reward stack, by name.
 
-``apply(env, name)`` wraps an env made with ``gym.make``; :func:`make` (also
-``rag_gym.make``) does both: ``rag_gym.make(id, reward_preset=name, reward_kwargs={...},
-max_episode_steps=N)``. The stack goes outside the env's one ``TimeLimit`` (the registered
-horizon, the papers' T_max = 20 steps and 5 tree expansions, or ``max_episode_steps``), so the
-reward terms see truncation, read their T_max from ``env.spec.max_episode_steps``, and are listed
-in ``env.spec.additional_wrappers``: ``gym.make(env.spec)`` builds the same stack again.
+``apply(env, name)`` wraps an env made with ``gym.make``; :func:`make` (``rag_gym.make``, where
+every env stack is assembled) does both. The stack goes outside the env's one ``TimeLimit`` (the
+registered horizon, the papers' T_max = 20 steps and 5 tree expansions, or ``max_episode_steps``),
+so the reward terms see truncation, read their T_max from ``env.spec.max_episode_steps``, and
+are listed in ``env.spec.additional_wrappers``: ``gym.make(env.spec)`` builds it again.
 
 | preset | env kind | total reward |
 |---|---|---|
@@ -25,7 +24,7 @@ exactly the paper's formula. Options go through ``**kwargs``: ``stage`` (EVO-RAG
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,9 +33,11 @@ import gymnasium as gym
 from rag_gym._registry import Registry, caller_origin
 from rag_gym.envs.reader import ReaderEnv
 from rag_gym.envs.search import SearchEnv
+from rag_gym.envs.tags import TagSet, tag_set
 from rag_gym.envs.tree import TreeSearchEnv
 from rag_gym.wrappers import arena, eval_rar, evo_rag, r2ag, when_to_search
 from rag_gym.wrappers.base import DropBaseReward
+from rag_gym.wrappers.text_actions import TextActions, text_actions_of
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,8 @@ class RewardPreset:
     agent: str | None = None
     """Its paper's agent (a name ``rag-gym evaluate --agents`` takes)."""
     description: str = ""
+    text_in: bool = False
+    """Whether its terms read the model's text (LWTS): ``build`` gets the env in ``TextActions``."""
 
     def __post_init__(self) -> None:
         if not callable(self.build):
@@ -133,7 +136,16 @@ def apply(env: gym.Env, name: str, t_max: int | None = None, **kwargs: Any) -> g
             f"reward preset {name!r} got unknown options {sorted(unknown)}; it takes "
             f"{sorted(preset.options)}"
         )
-    return preset.build(DropBaseReward(env), t_max=t_max, **kwargs)
+    env = DropBaseReward(env)
+    if preset.text_in:
+        env = TextActions(env, tags=default_tags(name))
+    return preset.build(env, t_max=t_max, **kwargs)
+
+
+def default_tags(reward_preset: str) -> str:
+    """The tag set a text policy writes under a reward preset: the preset's ``tags``, else
+    ``search_r1``."""
+    return PRESETS.get(reward_preset).tags or "search_r1"
 
 
 def _evo_rag(schedule: str) -> Callable[..., gym.Env]:
@@ -173,9 +185,6 @@ def _eval_rar(env: gym.Env, *, t_max: int | None = None, **kwargs: Any) -> gym.E
 
 
 def _when_to_search(env: gym.Env, *, t_max: int | None = None, **kwargs: Any) -> gym.Env:
-    from rag_gym.wrappers.text_actions import TextActions
-
-    env = TextActions(env, tags="when_to_search")
     env = when_to_search.LWTSFormatReward(env)
     env = when_to_search.LWTSSearchReward(
         env, normalization=kwargs.get("normalization", "printed"), encoder=kwargs.get("encoder")
@@ -221,6 +230,7 @@ for _name, _preset in (
             {"stage", "encoder", "correctness", "normalization"},
             "when_to_search",
             agent="lwts",
+            text_in=True,
         ),
     ),
     ("none", RewardPreset(_none, gym.Env, description="the env's own reward")),
@@ -233,23 +243,57 @@ def make(
     reward_preset: str = "none",
     reward_kwargs: dict[str, Any] | None = None,
     max_episode_steps: int | None = None,
+    text_actions: bool | str | TagSet | None = None,
+    extra_terms: Sequence[Callable[[gym.Env], gym.Env]] = (),
     **kwargs: Any,
 ) -> gym.Env:
-    """``gym.make(env_id, max_episode_steps=..., **kwargs)`` wrapped in ``reward_preset``'s stack.
+    """The env stack, inside out: ``gym.make(env_id, max_episode_steps=..., **kwargs)``,
+    ``reward_preset``'s wrappers (options: ``reward_kwargs``), each of ``extra_terms`` (callables
+    ``env -> env``: a wrapper class, or ``functools.partial(StepCost, weight=0.05)``), then
+    :func:`with_text_actions` with tag set ``text_actions`` (``True``: :func:`default_tags`, or
+    none for a tree or reader env, which takes text; ``None``: none but a text-in preset's own).
 
-    >>> import rag_gym
+    >>> import functools, rag_gym
+    >>> from rag_gym.wrappers import StepCost
     >>> env = rag_gym.make("rag_gym/SynthHop-v0", reward_preset="eval_rar", max_episode_steps=7,
+    ...                    text_actions=True, extra_terms=[functools.partial(StepCost, weight=0.05)],
     ...                    dataset_kwargs={"n_passages": 2000, "n_questions": [40, 10, 10]})
     >>> env.spec.max_episode_steps, [w.name for w in env.spec.additional_wrappers]
-    (7, ['DropBaseReward', 'AnswerCorrectnessReward', 'EvaluationReward'])
+    (7, ['DropBaseReward', 'AnswerCorrectnessReward', 'EvaluationReward', 'StepCost', 'TextActions'])
     """
     check_preset(reward_preset)
     if reward_kwargs is not None and not isinstance(reward_kwargs, dict):
         raise TypeError(f"expected reward_kwargs to be a dict, got {type(reward_kwargs).__name__}")
     if reward_kwargs and reward_preset == "none":
         raise TypeError("reward_kwargs needs a reward_preset; pass reward_preset='<name>'")
+    if not (text_actions is None or isinstance(text_actions, bool)):
+        tag_set(text_actions)  # a wrong type's or an unknown name's error before the env is built
+    extra_terms = tuple(extra_terms)
+    if not all(callable(term) for term in extra_terms):
+        raise TypeError(f"expected extra_terms to be callables env -> env, got {extra_terms!r}")
     env = gym.make(env_id, max_episode_steps=max_episode_steps, **kwargs)
-    return apply(env, reward_preset, **(reward_kwargs or {}))
+    env = apply(env, reward_preset, **(reward_kwargs or {}))
+    for term in extra_terms:
+        env = term(env)
+    if text_actions is True:  # a tree or reader env takes text as it is
+        text_actions = isinstance(env.unwrapped, SearchEnv) and default_tags(reward_preset)
+    return with_text_actions(env, text_actions) if text_actions else env
+
+
+def with_text_actions(env: gym.Env, tags: str | TagSet) -> gym.Env:
+    """``env`` as a text policy that writes tag set ``tags`` plays it: in
+    :class:`~rag_gym.wrappers.TextActions`, unless its chain has one already (a text-in
+    preset's), which must parse ``tags``; a tree or reader env takes text as it is, with no tags."""
+    found = text_actions_of(env)
+    if found is None and isinstance(env.unwrapped, SearchEnv):
+        return TextActions(env, tags=tags)
+    own, name = found.tags.name if found is not None else None, tag_set(tags).name
+    if own != name:
+        raise ValueError(
+            f"expected tags {own!r}, what this {type(env.unwrapped).__name__} reads as built (a "
+            f"text-in reward preset's TextActions, or text as it is: None), got {name!r}"
+        )
+    return env
 
 
 def set_stage(env: gym.Env, stage: str | int) -> None:

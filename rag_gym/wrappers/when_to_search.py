@@ -8,10 +8,9 @@ the format reward r_f (eq. 6), the search reward r_s (eqs. 7-9) and the multi-st
 reward r_a (eqs. 10-11, β = 0.3). They read the model's text, so they wrap a
 :class:`~rag_gym.wrappers.TextActions` env (tag preset ``when_to_search``).
 
->>> import gymnasium as gym, rag_gym
->>> from rag_gym.wrappers import TextActions
->>> base = gym.make("rag_gym/SynthHop-v0", dataset_kwargs={"n_passages": 2000, "n_questions": [40, 10, 10]})
->>> env = MultiStageAnswerReward(LWTSFormatReward(TextActions(base, tags="when_to_search")))
+>>> import rag_gym
+>>> base = rag_gym.make("rag_gym/SynthHop-v0", text_actions="when_to_search", dataset_kwargs={"n_passages": 2000, "n_questions": [40, 10, 10]})
+>>> env = MultiStageAnswerReward(LWTSFormatReward(base))
 >>> obs, info = env.reset(seed=0)
 >>> _, reward, terminated, _, info = env.step("<think>I know it.</think><reflect>Sure.</reflect><answer>x</answer>")
 >>> info["reward_raw"]["lwts_format"], info["reward_raw"]["lwts_answer"]

@@ -386,6 +386,21 @@ def test_config_errors():
         ServerConfig(ENV_ID, env_kwargs={"reward_preset": "none"})
 
 
+def test_a_text_in_preset_plays_its_own_tags_only():
+    from rag_gym.integrations.openenv_server import RagGymEnvironment
+
+    env = RagGymEnvironment(ServerConfig(ENV_ID, reward_preset="when_to_search", env_kwargs=WORLD))
+    for tags in (None, "when_to_search"):
+        env.reset(seed=0, tags=tags)
+        assert env.state.tags == "when_to_search"
+    with pytest.raises(ValueError, match=r"expected tags 'when_to_search'.*got 'search_r1'"):
+        env.reset(seed=0, tags="search_r1")
+    plain = RagGymEnvironment(ServerConfig(ENV_ID, env_kwargs=WORLD))
+    for tags in (None, "eval_rar", None):
+        plain.reset(seed=0, tags=tags)
+        assert plain.state.tags == tags
+
+
 @pytest.mark.slow
 def test_deploy_app_passes_openenv_runtime_validation(monkeypatch):
     """deploy/openenv/server/app.py (the container's entry point) against OpenEnv's own
