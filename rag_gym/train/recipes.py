@@ -37,73 +37,35 @@ from typing import Any
 
 from rag_gym._names import unknown_name
 from rag_gym.train.grpo import EnvGRPOConfig
+from rag_gym.wrappers.presets import PRESETS
 
-RECIPES: dict[str, dict[str, Any]] = {
-    "eval_rar": {
-        "env_id": "rag_gym/SynthHop-v0",
-        "env_kwargs": {"k": 3},
-        "reward_preset": "eval_rar",
-        "tags": "eval_rar",
-        "algorithm": "grpo",
-        "num_generations": 5,
-        "beta": 0.001,
-        "epsilon": 0.2,
-        "learning_rate": 1e-6,
-        "exp_name": "eval_rar_grpo",
-    },
-    "lwts": {
-        "env_id": "rag_gym/SynthHop-v0",
-        "env_kwargs": {"k": 5},
-        "reward_preset": "when_to_search",
-        "max_episode_steps": 5,
-        "max_turns": 5,
-        "algorithm": "dapo",
-        "num_generations": 32,
-        "beta": 1e-4,
-        "learning_rate": 1e-6,
-        "temperature": 1.0,
-        "stages": ((1, 0.5), (2, 1.0)),
-        "exp_name": "lwts_dapo",
-    },
-    "arena": {
-        "env_id": "rag_gym/SynthHop-Reader-v0",
-        "reward_preset": "arena",
-        "algorithm": "grpo",
-        "num_generations": 7,
-        "temperature": 0.9,
-        "learning_rate": 3e-6,
-        "beta": 0.04,
-        "epsilon": 0.2,
-        "kl_estimator": "stabilized",
-        "max_turns": 1,
-        "max_turn_tokens": 512,
-        "exp_name": "arena_grpo",
-    },
-    "r2ag": {
-        "env_id": "rag_gym/SynthHop-Tree-v0",
-        "reward_preset": "r2ag",
-        "algorithm": "dapo",
-        "num_generations": 12,
-        "epsilon": 0.2,
-        "epsilon_high": 0.28,
-        "beta": 0.0,
-        "learning_rate": 1e-6,
-        "max_turns": 1,
-        "max_turn_tokens": 4096,
-        "max_completion_tokens": 4096,
-        "exp_name": "r2ag_dapo",
-    },
-}
+
+def recipes() -> dict[str, dict[str, Any]]:
+    """Every registered preset's recipe, by the name of its paper's agent (``eval_rar``,
+    ``lwts``, ``arena``, ``r2ag``); a preset of your own with a recipe is there too."""
+    out = {}
+    for name in PRESETS:
+        preset = PRESETS.get(name)
+        if preset.recipe is not None:
+            out[preset.agent or name] = dict(preset.recipe)
+    return out
+
+
+#: the recipes of rag-gym's presets (each lives beside its paper's reward terms, in
+#: :mod:`rag_gym.wrappers`)
+RECIPES = recipes()
 
 #: R²AG trains on at most this many forest rounds (R²AG, appendix B.2).
 R2AG_ITERATIONS = 5
 
 
 def recipe(name: str, **overrides: Any) -> EnvGRPOConfig:
-    """The config of recipe ``name`` with ``overrides`` (``env_kwargs`` are merged)."""
-    if name not in RECIPES:
-        raise unknown_name("training recipe", name, RECIPES)
-    settings = {**RECIPES[name]}
+    """The config of recipe ``name`` (a preset's agent name, or the preset's) with
+    ``overrides`` (``env_kwargs`` are merged)."""
+    own = PRESETS.get(name).recipe if name in PRESETS else None
+    settings = dict(own) if own is not None else recipes().get(name)
+    if settings is None:
+        raise unknown_name("training recipe", name, recipes())
     if "env_kwargs" in overrides:
         settings["env_kwargs"] = {**settings.get("env_kwargs", {}), **overrides.pop("env_kwargs")}
     settings.update(overrides)

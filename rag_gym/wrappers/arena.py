@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import gymnasium as gym
 
+from rag_gym.envs.reader import ReaderEnv
 from rag_gym.rewards import core
 from rag_gym.wrappers.base import RewardTerm
+from rag_gym.wrappers.presets import PRESETS, RewardPreset
 
 
 class ReaderFormatReward(RewardTerm):
@@ -78,3 +80,36 @@ class ArenaBonus(RewardTerm):
                 "RelevanceReward)"
             )
         return core.arena_bonus(raw["format"], raw["accuracy"], raw["relevance"], self.bonus)
+
+
+def _preset(env: gym.Env, *, t_max: int | None = None) -> gym.Env:
+    """format + accuracy + relevance + 10·bonus (ARENA §3.3)."""
+    env = ReaderFormatReward(env)
+    env = ReaderAccuracyReward(env)
+    env = RelevanceReward(env)
+    return ArenaBonus(env)
+
+
+PRESETS.register(
+    "arena",
+    RewardPreset(
+        _preset,
+        ReaderEnv,
+        agent="arena",
+        recipe={
+            "env_id": "rag_gym/SynthHop-Reader-v0",
+            "reward_preset": "arena",
+            "algorithm": "grpo",
+            "num_generations": 7,
+            "temperature": 0.9,
+            "learning_rate": 3e-6,
+            "beta": 0.04,
+            "epsilon": 0.2,
+            "kl_estimator": "stabilized",
+            "max_turns": 1,
+            "max_turn_tokens": 512,
+            "exp_name": "arena_grpo",
+        },
+    ),
+    origin="rag-gym",
+)

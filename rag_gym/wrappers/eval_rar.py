@@ -21,10 +21,14 @@ only when R_ans is 0, so their sum is R_total.
 
 from __future__ import annotations
 
+from typing import Any
+
 import gymnasium as gym
 
+from rag_gym.envs.search import SearchEnv
 from rag_gym.rewards import core
 from rag_gym.wrappers.base import RewardTerm
+from rag_gym.wrappers.presets import PRESETS, RewardPreset
 
 
 class EvaluationReward(RewardTerm):
@@ -56,3 +60,35 @@ class EvaluationReward(RewardTerm):
         r_ans = core.eval_rar_answer(info.get("prediction"), golds)
         r_eval = core.eval_rar_evaluation(self._notes, golds, self.r_eval)
         return core.eval_rar_total(r_ans, r_eval) - r_ans
+
+
+def _preset(env: gym.Env, *, t_max: int | None = None, **kwargs: Any) -> gym.Env:
+    """``R_ans`` (EM) if > 0 else ``R_eval`` (Eval-RAR eq. 5)."""
+    from rag_gym.wrappers.evo_rag import AnswerCorrectnessReward
+
+    return EvaluationReward(AnswerCorrectnessReward(env, metric="em"), **kwargs)
+
+
+PRESETS.register(
+    "eval_rar",
+    RewardPreset(
+        _preset,
+        SearchEnv,
+        {"r_eval"},
+        "eval_rar",
+        agent="eval_rar",
+        recipe={
+            "env_id": "rag_gym/SynthHop-v0",
+            "env_kwargs": {"k": 3},
+            "reward_preset": "eval_rar",
+            "tags": "eval_rar",
+            "algorithm": "grpo",
+            "num_generations": 5,
+            "beta": 0.001,
+            "epsilon": 0.2,
+            "learning_rate": 1e-6,
+            "exp_name": "eval_rar_grpo",
+        },
+    ),
+    origin="rag-gym",
+)

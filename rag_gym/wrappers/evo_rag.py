@@ -26,8 +26,10 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from rag_gym.envs.search import SearchEnv
 from rag_gym.rewards import core
 from rag_gym.wrappers.base import RewardTerm, horizon
+from rag_gym.wrappers.presets import PRESETS, RewardPreset
 
 
 def _valid(info: dict[str, Any], action_type: str) -> bool:
@@ -335,3 +337,35 @@ __all__ = [
     "TimeDynamicWeights",
     "gold_coverage",
 ]
+
+
+def _preset(schedule: str) -> Callable[..., gym.Env]:
+    """EVO-RAG's seven terms (§3.2) under time-dynamic or fixed two-stage weights."""
+
+    def build(env: gym.Env, *, t_max: int | None = None, **kwargs: Any) -> gym.Env:
+        env = RetrievalHitReward(env)
+        env = QueryOverlapPenalty(env, encoder=kwargs.get("encoder"))
+        env = RetrievalActionPenalty(env, t_max=t_max)
+        env = BacktrackPenalty(env)
+        env = RefusalReward(env, verifier=kwargs.get("verifier"))
+        env = StepCost(env)
+        env = AnswerCorrectnessReward(env, metric="em_f1")
+        return TimeDynamicWeights(
+            env, stage=kwargs.get("stage", "discovery"), schedule=schedule, t_max=t_max
+        )
+
+    return build
+
+
+for _name, _schedule in (("evo_rag", "dynamic"), ("evo_rag_two_stage", "fixed")):
+    PRESETS.register(
+        _name,
+        RewardPreset(
+            _preset(_schedule),
+            SearchEnv,
+            {"stage", "encoder", "verifier"},
+            "evo_rag",
+            agent="evo_rag",
+        ),
+        origin="rag-gym",
+    )

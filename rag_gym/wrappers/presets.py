@@ -1,4 +1,7 @@
-"""Reward presets: each paper's reward stack, by name.
+"""Reward presets: each paper's reward stack, by name. Each paper's module in
+:mod:`rag_gym.wrappers` (``evo_rag``, ``eval_rar``, ``arena``, ``r2ag``, ``when_to_search``)
+registers its preset beside its reward terms: the stack, the env it needs, its options, its tag
+set, its agent and its training recipe.
 
 ``apply(env, name)`` wraps an env made with ``gym.make``; :func:`make` (``rag_gym.make``, where
 every env stack is assembled) does both. The stack goes outside the env's one ``TimeLimit`` (the
@@ -35,7 +38,6 @@ from rag_gym.envs.reader import ReaderEnv
 from rag_gym.envs.search import SearchEnv
 from rag_gym.envs.tags import TagSet, tag_set
 from rag_gym.envs.tree import TreeSearchEnv
-from rag_gym.wrappers import arena, eval_rar, evo_rag, r2ag, when_to_search
 from rag_gym.wrappers.base import DropBaseReward
 from rag_gym.wrappers.text_actions import TextActions, text_actions_of
 
@@ -59,6 +61,9 @@ class RewardPreset:
     agent: str | None = None
     """Its paper's agent (a name ``rag-gym evaluate --agents`` takes)."""
     description: str = ""
+    recipe: dict[str, Any] | None = None
+    """Its paper's training recipe: :class:`~rag_gym.train.grpo.EnvGRPOConfig` settings
+    (:func:`rag_gym.train.recipes.recipe` takes the preset's name or its agent's)."""
     text_in: bool = False
     """Whether its terms read the model's text (LWTS): ``build`` gets the env in ``TextActions``."""
 
@@ -148,94 +153,13 @@ def default_tags(reward_preset: str) -> str:
     return PRESETS.get(reward_preset).tags or "search_r1"
 
 
-def _evo_rag(schedule: str) -> Callable[..., gym.Env]:
-    def build(env: gym.Env, *, t_max: int | None = None, **kwargs: Any) -> gym.Env:
-        env = evo_rag.RetrievalHitReward(env)
-        env = evo_rag.QueryOverlapPenalty(env, encoder=kwargs.get("encoder"))
-        env = evo_rag.RetrievalActionPenalty(env, t_max=t_max)
-        env = evo_rag.BacktrackPenalty(env)
-        env = evo_rag.RefusalReward(env, verifier=kwargs.get("verifier"))
-        env = evo_rag.StepCost(env)
-        env = evo_rag.AnswerCorrectnessReward(env, metric="em_f1")
-        return evo_rag.TimeDynamicWeights(
-            env, stage=kwargs.get("stage", "discovery"), schedule=schedule, t_max=t_max
-        )
-
-    return build
-
-
-def _arena(env: gym.Env, *, t_max: int | None = None) -> gym.Env:
-    env = arena.ReaderFormatReward(env)
-    env = arena.ReaderAccuracyReward(env)
-    env = arena.RelevanceReward(env)
-    return arena.ArenaBonus(env)
-
-
-def _r2ag(env: gym.Env, *, t_max: int | None = None) -> gym.Env:
-    env = r2ag.MultiHitReward(env)
-    env = r2ag.JointHitReward(env)
-    env = r2ag.TopTAPReward(env)
-    env = r2ag.TreeFormatReward(env)
-    return r2ag.R2AGGate(env)
-
-
-def _eval_rar(env: gym.Env, *, t_max: int | None = None, **kwargs: Any) -> gym.Env:
-    env = evo_rag.AnswerCorrectnessReward(env, metric="em")
-    return eval_rar.EvaluationReward(env, **kwargs)
-
-
-def _when_to_search(env: gym.Env, *, t_max: int | None = None, **kwargs: Any) -> gym.Env:
-    env = when_to_search.LWTSFormatReward(env)
-    env = when_to_search.LWTSSearchReward(
-        env, normalization=kwargs.get("normalization", "printed"), encoder=kwargs.get("encoder")
-    )
-    return when_to_search.MultiStageAnswerReward(
-        env, stage=kwargs.get("stage", 1), correctness=kwargs.get("correctness", "em")
-    )
-
-
 def _none(env: gym.Env, *, t_max: int | None = None) -> gym.Env:
     return env
 
 
-for _name, _preset in (
-    (
-        "evo_rag",
-        RewardPreset(
-            _evo_rag("dynamic"),
-            SearchEnv,
-            {"stage", "encoder", "verifier"},
-            "evo_rag",
-            agent="evo_rag",
-        ),
-    ),
-    (
-        "evo_rag_two_stage",
-        RewardPreset(
-            _evo_rag("fixed"),
-            SearchEnv,
-            {"stage", "encoder", "verifier"},
-            "evo_rag",
-            agent="evo_rag",
-        ),
-    ),
-    ("arena", RewardPreset(_arena, ReaderEnv, agent="arena")),
-    ("r2ag", RewardPreset(_r2ag, TreeSearchEnv, agent="r2ag")),
-    ("eval_rar", RewardPreset(_eval_rar, SearchEnv, {"r_eval"}, "eval_rar", agent="eval_rar")),
-    (
-        "when_to_search",
-        RewardPreset(
-            _when_to_search,
-            SearchEnv,
-            {"stage", "encoder", "correctness", "normalization"},
-            "when_to_search",
-            agent="lwts",
-            text_in=True,
-        ),
-    ),
-    ("none", RewardPreset(_none, gym.Env, description="the env's own reward")),
-):
-    PRESETS.register(_name, _preset, origin="rag-gym")
+PRESETS.register(
+    "none", RewardPreset(_none, gym.Env, description="the env's own reward"), origin="rag-gym"
+)
 
 
 def make(

@@ -24,8 +24,10 @@ from typing import Any
 
 import gymnasium as gym
 
+from rag_gym.envs.tree import TreeSearchEnv
 from rag_gym.rewards import core
 from rag_gym.wrappers.base import RewardTerm
+from rag_gym.wrappers.presets import PRESETS, RewardPreset
 
 
 class MultiHitReward(RewardTerm):
@@ -107,3 +109,37 @@ class R2AGGate(gym.Wrapper, gym.utils.RecordConstructorArgs):
             info["reward_terms"] = {k: 0.0 for k in info.get("reward_terms", {})}
             reward = 0.0
         return obs, float(reward), terminated, truncated, info
+
+
+def _preset(env: gym.Env, *, t_max: int | None = None) -> gym.Env:
+    """``0.2 R_MH + 0.3 R_JH + 0.2 R_AP + R_f``, gated (R²AG eq. 5, appendix B.2)."""
+    env = MultiHitReward(env)
+    env = JointHitReward(env)
+    env = TopTAPReward(env)
+    env = TreeFormatReward(env)
+    return R2AGGate(env)
+
+
+PRESETS.register(
+    "r2ag",
+    RewardPreset(
+        _preset,
+        TreeSearchEnv,
+        agent="r2ag",
+        recipe={
+            "env_id": "rag_gym/SynthHop-Tree-v0",
+            "reward_preset": "r2ag",
+            "algorithm": "dapo",
+            "num_generations": 12,
+            "epsilon": 0.2,
+            "epsilon_high": 0.28,
+            "beta": 0.0,
+            "learning_rate": 1e-6,
+            "max_turns": 1,
+            "max_turn_tokens": 4096,
+            "max_completion_tokens": 4096,
+            "exp_name": "r2ag_dapo",
+        },
+    ),
+    origin="rag-gym",
+)

@@ -20,12 +20,15 @@ reward r_a (eqs. 10-11, β = 0.3). They read the model's text, so they wrap a
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
+from rag_gym.envs.search import SearchEnv
 from rag_gym.rewards import core
 from rag_gym.wrappers.base import RewardTerm
+from rag_gym.wrappers.presets import PRESETS, RewardPreset
 
 
 def _is_text_env(env: gym.Env) -> bool:
@@ -164,3 +167,42 @@ class MultiStageAnswerReward(_EpisodeText):
         example = self.env.unwrapped.current_example
         correct = self.correctness(example.question, info.get("prediction"), list(example.answers))
         return core.lwts_answer(correct, len(self._queries), self.stage, self.beta)
+
+
+def _preset(env: gym.Env, *, t_max: int | None = None, **kwargs: Any) -> gym.Env:
+    """``r_a + r_s + r_f`` at the episode's end (LWTS eq. 12), on the text env."""
+    env = LWTSFormatReward(env)
+    env = LWTSSearchReward(
+        env, normalization=kwargs.get("normalization", "printed"), encoder=kwargs.get("encoder")
+    )
+    return MultiStageAnswerReward(
+        env, stage=kwargs.get("stage", 1), correctness=kwargs.get("correctness", "em")
+    )
+
+
+PRESETS.register(
+    "when_to_search",
+    RewardPreset(
+        _preset,
+        SearchEnv,
+        {"stage", "encoder", "correctness", "normalization"},
+        "when_to_search",
+        agent="lwts",
+        text_in=True,
+        recipe={
+            "env_id": "rag_gym/SynthHop-v0",
+            "env_kwargs": {"k": 5},
+            "reward_preset": "when_to_search",
+            "max_episode_steps": 5,
+            "max_turns": 5,
+            "algorithm": "dapo",
+            "num_generations": 32,
+            "beta": 1e-4,
+            "learning_rate": 1e-6,
+            "temperature": 1.0,
+            "stages": ((1, 0.5), (2, 1.0)),
+            "exp_name": "lwts_dapo",
+        },
+    ),
+    origin="rag-gym",
+)
