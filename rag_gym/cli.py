@@ -1257,9 +1257,6 @@ def serve(
             "what queues while it retrieves)."
         ),
     ] = 0.0,
-    micro_batching: Annotated[
-        bool, typer.Option(help="Batch concurrent requests (off: one request at a time).")
-    ] = True,
     ray: Annotated[
         str | None,
         typer.Option(
@@ -1352,7 +1349,6 @@ def serve(
             limits=limits,
             batch_window_ms=batch_window_ms,
             kind=kind,
-            micro_batching=micro_batching,
             contents=contents,
             index_id=index_id,
             watch=watch,
