@@ -98,7 +98,7 @@ def rollouts(args: argparse.Namespace) -> None:
     import torch
 
     from rag_gym.train.episodes import rollout_engine
-    from rag_gym.train.generators import make_generator
+    from rag_gym.train.rollout import make_generator
     from rag_gym.train.grpo import EnvGRPOConfig, load_with_adapter
 
     cfg = EnvGRPOConfig(
