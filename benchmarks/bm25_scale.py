@@ -44,11 +44,12 @@ import os
 import re
 import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from revisions import extract_revision, run_step
 
 GB = 1024**3
 
@@ -253,43 +254,12 @@ CELLS = {
 def run_cell(cell: str, args, package: Path | None = None, **paths) -> dict:
     """Run one cell in a fresh process; with ``package``, a folder holding another ``rag_gym``,
     that one is imported instead of this tree's."""
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-        result = Path(f.name)
-    cmd = [sys.executable, __file__, "--cell", cell, "--result", str(result)]
+    argv = ["--cell", cell]
     for name in ("k", "queries", "single", "repeats", "memory", "exhaustive_max", "tantivy_heap"):
-        cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+        argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     for name, value in paths.items():
-        cmd += [f"--{name.replace('_', '-')}", str(value)]
-    env = None
-    if package is not None:
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(package), os.environ.get("PYTHONPATH", "")]),
-        }
-    proc = subprocess.run(cmd, check=False, env=env)
-    try:
-        out = json.loads(result.read_text() or "{}")
-    finally:
-        result.unlink(missing_ok=True)
-    if proc.returncode != 0:
-        print(f"  the {cell} step failed (exit {proc.returncode})")
-    return out
-
-
-def extract_revision(rev: str, into: Path) -> Path:
-    """The ``rag_gym`` package of git revision ``rev`` of this repository, written under
-    ``into``; a revision git does not know is an error naming it."""
-    repo = Path(__file__).resolve().parent.parent
-    archive = subprocess.run(
-        ["git", "-C", str(repo), "archive", "--format=tar", rev, "rag_gym"],
-        capture_output=True,
-        check=False,
-    )
-    if archive.returncode != 0:
-        raise SystemExit(f"--against {rev}: git cannot read it ({archive.stderr.decode().strip()})")
-    into.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
-    return into
+        argv += [f"--{name.replace('_', '-')}", str(value)]
+    return run_step(__file__, argv, package, name=cell)
 
 
 def best_serve(runs: list[dict]) -> dict:

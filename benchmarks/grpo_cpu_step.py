@@ -1,20 +1,23 @@
-"""A GRPO step on the CPU, from the same start and with the same config, with TRL's computation of
-the log-probabilities (every token) against rag-gym's (the model's tokens only), and where the
-step's time goes; then rollout-shaped generation on the torch engine against llama.cpp.
+"""A GRPO step on the CPU and where its time goes, this tree against a git revision from the same
+start and with the same config; then rollout-shaped generation on the torch engine against
+llama.cpp.
 
-Part 1 trains ``--steps`` steps (after one warm-up step) twice from the same adapter and seed:
-``model_token_logps=False`` (TRL's own computation), then ``True`` (the default). The rollouts are
-the same (same seed, same weights), so the two runs do the same work but for the log-probabilities.
-It prints, per run, the mean seconds a step spends in the rollout, the reference's pass, the
-policy's forward passes and their backward, and the ratio of the step times (target ≤ 0.5).
+Part 1 trains ``--steps`` steps (after one warm-up step) from the run's adapter and seed, in a
+fresh process, and prints the mean seconds a step spends in the rollout, the reference's pass,
+the policy's forward passes and their backward. With ``--against REV`` it trains again with git
+revision ``REV``'s ``rag_gym`` (same start, seed and config, so the same rollouts) and prints the
+ratio of the step times: ``--against ee83f91~1`` is TRL's own computation of the
+log-probabilities at every token, before the trainer scored the model's tokens only (target
+<= 0.5).
 
 Part 2 times what a rollout asks of the generator, on the torch engine the rollouts use
-(``EngineGenerator``) and on llama.cpp (``LlamaEngine``, batched, the embedded Q4_1 model with the
-same adapter as GGUF): 4 prompts of ``--prompt-tokens`` tokens (README text), each continued by
-``--new-tokens`` sampled tokens (a reply that ends early is counted and printed), decoded
-together.
+(:func:`rag_gym.train.rollout.make_generator`) and on llama.cpp (``LlamaEngine``, batched, the
+embedded Q4_1 model with the same adapter as GGUF): 4 prompts of ``--prompt-tokens`` tokens
+(README text), each continued by ``--new-tokens`` sampled tokens (a reply that ends early is
+counted and printed), decoded together.
 
     python benchmarks/grpo_cpu_step.py                       # SynthHop, the shipped adapter
+    python benchmarks/grpo_cpu_step.py --against ee83f91~1   # against TRL's log-probabilities
     python benchmarks/grpo_cpu_step.py --config runs/grpo-real-hotpotqa/config.json \\
         --init runs/sft-real-mix                              # a run's own config and start
 """
@@ -27,8 +30,11 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+from revisions import extract_revision, run_step
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
@@ -61,7 +67,7 @@ def timed(obj, name: str, totals: dict, key_of=None) -> None:
     setattr(obj, name, wrapper)
 
 
-def train_steps(config: dict, init: str, steps: int, model_token_logps: bool, run_dir: str):
+def train_steps(config: dict, init: str, steps: int, run_dir: str):
     """Per measured step: seconds in all, and per phase; the first step's loss and episodes."""
     import torch
 
@@ -77,7 +83,6 @@ def train_steps(config: dict, init: str, steps: int, model_token_logps: bool, ru
             "max_minutes": None,
             "dynamic_sampling": False,  # a refill replays a group: steps of unequal work
             "stages": [],
-            "model_token_logps": model_token_logps,
             "lora": False,  # the adapter of `init` goes on training
         }
     )
@@ -119,15 +124,15 @@ def generation(init: str, prompt_tokens: int, new_tokens: int, rounds: int) -> d
     from rag_gym.generation.adapters import adapter_gguf
     from rag_gym.generation.llama_cpp import LlamaCppLM
     from rag_gym.generation.llama_engine import Request
-    from rag_gym.train.generators import EngineGenerator
     from rag_gym.train.grpo import load_with_adapter
+    from rag_gym.train.rollout import make_generator
 
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     model, tokenizer = load_with_adapter("embedded", init)
     ids = tokenizer(text)["input_ids"]
     prompts = [ids[i * 50 : i * 50 + prompt_tokens] for i in range(4)]
     torch.manual_seed(0)
-    engine = EngineGenerator(model, tokenizer, temperature=1.0)
+    engine = make_generator(model, tokenizer, temperature=1.0)
     out: dict[str, list[float]] = collections.defaultdict(list)
 
     def torch_run(n: int) -> float:
@@ -169,18 +174,29 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=2, help="rounds of part 2")
     parser.add_argument("--skip-training", action="store_true")
+    parser.add_argument(
+        "--against", metavar="REV", help="also train with git revision REV's rag_gym"
+    )
+    parser.add_argument("--result", help=argparse.SUPPRESS)  # part 1 in a process of its own
     args = parser.parse_args()
 
     config = json.loads(Path(args.config).read_text()) if args.config else dict(DEFAULT)
+    if args.result:
+        run_dir = tempfile.mkdtemp(prefix="rag-gym-grpo-cpu-")
+        out = train_steps(config, args.init, args.steps, run_dir)
+        Path(args.result).write_text(json.dumps(out))
+        return
     print(f"python {' '.join(sys.argv)}")
     if not args.skip_training:
-        runs = {}
-        for only in (False, True):
-            runs[only] = train_steps(
-                config, args.init, args.steps, only, f"/tmp/rag_gym_bench_grpo_cpu/{only}"
-            )
-        for only, name in ((False, "TRL's (every token)"), (True, "model tokens only")):
-            r = runs[only]
+        argv = ["--init", args.init, "--steps", str(args.steps)]
+        argv += ["--config", args.config] if args.config else []
+        runs = {"this tree": run_step(__file__, argv, name="training")}
+        if args.against:
+            package = extract_revision(args.against, Path(tempfile.mkdtemp()) / "against")
+            runs[args.against] = run_step(__file__, argv, package, name="training")
+        for name, r in runs.items():
+            if not r:
+                continue
             phases = collections.defaultdict(list)
             for step in r["phases"]:
                 for k, v in step.items():
@@ -193,8 +209,9 @@ def main() -> None:
                 f"{statistics.mean(r['model_tokens']):.0f} by the model; first loss "
                 f"{r['first_loss']:.6g}"
             )
-        ratio = statistics.mean(runs[True]["step_s"]) / statistics.mean(runs[False]["step_s"])
-        print(f"GRPO step, model tokens only against TRL's: {ratio:.2f}x (target <= 0.5)")
+        if args.against and all(runs.values()):
+            now, then = (statistics.mean(r["step_s"]) for r in runs.values())
+            print(f"GRPO step, this tree against {args.against}: {now / then:.2f}x")
     g = generation(args.init, args.prompt_tokens, args.new_tokens, args.rounds)
     best = {k: min(v) for k, v in g.items()}
     n = 4 * args.new_tokens

@@ -35,13 +35,12 @@ import json
 import os
 import resource
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from revisions import run_step
 
 GB = 1024**3
 
@@ -319,9 +318,7 @@ CELLS = {"bm25": cell_bm25, "bm25_load": cell_bm25_load, "dense": cell_dense}
 
 
 def run_cell(cell: str, size: int, args, extra: list[str] = ()) -> dict:
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-        result = Path(f.name)
-    cmd = [sys.executable, __file__, "--cell", cell, "--size", str(size), "--result", str(result)]
+    argv = ["--cell", cell, "--size", str(size)]
     for name in (
         "k",
         "queries",
@@ -333,15 +330,8 @@ def run_cell(cell: str, size: int, args, extra: list[str] = ()) -> dict:
         "dense_queries",
         "dense_single",
     ):
-        cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
-    proc = subprocess.run(cmd + list(extra), check=False)
-    try:
-        out = json.loads(result.read_text() or "{}")
-    finally:
-        result.unlink(missing_ok=True)
-    if proc.returncode != 0:
-        print(f"  the {cell} cell failed (exit {proc.returncode})")
-    return out
+        argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    return run_step(__file__, argv + list(extra), name=cell)
 
 
 def main() -> None:

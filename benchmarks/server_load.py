@@ -10,12 +10,12 @@ own process, started and stopped here, one at a time:
    ``rag-gym serve`` (micro-batching on). Prints ok and failed requests (target: 0 failed),
    requests/s, and the server's resident memory at the start, the peak during the load and the
    end. Bounded: the clients stop at ``--max-seconds``, and every request times out after 60 s.
-2. Against one-request-at-a-time servers under the same clients (``--compare-requests`` each;
+2. Against a one-request-at-a-time server under the same clients (``--compare-requests`` each;
    target >= 2x): a FastAPI server of Search-R1's design (``retrieval_server.py``: a
    synchronous endpoint that FastAPI runs in its thread pool, each request retrieved on its
-   own, the reply encoded by FastAPI) over the same retriever and index, and, for reference,
-   ``rag-gym serve --no-micro-batching`` (this server, each request retrieved on its own). Our
-   server is measured again with the same request count, right after them.
+   own, the reply encoded by FastAPI) over the same retriever and index, and, with
+   ``--against REV``, ``rag-gym serve`` with git revision ``REV``'s ``rag_gym`` (for reference).
+   Our server is measured again with the same request count, in rounds interleaved with them.
 3. Against in-process retrieval, batched: one request of ``--batch`` queries on a keep-alive
    connection (sent to reply parsed, with the parser ``HttpRetriever`` uses: orjson when
    installed) against one ``retrieve`` call of the same queries in this process (best of
@@ -44,6 +44,8 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from revisions import extract_revision, package_env
 
 from rag_gym.data.synthhop import world_for
 from rag_gym.retrieval import BM25Retriever
@@ -119,16 +121,18 @@ def serve_search_r1_style(index: str, port: int) -> None:
     )
 
 
-def start(kind: str, index: str) -> tuple[subprocess.Popen, int]:
+def start(kind: str, index: str, package: Path | None = None) -> tuple[subprocess.Popen, int]:
+    """A server of ``kind`` on ``index`` in a process of its own (``rag-gym serve`` of the
+    ``rag_gym`` in ``package`` when given), once it answers."""
     port = free_port()
     if kind == "search-r1":
         args = [sys.executable, __file__, "--serve-search-r1", index, "--port", str(port)]
     else:
         args = [sys.executable, "-m", "rag_gym.cli", "serve", "--index", index]
         args += ["--port", str(port)]
-        if kind == "unbatched":
-            args.append("--no-micro-batching")
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=package_env(package)
+    )
     for _ in range(1200):
         try:
             urllib.request.urlopen(f"http://{HOST}:{port}/health", timeout=1).read()
@@ -303,6 +307,9 @@ def main() -> None:
     parser.add_argument(
         "--query-form-only", action="store_true", help="only compare query with queries (4)"
     )
+    parser.add_argument(
+        "--against", metavar="REV", help="also compare with rag-gym serve of git revision REV"
+    )
     parser.add_argument("--serve-search-r1", metavar="INDEX", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -325,9 +332,10 @@ def main() -> None:
             f"corpus {len(world.corpus):,} passages (SynthHop 'hard'); BM25 backend "
             f"{retriever.backend}; {len(queries):,} distinct sub-questions as queries"
         )
-        kinds = ("batched", "search-r1", "unbatched")
+        kinds = ("batched", "search-r1", *(["against"] if args.against else []))
+        package = extract_revision(args.against, tmp / "against") if args.against else None
         for kind in kinds[:1] if args.query_form_only else kinds:  # all stay up, idle if unused
-            servers[kind] = start(kind, index)
+            servers[kind] = start(kind, index, package if kind == "against" else None)
             warm_up(servers[kind][1], servers[kind][0].pid, bodies)
         if args.query_form_only:
             compare_query_forms(servers["batched"], queries, args)
@@ -356,7 +364,7 @@ def main() -> None:
         }
         per_round = max(1, args.compare_requests // args.rounds)
         for r in range(args.rounds):
-            for kind in kinds[r % 3 :] + kinds[: r % 3]:
+            for kind in kinds[r % len(kinds) :] + kinds[: r % len(kinds)]:
                 proc, port = servers[kind]
                 s = asyncio.run(
                     run_load(port, proc.pid, bodies, args.clients, per_round, args.max_seconds)
@@ -371,13 +379,14 @@ def main() -> None:
                     totals[kind][key] += value
                 for error in s["errors"][:3]:
                     print(f"  {kind} failed: {error}")
-        rates = {}
+        rates, label = {}, {"against": args.against}
         for kind in kinds:
             t = totals[kind]
             rates[kind] = t["ok"] / t["seconds"]
             failed_total += int(t["failed"])
             print(
-                f"{kind:>10} server: {args.clients} clients x {per_round * args.rounds} requests "
+                f"{label.get(kind, kind):>10} server: {args.clients} clients x "
+                f"{per_round * args.rounds} requests "
                 f"in {args.rounds} interleaved rounds: {int(t['ok'])} ok, {int(t['failed'])} failed, "
                 f"{rates[kind]:.0f} requests/s; CPU per request: server "
                 f"{t['server'] / max(t['ok'], 1) * 1e3:.2f} ms, clients "
@@ -388,10 +397,11 @@ def main() -> None:
             f"micro-batched / Search-R1-design one-at-a-time : {ratio:.2f}x (target >= 2): "
             f"{'MET' if ratio >= 2 else 'MISSED'}"
         )
-        print(
-            f"micro-batched / rag-gym serve --no-micro-batching : "
-            f"{rates['batched'] / rates['unbatched']:.2f}x (reference, no target)"
-        )
+        if args.against:
+            print(
+                f"this tree / rag-gym serve at {args.against} : "
+                f"{rates['batched'] / rates['against']:.2f}x (reference, no target)"
+            )
 
         # 3. one batched request against in-process retrieval of the same queries
         batch = queries[: args.batch]

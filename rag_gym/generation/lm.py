@@ -9,8 +9,9 @@ transformers, vLLM and OpenAI-compatible servers implement the same interface.
 from __future__ import annotations
 
 import abc
+import contextlib
 import importlib.util
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -98,6 +99,25 @@ class LanguageModel(abc.ABC):
         self, prompts: Sequence[Prompt], config: GenerationConfig | None = None
     ) -> list[list[Generation]]:
         """``n`` generations for each prompt, in prompt order."""
+
+    def generate_ids(
+        self, prompts: Sequence[Sequence[int]], config: GenerationConfig
+    ) -> list[tuple[list[int], str]]:
+        """Generate from token ids, one sample per prompt: per prompt, the new tokens (ending
+        with the end-of-sequence token when one ended it; a stop string is kept whole) and the
+        finish reason. The call a trainer's rollouts make, token for token
+        (:func:`~rag_gym.train.rollout.make_generator`); backends that generate from text only
+        raise ``NotImplementedError``."""
+        raise NotImplementedError(
+            f"{type(self).__name__} generates from text only; token ids need the transformers "
+            "or vllm backend"
+        )
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[LanguageModel]:
+        """Inside the block, calls may start from what earlier calls computed (the turns of the
+        same episodes, on unchanged weights); here nothing is kept."""
+        yield self
 
     def run_clients(self, clients: Sequence[Callable[[], None]]) -> None:
         """Run ``clients``, functions that call :meth:`generate`; here one after another.

@@ -403,6 +403,7 @@ class TransformersLM(LanguageModel):
                 stacklevel=3,
             )
         self._clients = threading.local()
+        self._criteria: dict[tuple[str, ...], Any] = {}
 
     @contextlib.contextmanager
     def session(self) -> Iterator[TransformersLM]:
@@ -424,18 +425,18 @@ class TransformersLM(LanguageModel):
     def generate_ids(
         self, prompts: Sequence[Sequence[int]], config: GenerationConfig
     ) -> list[tuple[list[int], str]]:
-        """Generate from token ids (one sample per prompt, sample ``i`` seeded ``seed + i``):
-        per prompt, the new tokens, ending with the end-of-sequence token when one ended it
-        (a stop string is kept whole, with whatever the token that completed it holds after
-        it), and the finish reason. Needs the engine (:attr:`engine_enabled`)."""
+        """Generate from token ids (one sample per prompt): per prompt, the new tokens, ending
+        with the end-of-sequence token when one ended it (a stop string is kept whole, with
+        whatever the token that completed it holds after it), and the finish reason. On the
+        engine, sample ``i`` is seeded ``seed + i``; on a model the engine cannot run,
+        ``model.generate`` decodes left-padded batches of ``batch_size`` prompts of similar
+        lengths after seeding torch's generator with ``seed``."""
+        prompts = [list(ids) for ids in prompts]
+        if not all(prompts):
+            raise ValueError("expected every prompt to have at least one token")
         if not self._engine.enabled:
-            raise RuntimeError(
-                f"generate_ids needs the batching engine, which {self.name} cannot run"
-            )
-        rows = [_Row(list(ids), config, i) for i, ids in enumerate(prompts)]
-        for row in rows:
-            if not row.prompt:
-                raise ValueError("expected every prompt to have at least one token")
+            return self._hf_ids(prompts, config)
+        rows = [_Row(ids, config, i) for i, ids in enumerate(prompts)]
         if rows:
             self._run_rows(rows)
         return [
@@ -587,6 +588,56 @@ class TransformersLM(LanguageModel):
                 raise ValueError(f"expected a prompt of at least one token, got {text!r}")
         return ids
 
+    def _hf_ids(
+        self, prompts: list[list[int]], config: GenerationConfig
+    ) -> list[tuple[list[int], str]]:
+        """:meth:`generate_ids` on ``model.generate`` (for models the engine cannot run)."""
+        torch, tok = self._torch, self.tokenizer
+        torch.manual_seed(config.seed)
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": config.max_tokens,
+            "pad_token_id": tok.pad_token_id,
+            "eos_token_id": tok.eos_token_id,
+        }
+        if config.stop:
+            kwargs["stopping_criteria"] = self._stopping(config.stop)
+        if config.temperature > 0:  # top_k=0: no top-k filter (a model's config may set one)
+            kwargs.update(
+                do_sample=True, temperature=config.temperature, top_p=config.top_p, top_k=0
+            )
+        else:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        # similar lengths together waste less padding; results go back in the prompts' order
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        out: dict[int, tuple[list[int], str]] = {}
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start : start + self.batch_size]
+            width = max(len(prompts[i]) for i in chunk)
+            ids = torch.full((len(chunk), width), tok.pad_token_id, dtype=torch.long)
+            mask = torch.zeros((len(chunk), width), dtype=torch.long)
+            for row, i in enumerate(chunk):
+                ids[row, width - len(prompts[i]) :] = torch.tensor(prompts[i], dtype=torch.long)
+                mask[row, width - len(prompts[i]) :] = 1
+            with torch.inference_mode():
+                new = self.model.generate(
+                    input_ids=ids.to(self.device), attention_mask=mask.to(self.device), **kwargs
+                )[:, width:].cpu()
+            for i, tokens in zip(chunk, new, strict=True):
+                out[i] = _trim(tokens.tolist(), config.stop, tok)
+        return [out[i] for i in range(len(prompts))]
+
+    def _stopping(self, stop: tuple[str, ...]) -> Any:
+        """transformers' stop-string criterion, built once per stop tuple: building it reads and
+        indexes the whole vocabulary (about a second for SmolLM2), which ``stop_strings=`` would
+        redo on every ``generate`` call."""
+        if stop not in self._criteria:
+            from transformers import StoppingCriteriaList, StopStringCriteria
+
+            self._criteria[stop] = StoppingCriteriaList(
+                [StopStringCriteria(tokenizer=self.tokenizer, stop_strings=list(stop))]
+            )
+        return self._criteria[stop]
+
     def _hf_batch(
         self, texts: list[str], config: GenerationConfig, seed: int
     ) -> list[list[Generation]]:
@@ -634,6 +685,25 @@ class TransformersLM(LanguageModel):
                 )
             results.append(samples)
         return results
+
+
+def _trim(tokens: list[int], stop: tuple[str, ...], tokenizer: Any) -> tuple[list[int], str]:
+    """A row of ``model.generate``'s output up to and including its end-of-sequence token or
+    the first stop string (the rest is padding), and why it ends (``stop`` or ``length``)."""
+    eos = tokenizer.eos_token_id
+    finish = "stop" if eos in tokens else "length"
+    tokens = tokens[: tokens.index(eos) + 1] if eos in tokens else tokens
+    decode = tokenizer.decode
+    if not any(s in decode(tokens) for s in stop):
+        return tokens, finish
+    lo, hi = 1, len(tokens)  # the smallest prefix whose text holds a stop string
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if any(s in decode(tokens[:mid]) for s in stop):
+            hi = mid
+        else:
+            lo = mid + 1
+    return tokens[:lo], "stop"
 
 
 @dataclass(eq=False)

@@ -1,14 +1,27 @@
 """vLLM backend (GPU). Imported only when used; ``pip install 'rag-gym[gpu]'`` on a CUDA machine.
 
 Chat prompts go through ``LLM.chat`` (the model's chat template), plain prompts through
-``LLM.generate``; a whole batch is one call, which vLLM schedules with continuous batching.
+``LLM.generate``, token ids (:meth:`VLLMLM.generate_ids`, a trainer's rollouts) through
+``LLM.generate`` of ``prompt_token_ids``; a whole batch is one call, which vLLM schedules with
+continuous batching.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from rag_gym.generation.lm import Generation, GenerationConfig, LanguageModel, Prompt, check_prompts
+
+
+def _import_vllm() -> Any:
+    try:
+        import vllm
+    except ImportError as exc:
+        raise ImportError(
+            "the vLLM backend needs vllm and a CUDA GPU: pip install 'rag-gym[gpu]'"
+        ) from exc
+    return vllm
 
 
 class VLLMLM(LanguageModel):
@@ -30,15 +43,9 @@ class VLLMLM(LanguageModel):
         seed: int = 0,
         **engine_kwargs,
     ) -> None:
-        try:
-            import vllm
-        except ImportError as exc:
-            raise ImportError(
-                "the vLLM backend needs vllm and a CUDA GPU: pip install 'rag-gym[gpu]'"
-            ) from exc
-        self._vllm = vllm
+        self._vllm = _import_vllm()
         self.name = model
-        self.llm = vllm.LLM(
+        self.llm = self._vllm.LLM(
             model=model,
             gpu_memory_utilization=gpu_memory_utilization,
             max_model_len=max_model_len,
@@ -46,19 +53,32 @@ class VLLMLM(LanguageModel):
             **engine_kwargs,
         )
 
+    @classmethod
+    def from_llm(cls, llm: Any, name: str = "vllm") -> VLLMLM:
+        """Wrap a ``vllm.LLM`` already running without loading anything: the engine TRL
+        colocates with a GRPO trainer (:func:`~rag_gym.train.trl_compat.colocated_vllm`), whose
+        weights follow the policy's."""
+        lm = cls.__new__(cls)
+        lm._vllm, lm.name, lm.llm = _import_vllm(), name, llm
+        return lm
+
+    def _params(self, config: GenerationConfig, **changes: Any) -> Any:
+        options = {
+            "n": config.n,
+            "temperature": config.temperature,
+            "top_p": config.top_p,
+            "max_tokens": config.max_tokens,
+            "stop": list(config.stop) or None,
+            "seed": config.seed,
+        }
+        return self._vllm.SamplingParams(**{**options, **changes})
+
     def generate(
         self, prompts: Sequence[Prompt], config: GenerationConfig | None = None
     ) -> list[list[Generation]]:
         config = config or GenerationConfig()
         prompts = check_prompts(prompts)
-        params = self._vllm.SamplingParams(
-            n=config.n,
-            temperature=config.temperature,
-            top_p=config.top_p,
-            max_tokens=config.max_tokens,
-            stop=list(config.stop) or None,
-            seed=config.seed,
-        )
+        params = self._params(config)
         out: list[list[Generation] | None] = [None] * len(prompts)
         chats = [i for i, p in enumerate(prompts) if not isinstance(p, str)]
         plain = [i for i, p in enumerate(prompts) if isinstance(p, str)]
@@ -77,6 +97,22 @@ class VLLMLM(LanguageModel):
             ):
                 out[i] = self._convert(res)
         return [o for o in out if o is not None]
+
+    def generate_ids(
+        self, prompts: Sequence[Sequence[int]], config: GenerationConfig
+    ) -> list[tuple[list[int], str]]:
+        """:meth:`LanguageModel.generate_ids`: prompt ``i`` sampled with seed ``seed + i``, a
+        stop string kept in the output (``include_stop_str_in_output``)."""
+        params = [
+            self._params(config, n=1, seed=config.seed + i, include_stop_str_in_output=True)
+            for i in range(len(prompts))
+        ]
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False
+        )
+        return [
+            (list(o.outputs[0].token_ids), o.outputs[0].finish_reason or "stop") for o in outputs
+        ]
 
     @staticmethod
     def _convert(result) -> list[Generation]:

@@ -44,8 +44,6 @@ class Serve:
     batch_window_ms: float = 0.0
     """How long an idle server waits for more requests to batch (a busy one batches what
     queues while it retrieves)."""
-    micro_batching: bool = True
-    """Batch concurrent requests (off: one request at a time)."""
     ray: str | None = None
     """Serve a sharded ``index`` from replicas on this Ray cluster (``auto``, ``HOST:PORT``,
     ``ray://HOST:PORT``, or ``local`` to start one here); this process routes and merges."""
@@ -160,7 +158,6 @@ def open_app(config: Serve) -> tuple[Any, Any, str]:
         limits=limits,
         batch_window_ms=config.batch_window_ms,
         kind=kind,
-        micro_batching=config.micro_batching,
         contents=contents,
         index_id=index_id,
         watch=watch,

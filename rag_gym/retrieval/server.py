@@ -200,7 +200,6 @@ def create_app(
     batch_window_ms: float = 0.0,
     max_batch: int = 512,
     kind: str = "bm25",
-    micro_batching: bool = True,
     max_in_flight: int = 2,
     contents: VerbatimContents | None = None,
     max_batch_cost: int = 16_384,
@@ -221,7 +220,6 @@ def create_app(
             restarted on another index at the same URL: the index's own checksum when it has
             one (``rag-gym serve --index`` gives its ``params.json``'s), else a random one per
             app (then any restart reads as another index).
-        micro_batching: ``False`` retrieves each request on its own (for comparison).
         max_in_flight: batches retrieved at the same time, each in its own worker thread.
         contents: each row's verbatim ``contents`` (:class:`VerbatimContents`); default
             ``title\\ntext``.
@@ -274,10 +272,8 @@ def create_app(
             endpoint.stop()
 
     app = FastAPI(title="rag-gym retrieval server", lifespan=lifespan)
-    batcher = (
-        _MicroBatcher(retriever, batch_window_ms / 1000.0, max_batch, max_in_flight, max_batch_cost)
-        if micro_batching
-        else None
+    batcher = _MicroBatcher(
+        retriever, batch_window_ms / 1000.0, max_batch, max_in_flight, max_batch_cost
     )
     endpoint = _RetrieveEndpoint(retriever, RetrieveRequest, limits, batcher, contents, watch)
     # POST /retrieve goes straight to its endpoint (middleware order: the last added is outermost)
@@ -391,8 +387,6 @@ class _RetrieveEndpoint:
     def __init__(
         self, retriever: Retriever, model, limits: ServerLimits, batcher, contents, watch=None
     ) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
         self.retriever = retriever
         self.corpus = retriever.corpus
         self.model = model
@@ -405,8 +399,6 @@ class _RetrieveEndpoint:
         # its retriever checks the pools itself, and its size is the index's
         self.remote = hasattr(self.corpus, "server_size")
         self.unknown_logged: set[tuple[str, ...]] = set()
-        # one-request-at-a-time mode: each request retrieved on its own, in a worker thread
-        self.executor = None if batcher else ThreadPoolExecutor(thread_name_prefix="rag-gym-one")
 
     async def __call__(self, scope, receive, send) -> None:
         task = asyncio.current_task()
@@ -598,16 +590,7 @@ class _RetrieveEndpoint:
         if (stale := self.stale()) is not None:
             return 503, stale
         try:
-            if self.batcher is not None:
-                ids, scores = await self.batcher.submit(queries, topk, req.exclude, within, gone)
-            else:
-                res = await asyncio.get_running_loop().run_in_executor(
-                    self.executor,
-                    lambda: self.retriever.retrieve(
-                        queries, topk, exclude=req.exclude, within=within
-                    ),
-                )
-                ids, scores = res.ids, res.scores
+            ids, scores = await self.batcher.submit(queries, topk, req.exclude, within, gone)
         except _ClientGone:
             raise
         except Exception as exc:  # the request was checked above: this is the server's fault
@@ -679,10 +662,7 @@ class _RetrieveEndpoint:
         return 200, out
 
     def stop(self) -> None:
-        if self.batcher is not None:
-            self.batcher.stop()
-        if self.executor is not None:
-            self.executor.shutdown(wait=False, cancel_futures=True)
+        self.batcher.stop()
 
 
 class _StreamedReply:

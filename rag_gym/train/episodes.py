@@ -18,8 +18,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from rag_gym.train.generators import generation_info, make_generator
-from rag_gym.train.rollout import Episode, RolloutEngine
+from rag_gym.train.rollout import Episode, RolloutEngine, make_generator
 
 
 def played_tags(env: gym.Env) -> str | None:
@@ -196,8 +195,8 @@ def evaluate_policy(
     ``stage`` sets a curriculum stage on every env copy first (EVO-RAG's ``"discovery"`` /
     ``"refinement"`` weights, LWTS's 1 / 2). Returns the means of ``em``, ``return``,
     ``num_searches`` and ``turns``, the number of episodes ``n``, and ``generation``
-    (:func:`~rag_gym.train.generators.generation_info`: whether the continuous-batching engine
-    generated, and why not). A :class:`~rag_gym.train.rollout_log.RolloutLog` saves a sample
+    (the backend's :meth:`~rag_gym.generation.transformers_lm.TransformersLM.describe`: whether
+    the continuous-batching engine generated, and why not). A :class:`~rag_gym.train.rollout_log.RolloutLog` saves a sample
     of the episodes as the rollouts of ``train_step`` (``rag-gym view`` shows them).
     """
     if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 0):
@@ -222,7 +221,7 @@ def evaluate_policy(
         "num_searches": _mean(e.num_searches for e in episodes),
         "turns": _mean(e.turns for e in episodes),
         "n": float(len(episodes)),
-        "generation": generation_info(generate),
+        "generation": generate.lm.describe(),
     }
 
 

@@ -24,8 +24,8 @@ TRL supplies the loss and the trainer loop; this module supplies what it lacks:
   criteria read :attr:`Episode.solved <rag_gym.train.rollout.Episode.solved>` (exact match),
   so they assume an EM outcome reward;
 * ARENA's stabilised KL estimator (``kl_estimator="stabilized"``, :func:`~rag_gym.train.trl_compat.stabilized_kl_trainer_class`);
-* log-probabilities at the model's tokens only, the ones the loss reads (``model_token_logps``,
-  :func:`~rag_gym.train.trl_compat.env_grpo_trainer_class`);
+* log-probabilities at the model's tokens only, the ones the loss reads
+  (:func:`~rag_gym.train.trl_compat.env_grpo_trainer_class`);
 * curriculum stages (LWTS's stage 1 then stage 2 answer reward) switched at fractions of
   training, and R²AG's iterative forest training (:func:`train_forest`).
 
@@ -54,14 +54,7 @@ from rag_gym.train.episodes import (
     played_tags,
     rollout_engine,
 )
-from rag_gym.train.generators import (
-    EngineGenerator,
-    HFGenerator,
-    VLLMGenerator,
-    generation_info,
-    make_generator,
-)
-from rag_gym.train.rollout import Episode, RolloutEngine
+from rag_gym.train.rollout import Episode, RolloutEngine, Sampler, make_generator
 
 __all__ = [
     "EnvGRPOConfig",
@@ -170,10 +163,6 @@ class EnvGRPOConfig:
     """KL coefficient (0 disables the reference model, as TRL's and DAPO's default)."""
     kl_estimator: str = "k3"
     """``k3`` (TRL's, GRPO's) or ``stabilized`` (ARENA's; see :func:`~rag_gym.train.trl_compat.stabilized_kl_trainer_class`)."""
-    model_token_logps: bool = True
-    """Compute the policy's and the reference's log-probabilities at the model-written tokens
-    only, the ones the loss reads (:func:`~rag_gym.train.trl_compat.env_grpo_trainer_class`):
-    the same step with less work. ``False``: TRL's own computation, at every token."""
     epsilon: float = 0.2
     """Lower clipping bound ε (ε_low)."""
     epsilon_high: float | None = None
@@ -419,20 +408,25 @@ class EnvRollout:
         self.dynamic_sampling = dynamic_sampling
         self.max_resample_rounds = max_resample_rounds
         self.rng = random.Random(seed)
-        self.generator: EngineGenerator | HFGenerator | None = None
+        self.generator: Sampler | None = None
         self.last_stats: dict[str, float] = {}
         self.episodes: list[Episode] = []
 
     def generator_for(self, trainer: Any, episodes: int = 16) -> Callable:
-        """vLLM's engine when the trainer uses vLLM, else :func:`make_generator` on the policy
-        with a slot (a kept cache) for each of the ``episodes`` played at once."""
+        """A :class:`~rag_gym.train.rollout.Sampler` on TRL's colocated vLLM engine when the
+        trainer uses vLLM, else :func:`make_generator` on the policy with a slot (a kept cache)
+        for each of the ``episodes`` played at once."""
         if getattr(trainer, "use_vllm", False):
-            return VLLMGenerator(trainer, self.engine.tokenizer)
+            from rag_gym.generation.vllm_lm import VLLMLM
+            from rag_gym.train.trl_compat import colocated_vllm
+
+            args = trainer.args
+            return Sampler(VLLMLM.from_llm(colocated_vllm(trainer)), args.temperature, args.top_p)
         g = self.generator
         if (
             g is None
             or g.model is not trainer.model
-            or (isinstance(g, EngineGenerator) and g.lm.batch_size < episodes)
+            or (g.concurrent_clients and g.lm.batch_size < episodes)
         ):
             self.generator = make_generator(
                 trainer.model,
@@ -819,7 +813,6 @@ def build_trainer(
             *([time_limit_callback(cfg.max_minutes)] if cfg.max_minutes else []),
         ],
     )
-    trainer.model_tokens_only = cfg.model_token_logps
     # The rollout plays episodes with the trainer's (possibly PEFT-wrapped) model.
     rollout.generator = None
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -1057,7 +1050,7 @@ def train_from(
         "eval_split": "validation",
         "before": before,
         "after": after,
-        "generation": generation_info(rollout.generator) if rollout.generator else None,
+        "generation": rollout.generator.lm.describe() if rollout.generator else None,
         "seconds": {
             "eval_before": t1 - t0,
             "train": t2 - t1,

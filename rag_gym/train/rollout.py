@@ -18,44 +18,170 @@ the observation is tokenised and appended. Only ``env_mask == 1`` tokens are tra
 ``max_completion_tokens`` stops unfinished and gets no end token, so a trainer sees it as
 truncated (DAPO's overlong masking drops it from the loss).
 
-:mod:`rag_gym.train.generators` holds the generators that continue the token sequences
-(:func:`~rag_gym.train.generators.make_generator` picks one).
+The token sequences are continued by a :data:`Generate` function: a :class:`Sampler` on a
+language model's :meth:`~rag_gym.generation.lm.LanguageModel.generate_ids` (the policy being
+trained on transformers: :func:`make_generator`; TRL's colocated vLLM engine:
+:class:`~rag_gym.generation.vllm_lm.VLLMLM`), or a scripted policy in tests.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import gymnasium as gym
 
 from rag_gym import traces
-from rag_gym.train.generators import (
-    EngineGenerator,
-    Generate,
-    Generator,
-    HFGenerator,
-    eval_mode,
-    generation_info,
-    make_generator,
-)
+from rag_gym.generation.lm import GenerationConfig, LanguageModel
 from rag_gym.wrappers.text_actions import OBS_TEMPLATE
 
 __all__ = [
-    "EngineGenerator",
     "Episode",
     "Generate",
-    "Generator",
-    "HFGenerator",
     "RolloutEngine",
+    "Sampler",
     "action_stops",
     "eval_mode",
     "first_messages",
-    "generation_info",
     "make_generator",
+    "merged_lora",
 ]
+
+Generate = Callable[[list[list[int]], int, Sequence[str]], list[list[int]]]
+"""``generate(sequences, max_new_tokens, stop)``: continue each token sequence by at most
+``max_new_tokens`` tokens, a row stopping early at any of ``stop`` (kept) or at the
+end-of-sequence token (kept); returns the new tokens. Optional attributes: ``session()`` (a
+context kept for one :meth:`RolloutEngine.play`), and ``run_clients(clients)`` with
+``concurrent_clients`` true (each episode a client of one running batch)."""
+
+
+@contextlib.contextmanager
+def eval_mode(model: Any) -> Iterator[None]:
+    """``model`` in eval mode inside the block (no dropout while sampling from a policy in
+    training), and back in the mode it was in afterwards."""
+    training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(training)
+
+
+@contextlib.contextmanager
+def merged_lora(model: Any) -> Iterator[None]:
+    """``model``'s LoRA adapters merged into their base weights inside the block.
+
+    A LoRA layer otherwise runs three matrix products per linear layer (base, A, B): with
+    SmolLM2 on CPU a decoding step takes about 1.5 times as long. The base weights are copied
+    first and copied back afterwards, so they come out bit for bit as they were (PEFT's own
+    unmerge subtracts the update again, which drifts by a rounding error each time). The copy
+    costs the adapted layers' weights once more in memory; for large models on a GPU, generate
+    with vLLM instead. No-op for a model without LoRA layers, or inside another such block
+    (its layers are merged already).
+    """
+    try:
+        from peft.tuners.lora import LoraLayer
+    except ImportError:
+        LoraLayer = None
+    layers = (
+        [m for m in model.modules() if isinstance(m, LoraLayer) and not m.merged]
+        if LoraLayer is not None
+        else []
+    )
+    if not layers:
+        yield
+        return
+    import torch
+
+    weights = [m.get_base_layer().weight for m in layers]
+    saved = [w.detach().clone() for w in weights]
+    try:
+        with torch.no_grad():
+            for m in layers:
+                m.merge()
+        yield
+    finally:
+        with torch.no_grad():
+            for m in layers:
+                if m.merged:
+                    m.unmerge()
+            for w, copy in zip(weights, saved, strict=True):
+                w.copy_(copy)
+
+
+class Sampler:
+    """A :data:`Generate` that samples from ``lm`` (:meth:`LanguageModel.generate_ids
+    <rag_gym.generation.lm.LanguageModel.generate_ids>`) at ``temperature`` (0: greedy) and
+    ``top_p``, each call seeded from torch's global generator, so runs under a fixed seed
+    repeat. A torch policy (``lm.model``, possibly PEFT-wrapped and in training) samples in
+    eval mode with its LoRA adapters merged (:func:`merged_lora`).
+
+    On transformers' continuous-batching engine, :meth:`session` keeps each episode's keys
+    and values across its turns, so turn ``t + 1`` computes only the observation and the new
+    reply (re-computing the whole episode every turn makes a multi-turn step cost about twice
+    a single-turn one), and :meth:`run_clients` plays each episode as a client of one running
+    batch (:attr:`concurrent_clients`). Elsewhere every turn of every active episode is one
+    call.
+    """
+
+    def __init__(self, lm: LanguageModel, temperature: float = 1.0, top_p: float = 1.0) -> None:
+        self.lm = lm
+        self.model = getattr(lm, "model", None)
+        self.sampling = GenerationConfig(temperature=temperature, top_p=top_p)
+        self.concurrent_clients = bool(getattr(lm, "engine_enabled", False))
+        """Whether :meth:`run_clients` batches the episodes' calls (transformers' engine)."""
+
+    @contextlib.contextmanager
+    def _policy(self) -> Iterator[None]:
+        if self.model is None:
+            yield
+            return
+        with eval_mode(self.model), merged_lora(self.model):
+            yield
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[Sampler]:
+        """One rollout: the language model's :meth:`~rag_gym.generation.lm.LanguageModel.session`
+        on the policy as it samples."""
+        with self._policy(), self.lm.session():
+            yield self
+
+    def run_clients(self, clients: Sequence[Callable[[], None]]) -> None:
+        """Run ``clients`` (each plays one episode, calling this generator once per turn) as
+        one continuously batched generation (:meth:`LanguageModel.run_clients
+        <rag_gym.generation.lm.LanguageModel.run_clients>`)."""
+        with self._policy():
+            self.lm.run_clients(clients)
+
+    def __call__(
+        self, sequences: list[list[int]], max_new_tokens: int, stop: Sequence[str]
+    ) -> list[list[int]]:
+        import torch
+
+        config = replace(
+            self.sampling,
+            max_tokens=max_new_tokens,
+            stop=tuple(stop),
+            seed=int(torch.randint(0, 2**62, ()).item()),
+        )
+        with self._policy():
+            return [tokens for tokens, _ in self.lm.generate_ids(sequences, config)]
+
+
+def make_generator(
+    model: Any, tokenizer: Any, temperature: float = 1.0, top_p: float = 1.0, batch_size: int = 16
+) -> Sampler:
+    """The rollouts' :class:`Sampler` on ``model``, the policy being trained, through
+    :class:`~rag_gym.generation.transformers_lm.TransformersLM` (``batch_size``: rows decoded
+    together, and episodes whose caches are kept). A model its engine cannot run generates on
+    ``model.generate``: the engine warns, and ``generator.lm.describe()`` (what runs record)
+    keeps the reason."""
+    from rag_gym.generation.transformers_lm import TransformersLM
+
+    lm = TransformersLM.from_model(model, tokenizer, batch_size=batch_size)
+    return Sampler(lm, temperature, top_p)
 
 
 @dataclass
@@ -237,7 +363,7 @@ class RolloutEngine:
 
     def play(
         self,
-        generate: Generator,
+        generate: Generate,
         indices: Sequence[int],
         seed: int | None = None,
         prefixes: Sequence[Sequence[str]] | None = None,
@@ -247,7 +373,7 @@ class RolloutEngine:
         ``prefixes`` replays given action texts before the model's first turn (their tokens
         are not part of the completion; the prompt is the observation after them as one user
         message): R²AG's forest contexts. ``seed`` seeds the env resets. A generator with a
-        ``session()`` (:class:`EngineGenerator`) keeps each episode's cache across its turns.
+        ``session()`` (:class:`Sampler`) keeps each episode's cache across its turns.
         """
         session = getattr(generate, "session", None)
         with session() if session is not None else contextlib.nullcontext():
@@ -255,7 +381,7 @@ class RolloutEngine:
 
     def _play(
         self,
-        generate: Generator,
+        generate: Generate,
         indices: Sequence[int],
         seed: int | None,
         prefixes: Sequence[Sequence[str]] | None,
@@ -277,9 +403,8 @@ class RolloutEngine:
                         )
                 ep.prompt_ids = self.render_prompt([{"role": "user", "content": obs}])
             episodes.append(ep)
-        run_clients = getattr(generate, "run_clients", None)
-        if run_clients is not None:  # each episode on its own, in one running batch
-            run_clients(
+        if getattr(generate, "concurrent_clients", False):  # each episode in one running batch
+            generate.run_clients(
                 [
                     self._client(generate, ep, env)
                     for ep, env in zip(episodes, self.envs[:n], strict=True)
@@ -304,9 +429,9 @@ class RolloutEngine:
             ep.text = self.tokenizer.decode(ep.completion_ids, skip_special_tokens=True)
         return episodes
 
-    def _client(self, generate: Generator, ep: Episode, env: gym.Env) -> Callable[[], None]:
+    def _client(self, generate: Generate, ep: Episode, env: gym.Env) -> Callable[[], None]:
         """One episode played to its end, one ``generate`` call per turn (a client of
-        :meth:`EngineGenerator.run_clients`: its turns join the running batch, so an episode
+        :meth:`Sampler.run_clients`: its turns join the running batch, so an episode
         whose reply is done steps its env and goes on while others still decode)."""
 
         def play() -> None:

@@ -239,11 +239,9 @@ def env_grpo_trainer_class() -> type:
         LM head skips them (:func:`compact_fused_head`), which leaves them 0. The tokens that
         count get the same values as TRL's (the head's rows are independent), so the step is
         the same; the LM head's work (a 576 × 49,152 product per position for SmolLM2) and its
-        backward shrink to the model's tokens. ``model_tokens_only = False`` is TRL's own
-        computation. Rows with images, or calls without a known mask, take TRL's path.
+        backward shrink to the model's tokens. Rows with images, or calls without a known mask,
+        take TRL's path.
         """
-
-        model_tokens_only = True
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
@@ -295,9 +293,9 @@ def env_grpo_trainer_class() -> type:
             **extra: Any,
         ) -> Any:
             mask = (
-                self._mask_for(input_ids.size(0), logits_to_keep)
-                if self.model_tokens_only and not any(v is not None for v in extra.values())
-                else None
+                None
+                if any(v is not None for v in extra.values())
+                else self._mask_for(input_ids.size(0), logits_to_keep)
             )
             if mask is None:
                 return super()._get_per_token_logps_and_entropies(

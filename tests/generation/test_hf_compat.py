@@ -66,8 +66,8 @@ def test_linear_forwards_patch_instances_only_and_restore_them():
 @requires_policy
 def test_a_model_the_engine_cannot_run_falls_back_with_a_warning_and_a_record(monkeypatch):
     from rag_gym.generation import transformers_lm
-    from rag_gym.train.generators import HFGenerator, generation_info, make_generator
     from rag_gym.train.models import tiny_policy
+    from rag_gym.train.rollout import make_generator
 
     model, tok = tiny_policy()
     with warnings.catch_warnings():
@@ -87,9 +87,9 @@ def test_a_model_the_engine_cannot_run_falls_back_with_a_warning_and_a_record(mo
     assert "no route" in lm.describe()["engine_fallback"]
     with pytest.warns(RuntimeWarning, match="falls back to model.generate"):
         generator = make_generator(model, tok, temperature=0.0, batch_size=2)
-    assert isinstance(generator, HFGenerator)
-    info = generation_info(generator)
-    assert info["generator"] == "HFGenerator" and "no route" in info["engine_fallback"]
+    assert not generator.concurrent_clients  # every turn of every episode in one call
+    info = generator.lm.describe()  # what a run records
+    assert info["engine"] == "model.generate" and "no route" in info["engine_fallback"]
 
 
 @requires_policy

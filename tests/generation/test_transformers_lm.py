@@ -271,3 +271,26 @@ def test_the_engine_runs_a_bf16_policy_prepared_for_mixed_precision():
     assert lm.engine_enabled, lm.engine_fallback
     out = lm.generate(["What is the capital of France?"], GenerationConfig(max_tokens=8))
     assert out[0][0].completion_tokens == 8 and out[0][0].error is None
+
+
+def test_generate_ids_on_model_generate_gives_the_engines_tokens(lm):
+    """For a model the engine cannot run, generate_ids decodes on model.generate (left-padded
+    batches): the same greedy tokens and finish reasons as the engine, a row cut after its stop
+    string or end token (the rest is padding)."""
+    from rag_gym.generation.transformers_lm import _trim
+
+    tok = lm.tokenizer
+    chats = [[{"role": "user", "content": q}] for q in ("What is 2 + 2?", "Name a long river.")]
+    prompts = [tok(lm.render(c), add_special_tokens=False)["input_ids"] for c in chats]
+    for cfg in (
+        GenerationConfig(max_tokens=40),
+        GenerationConfig(max_tokens=2),
+        GenerationConfig(max_tokens=40, stop=(" is",)),
+    ):
+        assert lm._hf_ids(prompts, cfg) == lm.generate_ids(prompts, cfg), cfg
+    tokens = tok.encode("<search>a b</search> and then more", add_special_tokens=False)
+    kept, finish = _trim(tokens, ("</search>",), tok)
+    assert tok.decode(kept) == "<search>a b</search>" and finish == "stop"
+    hi, eos = tok.encode("hi", add_special_tokens=False), tok.eos_token_id
+    assert _trim([*hi, eos, eos], (), tok) == ([*hi, eos], "stop")
+    assert _trim(hi, (), tok) == (hi, "length")

@@ -558,7 +558,7 @@ def test_retrieval_server_serves_a_cluster_index(synth_index):
 
     engine, world = synth_index
     retriever = SearchEngineRetriever(engine.url("synth"))
-    client = TestClient(create_app(retriever, kind="opensearch", micro_batching=False))
+    client = TestClient(create_app(retriever, kind="opensearch"))
     health = client.get("/health").json()
     assert (health["corpus_size"], health["kind"]) == (len(world.corpus), "opensearch")
     pool = world.corpus.ids[:5]

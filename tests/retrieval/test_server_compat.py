@@ -435,15 +435,14 @@ class _Broken:
 SMALL = Corpus([Passage("a", "A", "alpha"), Passage("b", "B", "beta"), Passage("c", "", "gamma")])
 
 
-@pytest.mark.parametrize("micro_batching", [True, False])
-def test_server_faults_answer_5xx_and_nan_never_reaches_clients(micro_batching):
+def test_server_faults_answer_5xx_and_nan_never_reaches_clients():
     from rag_gym.retrieval.server import create_app
 
     body = json.dumps({"queries": ["q"], "topk": 2, "return_scores": True}).encode()
-    app = create_app(_Broken(SMALL, "index"), micro_batching=micro_batching)
+    app = create_app(_Broken(SMALL, "index"))
     status, reply, _ = call(app, "POST", "/retrieve", body)
     assert status == 500 and "IndexError" in reply["error"] and "damaged" in reply["error"]
-    app = create_app(_Broken(SMALL, "nan"), micro_batching=micro_batching)
+    app = create_app(_Broken(SMALL, "nan"))
     status, reply, _ = call(app, "POST", "/retrieve", body)
     assert status == 500 and "not a number" in reply["error"] and "null" not in json.dumps(reply)
 

@@ -175,7 +175,8 @@ def test_evaluate_policy_plays_n_greedy_episodes_and_records_the_generator():
     engine = spec.engine(tok, "validation")
     out = evaluate_policy(model, tok, engine, n=3, batch_size=2, stage="refinement")
     assert out["n"] == 3.0 and 1 <= out["turns"] <= 2 and out["em"] == 0.0
-    assert out["generation"] == {"generator": "EngineGenerator", "engine_fallback": None}
+    assert out["generation"]["engine"] == "continuous_batching"
+    assert out["generation"]["engine_fallback"] is None
     again = evaluate_policy(model, tok, engine, n=3, batch_size=3, stage="refinement")
     assert again["return"] == pytest.approx(out["return"])  # greedy: batching does not matter
     with pytest.raises(ValueError, match="expected n to be an int >= 0"):

@@ -150,20 +150,6 @@ def test_rollout_engine_rejects_bad_arguments(tokenizer, kwargs, match):
         _engine(tokenizer, **kwargs)
 
 
-def test_hf_generator_trims_at_the_stop_string(tokenizer):
-    from rag_gym.train.rollout import HFGenerator
-
-    gen = HFGenerator(model=None, tokenizer=tokenizer)
-    tokens = tokenizer.encode("<search>a b</search> and then more", add_special_tokens=False)
-    kept = gen._trim(tokens, ["</search>"])
-    assert tokenizer.decode(kept) == "<search>a b</search>"
-    eos = tokenizer.eos_token_id
-    assert gen._trim([*tokenizer.encode("hi", add_special_tokens=False), eos, eos], []) == [
-        *tokenizer.encode("hi", add_special_tokens=False),
-        eos,
-    ]
-
-
 @pytest.mark.parametrize("model_name", ["tiny", "embedded"])
 def test_engine_generator_keeps_each_episode_cache_and_matches_hf(model_name):
     """The rollout's default generator plays the same greedy episodes as ``model.generate``
@@ -173,8 +159,9 @@ def test_engine_generator_keeps_each_episode_cache_and_matches_hf(model_name):
     torch = pytest.importorskip("torch")
     from peft import LoraConfig, get_peft_model
 
+    from rag_gym.generation.transformers_lm import TransformersLM
     from rag_gym.train.models import load_policy
-    from rag_gym.train.rollout import EngineGenerator, HFGenerator, make_generator
+    from rag_gym.train.rollout import Sampler, make_generator
 
     model, tok = load_policy(model_name)
     model = get_peft_model(
@@ -183,7 +170,7 @@ def test_engine_generator_keeps_each_episode_cache_and_matches_hf(model_name):
     model.train()
     engine = _engine(tok, max_turns=3, max_turn_tokens=12, max_completion_tokens=700)
     gen = make_generator(model, tok, temperature=0.0, batch_size=4)
-    assert isinstance(gen, EngineGenerator)
+    assert gen.concurrent_clients and gen.lm.engine_enabled
     computed = []
     forward = gen.lm._engine.forward
 
@@ -194,7 +181,9 @@ def test_engine_generator_keeps_each_episode_cache_and_matches_hf(model_name):
     gen.lm._engine.forward = recording
     ours = engine.play(gen, [0, 1, 0])
     assert model.training  # put back after generating
-    theirs = engine.play(HFGenerator(model, tok, temperature=0.0, batch_size=4), [0, 1, 0])
+    plain = TransformersLM.from_model(model, tok, batch_size=4)
+    plain._engine.enabled = False  # model.generate, as for a model the engine cannot run
+    theirs = engine.play(Sampler(plain, temperature=0.0), [0, 1, 0])
     assert [e.completion_ids for e in ours] == [e.completion_ids for e in theirs]
     assert [e.turns for e in ours] == [e.turns for e in theirs]
     # every prompt and env token once, plus one per generated token (the two copies of
@@ -212,7 +201,6 @@ def test_engine_generator_keeps_each_episode_cache_and_matches_hf(model_name):
     torch.manual_seed(0)
     assert [e.completion_ids for e in engine.play(sampling, [2] * 4)] == first
     assert len({tuple(c) for c in first}) > 1
-    assert isinstance(make_generator(model, tok, top_k=5), HFGenerator)  # the engine lacks top-k
 
 
 def test_dynamic_sampling_refills_groups_whose_returns_agree(tokenizer):
@@ -673,8 +661,9 @@ def test_trainer_two_steps_update_weights(tmp_path, algorithm, kl_estimator, bet
 @pytest.mark.slow
 @pytest.mark.parametrize("kl_estimator", ["k3", "stabilized"])
 def test_log_probabilities_at_model_tokens_only_give_trls_step(tmp_path, monkeypatch, kl_estimator):
-    """``model_token_logps``: TRL's log-probabilities at the model's tokens, 0 at the env's, and
-    the same step (loss, KL, updated weights) as TRL's computation at every token."""
+    """The trainer's log-probabilities: TRL's at the model's tokens, 0 at the env's, and the
+    same step (loss, KL, updated weights) as TRL's own computation at every token, which the
+    reference run takes for every call (no mask known: ``_mask_for`` answers None)."""
     import contextlib
 
     torch = pytest.importorskip("torch")
@@ -707,10 +696,10 @@ def test_log_probabilities_at_model_tokens_only_give_trls_step(tmp_path, monkeyp
             kl_estimator=kl_estimator,
             beta=0.05,
             learning_rate=1e-2,
-            model_token_logps=only,
         )
         trainer, rollout = build_trainer(cfg, extra_rewards=[(_length_bonus, 1.0)])
-        assert trainer.model_tokens_only is only
+        if not only:  # the reference: TRL's _get_per_token_logps_and_entropies at every token
+            trainer._mask_for = lambda rows, width: None
         compact.clear()
         trainer.train()
         runs[only] = trainer, rollout

@@ -17,7 +17,7 @@ from rag_gym.train.evo_rag_dpo.config import STAGES, EvoRagDPOConfig
 from rag_gym.train.evo_rag_dpo.dpo import _require_trl, policy_epoch
 from rag_gym.train.evo_rag_dpo.preference import PreferenceModel, policy_pairs, reward_model_pairs
 from rag_gym.train.evo_rag_dpo.tracking import _dpo_logger, _mean, _Tracker
-from rag_gym.train.generators import generation_info, make_generator
+from rag_gym.train.rollout import make_generator
 from rag_gym.train.rollout_log import RolloutLog
 
 
@@ -44,9 +44,9 @@ def train(
     and ``history.json``.
 
     Returns ``{"run_dir", "history", "stages": {stage: {best_cycle, best, cycles, checkpoint}},
-    "final", "generation", "model"}`` (``generation``:
-    :func:`~rag_gym.train.generators.generation_info` of the roll-outs' generator; ``model``: the
-    PEFT policy, holding the final adapter).
+    "final", "generation", "model"}`` (``generation``: the roll-outs' backend as its
+    :meth:`~rag_gym.generation.transformers_lm.TransformersLM.describe` records it; ``model``:
+    the PEFT policy, holding the final adapter).
     """
     _, peft = _require_trl()
     import torch
@@ -112,7 +112,7 @@ def train(
                     top_p=cfg.top_p,
                     batch_size=cfg.batch_size,
                 )
-                generation = generation_info(generate)
+                generation = generate.lm.describe()
                 indices = []
                 for _ in range(cfg.episodes_per_cycle):
                     if not queue:
