@@ -18,6 +18,9 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # installed packages' rag-gym entry points stay unread, so that the built-in names the tests
 # enumerate are the same everywhere; tests/test_registry.py reads its own fixture package's
 os.environ.setdefault("RAG_GYM_NO_PLUGINS", "1")
+# torch on one CPU thread (read when torch is imported) in every test, whatever ran before: on
+# two shared cores a second thread mostly waits for the first; an OMP_NUM_THREADS given wins
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # the package in fixtures/plugins is put on the path by the tests that use it, never by collection
 collect_ignore = ["fixtures"]
