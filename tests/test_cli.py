@@ -155,6 +155,7 @@ def test_synth_errors(tmp_path, args, message):
 
 @pytest.mark.llm
 @requires_llama
+@pytest.mark.slow
 def test_default_evaluate_with_embedded_model(tmp_path):
     result = runner.invoke(
         app, ["evaluate", "--n", "3", "--out", str(tmp_path), "--run-name", "d", "--no-progress"]
@@ -250,6 +251,7 @@ def episodes_without_times(run):
 
 
 @pytest.mark.parametrize(("sig", "code"), [("SIGINT", 130), ("SIGTERM", 143)])
+@pytest.mark.slow
 def test_evaluate_killed_mid_run_resumes_with_nothing_lost(tmp_path, sig, code):
     import shlex
     import signal
@@ -300,6 +302,7 @@ def test_evaluate_llm_agent_killed_mid_run_resumes_to_the_same_results(tmp_path)
     assert leaderboard_without_times(run) == leaderboard_without_times(full)
 
 
+@pytest.mark.slow
 def test_evaluate_run_folders_are_never_replaced_silently(tmp_path):
     base = ["evaluate", "--agents", "random", "--n", "3", "--env-kwargs", SMALL_ENV]
     base += ["--out", str(tmp_path), "--no-progress"]

@@ -177,6 +177,7 @@ def test_bad_lm_options_are_refused_before_the_run(tmp_path, monkeypatch):
 
 @requires_llama
 @pytest.mark.llm
+@pytest.mark.slow
 def test_a_gguf_without_a_template_is_refused_unless_named(tmp_path):
     from tests.generation.test_chat_templates import template_less_copy
 
@@ -196,6 +197,7 @@ def test_a_gguf_without_a_template_is_refused_unless_named(tmp_path):
 
 @requires_llama
 @pytest.mark.llm
+@pytest.mark.slow
 def test_a_judge_without_a_template_is_refused_before_the_run(tmp_path):
     from tests.generation.test_chat_templates import template_less_copy
 

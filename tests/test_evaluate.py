@@ -189,6 +189,7 @@ def test_config_errors(tmp_path):
         EvalConfig(n=0)
 
 
+@pytest.mark.slow
 def test_track_logs_offline_under_the_run_folder(tmp_path, monkeypatch):
     pytest.importorskip("wandb", reason="needs wandb: pip install 'rag-gym[track]'")
     monkeypatch.delenv("WANDB_MODE", raising=False)

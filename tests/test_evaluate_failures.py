@@ -19,7 +19,7 @@ from rag_gym.baselines import make_agent
 from rag_gym.cli import app
 from rag_gym.evaluate import EvalConfig, RunInterrupted, evaluate, load_episodes
 from rag_gym.evaluate.runner import JudgeWarning, MissingResultsWarning
-from tests.conftest import SMALL_WORLD, EchoLM
+from tests.conftest import SMALL_WORLD, EchoLM, first_fast
 from tests.generation.openai_stand_in import FAILURES, StandIn
 
 runner = CliRunner()
@@ -354,7 +354,7 @@ def rows_without_times(result):
     return [{k: None if v != v else v for k, v in r.items() if k != "seconds"} for r in result.rows]
 
 
-@pytest.mark.parametrize("mode", list(FAILURES))
+@pytest.mark.parametrize("mode", first_fast(list(FAILURES)))
 def test_episodes_failed_for_an_http_failure_of_the_backend_are_replayed_by_resume(tmp_path, mode):
     """401, 404, an HTML page, invalid JSON, a body not UTF-8, a broken status line, a reply
     without choices or with a content that is not text: each episode is recorded failed with a
@@ -429,7 +429,7 @@ def golden_factory(n, env):
     return make_agent(n, lm=EchoLM(reply=reply))
 
 
-@pytest.mark.parametrize("mode", [*FAILURES, "maybe"])
+@pytest.mark.parametrize("mode", first_fast(["maybe", *FAILURES]))
 def test_a_judge_without_a_verdict_is_missing_never_no_and_resume_asks_again(tmp_path, mode):
     from rag_gym.generation.judges import LLMAnswerJudge
     from rag_gym.generation.openai_compat import OpenAICompatibleLM
@@ -553,6 +553,7 @@ app()
 
 
 @pytest.mark.parametrize(("sig", "code"), [("SIGTERM", 143), ("SIGINT", 130)])
+@pytest.mark.slow
 def test_a_signal_in_the_report_step_says_the_run_is_saved(tmp_path, sig, code):
     import os
     import signal

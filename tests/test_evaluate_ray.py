@@ -58,6 +58,7 @@ def table(result):
 
 
 @requires_llama
+@pytest.mark.slow
 def test_ray_run_equals_local_run_and_survives_a_killed_node(ray_cluster, tmp_path):
     from rag_gym.evaluate.distributed import AgentRecipe, RayEpisodes
 
@@ -95,6 +96,7 @@ def test_ray_run_equals_local_run_and_survives_a_killed_node(ray_cluster, tmp_pa
 
 
 @requires_llama
+@pytest.mark.slow
 def test_resume_goes_on_with_a_ray_run(ray_cluster, tmp_path):
     from rag_gym.evaluate.distributed import AgentRecipe, RayEpisodes
 

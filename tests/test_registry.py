@@ -158,6 +158,7 @@ def test_no_plugins_leaves_entry_points_unread(plugins, monkeypatch):
     assert reg.names() == [] and "constant" not in reg
 
 
+@pytest.mark.slow
 def test_rag_gym_evaluate_takes_an_installed_package_s_dataset_preset_agent_and_backend(tmp_path):
     """A fresh ``rag-gym evaluate`` process with the package installed (on its path) and no
     registration code run: its dataset by ``dataset=``, its reward preset by ``reward_preset=``,

@@ -199,6 +199,7 @@ def test_batched_evaluation_equals_one_at_a_time(tmp_path):
 
 @pytest.mark.llm
 @requires_llama
+@pytest.mark.slow
 def test_every_agent_end_to_end_with_the_embedded_model(tmp_path):
     from rag_gym.generation.llama_cpp import LlamaCppLM
 
@@ -228,6 +229,7 @@ def test_every_agent_end_to_end_with_the_embedded_model(tmp_path):
 
 @pytest.mark.llm
 @requires_llama
+@pytest.mark.slow
 def test_the_run_folder_reproduces_the_leaderboard(tmp_path):
     from rag_gym.generation.backends import make_lm
 

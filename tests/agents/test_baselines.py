@@ -131,6 +131,7 @@ def test_embedded_smollm2_generates():
 
 @pytest.mark.llm
 @requires_llama
+@pytest.mark.slow
 def test_naive_rag_with_embedded_model_end_to_end():
     from rag_gym.generation.llama_cpp import LlamaCppLM
 

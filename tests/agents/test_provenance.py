@@ -158,6 +158,7 @@ def test_a_start_that_is_gone_is_said(tmp_path):
     assert [ts.split for ts in sets] == ["train"]  # the run's own split is still checked
 
 
+@pytest.mark.slow
 def test_a_packaged_checkpoint_keeps_the_splits_of_the_runs_it_came_from(tmp_path):
     pytest.importorskip("safetensors")
     pytest.importorskip("gguf")

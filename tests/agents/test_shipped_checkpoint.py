@@ -26,6 +26,7 @@ def test_card_and_files():
 
 @pytest.mark.llm
 @requires_llama
+@pytest.mark.slow
 def test_shipped_agent_answers_the_card_s_fixed_questions(tmp_path):
     """Replays the card's questions with ``record_fixed_questions`` (what wrote them) on a copy of
     the shipped folder, and checks what it writes there."""

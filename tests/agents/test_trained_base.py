@@ -97,6 +97,7 @@ def test_a_grpo_run_names_the_base_of_the_sft_run_it_started_from(tmp_path):
     reason="needs torch, transformers, peft and gguf: pip install torch==2.13.0 "
     "'rag-gym[train,hf]'",
 )
+@pytest.mark.slow
 def test_llama_cpp_loads_the_runs_gguf_base_and_template(tmp_path):
     """A run trained on a (tiny) GGUF model, evaluated with the default ``--lm llama_cpp``:
     llama.cpp loads that GGUF with the adapter converted for it, and renders the run's

@@ -40,6 +40,7 @@ def test_different_seed_different_world():
     assert generate(other).corpus.checksum() != generate(SMALL).corpus.checksum()
 
 
+@pytest.mark.slow
 def test_no_single_passage_names_start_and_answer(world):
     checked = 0
     for q in _all_questions(world):

@@ -10,7 +10,7 @@ import rag_gym  # noqa: F401
 from rag_gym.envs import ReaderEnv, TreeSearchEnv
 from rag_gym.envs.spaces import UnicodeText
 from rag_gym.retrieval import BM25Retriever
-from tests.conftest import SMALL_WORLD
+from tests.conftest import SMALL_WORLD, first_fast
 
 KW = {"dataset_kwargs": SMALL_WORLD}
 
@@ -26,11 +26,13 @@ def actions(kind: str, n: int, t: int):
 
 @pytest.mark.parametrize(
     "kind,env_id",
-    [
-        ("search", "rag_gym/SynthHop-v0"),
-        ("tree", "rag_gym/SynthHop-Tree-v0"),
-        ("reader", "rag_gym/SynthHop-Reader-v0"),
-    ],
+    first_fast(
+        [
+            ("search", "rag_gym/SynthHop-v0"),
+            ("tree", "rag_gym/SynthHop-Tree-v0"),
+            ("reader", "rag_gym/SynthHop-Reader-v0"),
+        ]
+    ),
 )
 def test_sync_and_async_agree(kind, env_id):
     traces = {}

@@ -5,19 +5,13 @@ llama.cpp on the GGUF, whose greedy answers to fixed prompts must be PEFT's."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.skipif(
-    any(
-        importlib.util.find_spec(m) is None
-        for m in ("torch", "transformers", "peft", "gguf", "llama_cpp")
-    ),
-    reason="needs torch, transformers, peft, gguf and llama-cpp-python: "
-    "pip install torch==2.13.0 'rag-gym[llama,hf,train]'",
-)
+from tests.conftest import requires_lora_to_llama
+
+# slow: every test uses `trained`, which trains an adapter per architecture
+pytestmark = [pytest.mark.slow, requires_lora_to_llama]
 
 ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gemma3"]
 NEW = 8

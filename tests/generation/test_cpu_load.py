@@ -55,6 +55,7 @@ def test_a_busy_process_is_counted():
 
 @pytest.mark.llm
 @requires_llama
+@pytest.mark.slow
 def test_the_thread_count_does_not_change_greedy_text():
     """Greedy replies with 1 and with 2 threads, and with the count changed between calls of
     one model (its cached prefixes reused), are the same text."""

@@ -15,6 +15,7 @@ import warnings
 import pytest
 
 from rag_gym.generation.lm import GenerationConfig
+from tests.conftest import first_fast
 
 pytestmark = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in ("torch", "transformers", "tokenizers")),
@@ -148,7 +149,7 @@ def close(got, want) -> bool:
     return bool(torch.allclose(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max())))
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", first_fast(ARCHS))
 def test_logits_equal_transformers_forward_at_long_context(arch, tokenizer):
     model = tiny_model(arch)
     lm = engine(model, tokenizer)
@@ -172,7 +173,7 @@ def test_logits_equal_transformers_forward_at_long_context(arch, tokenizer):
     assert close(got, want[0][1000:]), float((got - want[0][1000:]).abs().max())
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", first_fast(ARCHS))
 def test_greedy_tokens_equal_transformers_generate(arch, tokenizer):
     import torch
 

@@ -192,6 +192,7 @@ def test_a_prompt_longer_than_the_window_ends_only_its_own_reply(base_lm):
 
 @pytest.mark.llm
 @requires_llama
+@pytest.mark.slow
 def test_cached_and_uncached_greedy_text_agree_on_growing_prompts(base_lm):
     """Prompts that extend each other, interleaved (restored snapshots, partial and one-token
     last chunks): the same text as from an empty cache."""
@@ -211,6 +212,7 @@ def test_cached_and_uncached_greedy_text_agree_on_growing_prompts(base_lm):
 
 @pytest.mark.llm
 @requires_llama
+@pytest.mark.slow
 def test_sampled_generation_decodes_the_batch_together_reproducibly(base_lm):
     config = GenerationConfig(max_tokens=16, temperature=0.9, n=3, seed=4)
     decoded = base_lm.engine.stats["decoded"]
@@ -225,6 +227,7 @@ def test_sampled_generation_decodes_the_batch_together_reproducibly(base_lm):
 
 @pytest.mark.llm
 @requires_llama
+@pytest.mark.slow
 def test_prompts_around_batch_boundaries_give_create_completions_text():
     """With the shipped adapter (whose one-token batches compute other logits), prompts of
     512k + 1 tokens (a last token alone in llama-cpp-python's batches too), of 64k + 1 (joined

@@ -78,6 +78,7 @@ def server():
 
 @pytest.mark.llm
 @needs_server
+@pytest.mark.slow
 def test_chat_and_completion_batches(server):
     lm = OpenAICompatibleLM("smollm2", base_url=server, timeout=60)
     chats = [[{"role": "user", "content": f"Say the number {i}."}] for i in range(3)]
@@ -90,6 +91,7 @@ def test_chat_and_completion_batches(server):
 
 @pytest.mark.llm
 @needs_server
+@pytest.mark.slow
 def test_naive_rag_end_to_end_through_the_server(server):
     import gymnasium as gym
 

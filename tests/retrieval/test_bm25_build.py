@@ -50,6 +50,7 @@ def corpus_file(tmp_path_factory) -> Path:
 
 
 @needs_numba
+@pytest.mark.slow
 def test_out_of_core_build_is_byte_identical_to_in_memory(corpus_file, tmp_path):
     corpus = Corpus.from_jsonl(corpus_file)
     BM25Retriever(corpus).save(tmp_path / "memory")
@@ -96,6 +97,7 @@ def test_scores_equal_bm25s_own_index(method):
 
 
 @needs_numba
+@pytest.mark.slow
 def test_mmap_load_answers_as_in_memory(corpus_file, tmp_path):
     corpus = Corpus.from_jsonl(corpus_file)
     in_memory = BM25Retriever(corpus)
@@ -120,6 +122,7 @@ def test_mmap_load_answers_as_in_memory(corpus_file, tmp_path):
 
 
 @needs_numba
+@pytest.mark.slow
 def test_index_saved_before_block_rank_loads_and_answers_the_same(corpus_file, tmp_path):
     """An index written before serving/block_rank.npy existed (no such file, nor in the
     manifest) loads, computes each block's smallest id rank on its first query, and answers
@@ -151,6 +154,7 @@ def test_index_saved_before_block_rank_loads_and_answers_the_same(corpus_file, t
 
 
 @needs_numba
+@pytest.mark.slow
 def test_killed_build_leaves_nothing_that_loads(corpus_file, tmp_path):
     out = tmp_path / "idx"
     cmd = [

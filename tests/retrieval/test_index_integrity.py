@@ -339,6 +339,7 @@ def test_build_refuses_a_folder_that_is_not_an_index(corpus_file, tmp_path):
     assert file.read_text() == "keep"
 
 
+@pytest.mark.slow
 def test_build_replaces_an_index_and_leaves_no_debris(corpus_file, tmp_path):
     d = tmp_path / "idx"
     assert build("--corpus", str(corpus_file), "--out", str(d)).returncode == 0

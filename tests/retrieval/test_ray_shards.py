@@ -27,6 +27,7 @@ def ray_retriever(path, **kwargs):
     return RayShardedRetriever(path, cpus_per_replica=0.25, **kwargs)
 
 
+@pytest.mark.slow
 def test_the_cluster_has_three_nodes_on_loopback(ray_cluster):
     nodes = [n for n in ray.nodes() if n["Alive"]]
     assert len(nodes) == 3
@@ -34,6 +35,7 @@ def test_the_cluster_has_three_nodes_on_loopback(ray_cluster):
 
 
 @pytest.mark.parametrize("case", [synthhop_case, hotpot_case], ids=["synthhop", "hotpotqa"])
+@pytest.mark.slow
 def test_bm25_shards_on_ray_equal_one_index(ray_cluster, tmp_path, case):
     from rag_gym.retrieval.ray_shards import ray_map
 
@@ -56,6 +58,7 @@ def test_bm25_shards_on_ray_equal_one_index(ray_cluster, tmp_path, case):
 
 
 @pytest.mark.skipif(not dense_available(), reason="needs the dense extra")
+@pytest.mark.slow
 def test_dense_shards_on_ray_equal_one_index(ray_cluster, tmp_path):
     from rag_gym.data import Corpus
     from rag_gym.retrieval.dense import DenseConfig, DenseRetriever
@@ -76,6 +79,7 @@ def test_dense_shards_on_ray_equal_one_index(ray_cluster, tmp_path):
             router.shutdown()
 
 
+@pytest.mark.slow
 def test_a_replica_killed_under_load_loses_no_request(ray_cluster, tmp_path):
     path, queries, _ = synthhop_case(tmp_path)
     queries = queries[:1000]
@@ -116,6 +120,7 @@ def test_a_replica_killed_under_load_loses_no_request(ray_cluster, tmp_path):
         router.shutdown()
 
 
+@pytest.mark.slow
 def test_sharded_index_served_over_http_on_ray(ray_cluster, tmp_path):
     from fastapi.testclient import TestClient
 
@@ -141,6 +146,7 @@ def test_sharded_index_served_over_http_on_ray(ray_cluster, tmp_path):
         router.shutdown()
 
 
+@pytest.mark.slow
 def test_an_unreachable_cluster_is_a_clear_error(tmp_path):
     # in a process of its own: this one is connected to the test cluster
     path, _, _ = synthhop_case(tmp_path)

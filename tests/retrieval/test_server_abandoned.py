@@ -343,6 +343,7 @@ def test_a_token_given_with_a_newline_still_lets_clients_in(world, monkeypatch):
             HttpRetriever(url, retries=0)
 
 
+@pytest.mark.slow
 def test_serve_strips_a_token_given_with_spaces_and_says_so(world, tmp_path):
     """``rag-gym serve --token " abc"``: a warning on stderr, and clients sending ``abc`` get in
     (before, every client was locked out)."""
@@ -384,6 +385,7 @@ def test_serve_strips_a_token_given_with_spaces_and_says_so(world, tmp_path):
     assert "warning: --token has whitespace around it (' abc'); using 'abc'" in log.read_text()
 
 
+@pytest.mark.slow
 def test_a_large_reply_is_streamed_and_a_client_that_never_reads_it_is_dropped(world, caplog):
     """A reply of 4,096 queries x topk 100 is sent a part at a time, byte for byte the reply
     encoded whole; a client that sends it and reads nothing is disconnected after

@@ -294,6 +294,7 @@ def _closed_by_server(s: socket.socket, within: float) -> bytes | None:
     return None
 
 
+@pytest.mark.slow
 def test_stalled_clients_do_not_starve_good_requests(wiki):
     """150 connections stalled mid-head and mid-body at a file limit of 128: every good request
     is answered at once, and every stalled connection is closed."""
@@ -664,6 +665,7 @@ def test_http_retriever_uses_filters_of_a_rag_gym_server(wiki, served):
 
 
 # ---- an index changed in place while served ----------------------------------------------------
+@pytest.mark.slow
 def test_an_index_overwritten_in_place_gets_503_and_a_log_line_not_sigbus(wiki, tmp_path):
     """``cp -r`` of another index over the served folder rewrites its files in place (the
     mapped ones shrink): the server stays up, answers 503 naming the fix, says so in its log,

@@ -38,6 +38,7 @@ def assert_same(got, want):
 
 
 @pytest.mark.parametrize("case", [synthhop_case, hotpot_case], ids=["synthhop", "hotpotqa"])
+@pytest.mark.slow
 def test_bm25_shards_equal_one_index(tmp_path, case):
     path, queries, pools = case(tmp_path)
     assert len(queries) >= 2000
@@ -102,6 +103,7 @@ def test_ties_across_shards_are_broken_by_id(tmp_path):
 
 
 @requires_dense
+@pytest.mark.slow
 def test_dense_shards_equal_one_index(tmp_path):
     from rag_gym.data import Corpus
     from rag_gym.retrieval.dense import DenseConfig, DenseRetriever

@@ -85,6 +85,7 @@ def test_engine_episodes_carry_their_step_trace(tmp_path):
     }
 
 
+@pytest.mark.slow
 def test_with_a_wandb_run_the_sample_is_logged_as_a_table(tmp_path, monkeypatch):
     wandb = pytest.importorskip("wandb", reason="the wandb.Table needs the track extra")
     monkeypatch.setenv("WANDB_MODE", "offline")

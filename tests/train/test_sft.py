@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.conftest import SMALL_WORLD
+from tests.conftest import SMALL_WORLD, first_fast
 
 pytestmark = pytest.mark.skipif(
     not all(
@@ -279,6 +279,7 @@ def test_init_errors(tmp_path):
         SFTConfig(learning_rate=float("nan"))
 
 
+@pytest.mark.slow
 def test_micro_batches_accumulate_to_the_same_update(tmp_path):
     """``batch_size=4`` in one pass and in four passes of one transcript give the same step:
     the loss is normalised by the step's trained tokens, not averaged per pass."""
@@ -321,7 +322,7 @@ def test_micro_batches_accumulate_to_the_same_update(tmp_path):
         SFTConfig(batch_size=6, micro_batch_size=4)
 
 
-@pytest.mark.parametrize("kl_estimator", ["k3", "stabilized"])
+@pytest.mark.parametrize("kl_estimator", first_fast(["k3", "stabilized"]))
 def test_grpo_from_an_adapter_keeps_the_adapter_as_its_kl_reference(tmp_path, kl_estimator):
     """With β > 0, RL from an SFT adapter measures its KL against a frozen copy of that adapter
     (TRL's ``"ref"`` adapter), not against the base model, which never learnt the protocol;

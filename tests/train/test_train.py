@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tests.conftest import SMALL_WORLD
+from tests.conftest import SMALL_WORLD, first_fast
 
 pytestmark = pytest.mark.skipif(
     not all(
@@ -151,6 +151,7 @@ def test_rollout_engine_rejects_bad_arguments(tokenizer, kwargs, match):
 
 
 @pytest.mark.parametrize("model_name", ["tiny", "embedded"])
+@pytest.mark.slow
 def test_engine_generator_keeps_each_episode_cache_and_matches_hf(model_name):
     """The rollout's default generator plays the same greedy episodes as ``model.generate``
     (through a LoRA-wrapped policy, as in training) while computing each token once: turn two
@@ -470,6 +471,7 @@ def test_balanced_steps_hold_as_many_answerable_as_unanswerable_questions(
     assert {answerable[k] for k in rollout.kinds[fed[0]]} == {True}
 
 
+@pytest.mark.slow
 def test_steps_hold_the_given_number_of_unanswerable_questions(tmp_path):
     pytest.importorskip("trl")
     pytest.importorskip("peft")
@@ -738,6 +740,7 @@ def test_log_probabilities_at_model_tokens_only_give_trls_step(tmp_path, monkeyp
     assert (ours[~on] == 0).all() and (trls[~on] != 0).all()
 
 
+@pytest.mark.slow
 def test_max_minutes_stops_after_the_step_that_ends_past_it(tmp_path):
     """--max-minutes: the first step that ends past the budget is the last, and it is saved."""
     pytest.importorskip("trl")
@@ -868,6 +871,7 @@ def test_checkpoint_and_resume(tmp_path):
 
 
 @pytest.mark.parametrize(("algorithm", "beta"), [("grpo", 0.01), ("dapo", 0.0)])
+@pytest.mark.slow
 def test_micro_batches_give_the_same_update_as_one_pass(tmp_path, algorithm, beta):
     """A step's 4 episodes in 4 passes of 1 (the CPU default) and in 1 pass of 4 move the
     weights the same way: TRL's accumulation normalises the loss as one pass would."""
@@ -917,7 +921,7 @@ def test_micro_batches_give_the_same_update_as_one_pass(tmp_path, algorithm, bet
         EnvGRPOConfig(num_generations=4, prompts_per_step=2, micro_batch_size=3)
 
 
-@pytest.mark.parametrize("on", [False, True])
+@pytest.mark.parametrize("on", first_fast([False, True]))
 def test_gradient_checkpointing_follows_the_config(tmp_path, on):
     pytest.importorskip("trl")
     pytest.importorskip("peft")
