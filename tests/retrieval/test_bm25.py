@@ -15,6 +15,7 @@ from rag_gym.data import Corpus, Passage
 from rag_gym.data.synthhop import SynthHopConfig, generate
 from rag_gym.retrieval import BM25Retriever
 from rag_gym.retrieval.bm25 import BM25Config
+from tests.conftest import first_fast
 from tests.retrieval.index_tools import edit_params, reseal
 
 
@@ -241,7 +242,7 @@ def tie_heavy_corpus(seed: int, n: int = 1500) -> Corpus:
 
 
 @needs_numba
-@pytest.mark.parametrize("method", ["lucene", "robertson", "atire", "bm25l", "bm25+"])
+@pytest.mark.parametrize("method", first_fast(["lucene", "robertson", "atire", "bm25l", "bm25+"]))
 def test_numba_backend_identical_to_numpy(method, monkeypatch):
     from rag_gym.retrieval import bm25 as bm25_module
 

@@ -12,6 +12,7 @@ import pytest
 from rag_gym.data import Corpus, Passage
 from rag_gym.retrieval import BM25Retriever
 from rag_gym.retrieval.bm25 import BM25Config
+from tests.conftest import first_fast
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("numba") is None, reason="needs numba: pip install 'rag-gym[fast]'"
@@ -64,7 +65,7 @@ def pruned_and_exhaustive(corpus: Corpus, config: BM25Config | None = None):
     return bm25, BM25Retriever(corpus, config, backend="numpy")
 
 
-@pytest.mark.parametrize("method", ["lucene", "robertson", "atire", "bm25l", "bm25+"])
+@pytest.mark.parametrize("method", first_fast(["lucene", "robertson", "atire", "bm25l", "bm25+"]))
 def test_pruned_equals_exhaustive(method):
     from rag_gym.retrieval import _bm25_numba
 
