@@ -558,24 +558,25 @@ def test_retrieval_server_serves_a_cluster_index(synth_index):
 
     engine, world = synth_index
     retriever = SearchEngineRetriever(engine.url("synth"))
-    client = TestClient(create_app(retriever, kind="opensearch"))
-    health = client.get("/health").json()
-    assert (health["corpus_size"], health["kind"]) == (len(world.corpus), "opensearch")
-    pool = world.corpus.ids[:5]
-    q = world.corpus.texts[3][:60]
-    reply = client.post(
-        "/retrieve", json={"queries": [q], "topk": 2, "within": [pool], "return_scores": True}
-    )
-    assert reply.status_code == 200, reply.text
-    (docs,) = reply.json()["result"]
-    assert docs[0]["document"]["id"] == world.corpus.ids[3]
-    assert {d["document"]["id"] for d in docs} <= set(pool)
-    p = world.corpus[world.corpus.ids[3]]
-    assert docs[0]["document"]["contents"] == f"{p.title}\n{p.text}"
-    (body,) = engine.bodies("/_msearch")[-1][1::2]
-    assert body["query"]["bool"]["filter"] == [{"terms": {"id": pool}}]
-    bad = client.post("/retrieve", json={"queries": [q], "topk": 1, "within": [["nope"]]})
-    assert bad.status_code == 422 and "not in the index" in bad.json()["error"]
+    # one event loop for the whole client (the micro-batcher lives on it)
+    with TestClient(create_app(retriever, kind="opensearch")) as client:
+        health = client.get("/health").json()
+        assert (health["corpus_size"], health["kind"]) == (len(world.corpus), "opensearch")
+        pool = world.corpus.ids[:5]
+        q = world.corpus.texts[3][:60]
+        reply = client.post(
+            "/retrieve", json={"queries": [q], "topk": 2, "within": [pool], "return_scores": True}
+        )
+        assert reply.status_code == 200, reply.text
+        (docs,) = reply.json()["result"]
+        assert docs[0]["document"]["id"] == world.corpus.ids[3]
+        assert {d["document"]["id"] for d in docs} <= set(pool)
+        p = world.corpus[world.corpus.ids[3]]
+        assert docs[0]["document"]["contents"] == f"{p.title}\n{p.text}"
+        (body,) = engine.bodies("/_msearch")[-1][1::2]
+        assert body["query"]["bool"]["filter"] == [{"terms": {"id": pool}}]
+        bad = client.post("/retrieve", json={"queries": [q], "topk": 1, "within": [["nope"]]})
+        assert bad.status_code == 422 and "not in the index" in bad.json()["error"]
 
 
 def test_serve_command_takes_a_cluster_index(synth_index, monkeypatch):
