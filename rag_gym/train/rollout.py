@@ -132,14 +132,21 @@ class Sampler:
         self.sampling = GenerationConfig(temperature=temperature, top_p=top_p)
         self.concurrent_clients = bool(getattr(lm, "engine_enabled", False))
         """Whether :meth:`run_clients` batches the episodes' calls (transformers' engine)."""
+        self._prepared = False
 
     @contextlib.contextmanager
     def _policy(self) -> Iterator[None]:
-        if self.model is None:
+        """The policy in eval mode with merged LoRA weights (once: a call inside
+        :meth:`session` or :meth:`run_clients` leaves it as it is)."""
+        if self.model is None or self._prepared:
             yield
             return
-        with eval_mode(self.model), merged_lora(self.model):
-            yield
+        self._prepared = True
+        try:
+            with eval_mode(self.model), merged_lora(self.model):
+                yield
+        finally:
+            self._prepared = False
 
     @contextlib.contextmanager
     def session(self) -> Iterator[Sampler]:
