@@ -5,13 +5,9 @@ its type and its help, which is the field's docstring as plain text. :func:`with
 the options of one or more configs into a Typer command's signature, and hands the command the
 values given, per config, as a dict of field names.
 
->>> from dataclasses import dataclass
->>> @dataclass
-... class Config:
-...     n: int = 3
-...     '''Questions to draw (:class:`Config`'s ``n``).'''
->>> field_help(Config, "n")
-"Questions to draw (Config's n)."
+>>> from rag_gym.evaluate import EvalConfig
+>>> field_help(EvalConfig, "n")
+'Questions to sample (all of them when the split is smaller).'
 """
 
 from __future__ import annotations
