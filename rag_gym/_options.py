@@ -114,10 +114,14 @@ def default_of(field: dataclasses.Field) -> Any:
     return inspect.Parameter.empty
 
 
+#: a config class's field types, read once per class
+_hints = functools.cache(typing.get_type_hints)
+
+
 def _option_type(owner: type, field: dataclasses.Field) -> tuple[Any, Callable[[Any], Any]]:
     """The type Typer parses a field's option as, and the conversion of its value back to the
     field's."""
-    hint = typing.get_type_hints(owner)[field.name]
+    hint = _hints(owner)[field.name]
     args = set(typing.get_args(hint)) if isinstance(hint, types.UnionType) else {hint}
     optional = type(None) in args
     args.discard(type(None))
@@ -178,14 +182,21 @@ def with_options(**groups: Options) -> Callable[[Callable[..., Any]], Callable[.
         if twice:
             raise TypeError(f"{command.__name__}: options declared twice: {', '.join(twice)}")
 
+        # per group: each field, the option that sets it, and its value's conversion
+        fields = {
+            key: [
+                (f.name, options.option(f.name), _option_type(options.cls, f)[1])
+                for f in options.fields()
+            ]
+            for key, options in groups.items()
+        }
+
         @functools.wraps(command)
         def run(**given: Any) -> Any:
-            values = {}
-            for key, options in groups.items():
-                values[key] = {}
-                for field in options.fields():
-                    _, convert = _option_type(options.cls, field)
-                    values[key][field.name] = convert(given.pop(options.option(field.name)))
+            values = {
+                key: {name: convert(given.pop(option)) for name, option, convert in group}
+                for key, group in fields.items()
+            }
             return command(**given, **values)
 
         ordered = own + [p for params in made.values() for p in params]

@@ -159,11 +159,19 @@ def _ray_episodes(config: EvalConfig, runner: EvalRunner) -> Any:
         fail(str(exc))
 
 
+def agent_maker(config: Any, backend: Any) -> Callable[[str, Any], Any]:
+    """``make(name, env)``: the agent ``name`` of a run's config, on its LLM ``backend``."""
+    from rag_gym.baselines import make_agent
+
+    return lambda name, env: make_agent(
+        name, lm=backend, seed=config.seed, env=env, prompt=config.prompt
+    )
+
+
 def play(config: EvalConfig, runner: EvalRunner, backend: Any, judge: Any, bar: Any) -> Any:
     """The run (:func:`rag_gym.evaluate.evaluate`) with the progress ``bar``; a stop ends the
     command with the way to resume it."""
     from rag_gym._text import shown
-    from rag_gym.baselines import make_agent
     from rag_gym.evaluate import RunInterrupted, sigterm_as_interrupt
     from rag_gym.evaluate import evaluate as run
     from rag_gym.evaluate.runner import MissingResultsWarning
@@ -181,9 +189,7 @@ def play(config: EvalConfig, runner: EvalRunner, backend: Any, judge: Any, bar: 
             with sigterm_as_interrupt():
                 return run(
                     config,
-                    lambda name, e: make_agent(
-                        name, lm=backend, seed=config.seed, env=e, prompt=config.prompt
-                    ),
+                    agent_maker(config, backend),
                     episodes=episodes,
                     progress=tick,
                     lm_description=backend.describe() if backend else None,
@@ -350,7 +356,6 @@ def evaluate_suite(
 
 
 def _play_suite(config: Any, backend: Any, bar: Any, overwrite: bool, resume: Any) -> Any:
-    from rag_gym.baselines import make_agent
     from rag_gym.evaluate import RunInterrupted, sigterm_as_interrupt
     from rag_gym.evaluate.suite import SuiteError, run_suite
 
@@ -368,9 +373,7 @@ def _play_suite(config: Any, backend: Any, bar: Any, overwrite: bool, resume: An
             with sigterm_as_interrupt():
                 return run_suite(
                     config,
-                    lambda name, e: make_agent(
-                        name, lm=backend, seed=config.seed, env=e, prompt=config.prompt
-                    ),
+                    agent_maker(config, backend),
                     progress=tick,
                     column_started=started,
                     lm_description=backend.describe() if backend else None,

@@ -19,6 +19,7 @@ from typing import Any
 import gymnasium as gym
 
 from rag_gym.train.rollout import Episode, RolloutEngine, make_generator
+from rag_gym.wrappers.presets import default_tags
 
 
 def played_tags(env: gym.Env) -> str | None:
@@ -28,13 +29,6 @@ def played_tags(env: gym.Env) -> str | None:
 
     found = text_actions_of(env)
     return found.tags.name if found is not None else None
-
-
-def default_tags(reward_preset: str) -> str:
-    """The tag set of a reward preset (:func:`rag_gym.wrappers.presets.default_tags`)."""
-    from rag_gym.wrappers.presets import default_tags as preset_tags
-
-    return preset_tags(reward_preset)
 
 
 def env_factory(
