@@ -13,13 +13,17 @@ config's ``text_env()``), so training and evaluation play the same env, reward a
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import gymnasium as gym
 
 from rag_gym.train.rollout import Episode, RolloutEngine, make_generator
 from rag_gym.wrappers.presets import default_tags
+
+#: The :class:`TextEnvSpec` fields that limit an episode's turns and tokens (the
+#: :class:`~rag_gym.train.rollout.RolloutEngine`'s options; the others build the env).
+TURN_LIMITS = ("max_turns", "max_turn_tokens", "max_completion_tokens")
 
 
 def played_tags(env: gym.Env) -> str | None:
@@ -135,30 +139,17 @@ class TextEnvSpec:
 
     def make_env(self, split: str) -> Callable[[], gym.Env]:
         """:func:`env_factory` of this env on ``split``."""
-        return env_factory(
-            self.env_id,
-            split=split,
-            reward_preset=self.reward_preset,
-            reward_kwargs=self.reward_kwargs,
-            tags=self.tags,
-            max_episode_steps=self.max_episode_steps,
-            step_cost=self.step_cost,
-            refusal=self.refusal,
-            refusal_verifier=self.refusal_verifier,
-            judge=self.judge,
-            judge_weight=self.judge_weight,
-            **self.env_kwargs,
-        )
+        options = {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in ("env_id", "env_kwargs", *TURN_LIMITS)
+        }
+        return env_factory(self.env_id, split=split, **options, **self.env_kwargs)
 
     def engine(self, tokenizer: Any, split: str) -> RolloutEngine:
         """A :class:`~rag_gym.train.rollout.RolloutEngine` over this env on ``split``."""
-        return RolloutEngine(
-            self.make_env(split),
-            tokenizer,
-            max_turns=self.max_turns,
-            max_turn_tokens=self.max_turn_tokens,
-            max_completion_tokens=self.max_completion_tokens,
-        )
+        limits = {name: getattr(self, name) for name in TURN_LIMITS}
+        return RolloutEngine(self.make_env(split), tokenizer, **limits)
 
 
 def rollout_engine(cfg: Any, tokenizer: Any, split: str) -> RolloutEngine:

@@ -41,13 +41,14 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from rag_gym import health
 from rag_gym.train.episodes import (
     TextEnvSpec,
+    _mean,
     default_tags,
     env_factory,
     evaluate_policy,
@@ -353,23 +354,9 @@ class EnvGRPOConfig:
             )
 
     def text_env(self) -> TextEnvSpec:
-        """The env this run trains in (and evaluates on)."""
-        return TextEnvSpec(
-            env_id=self.env_id,
-            env_kwargs=self.env_kwargs,
-            reward_preset=self.reward_preset,
-            reward_kwargs=self.reward_kwargs,
-            tags=self.tags,
-            max_episode_steps=self.max_episode_steps,
-            step_cost=self.step_cost,
-            refusal=self.refusal,
-            refusal_verifier=self.refusal_verifier,
-            judge=self.judge,
-            judge_weight=self.judge_weight,
-            max_turns=self.max_turns,
-            max_turn_tokens=self.max_turn_tokens,
-            max_completion_tokens=self.max_completion_tokens,
-        )
+        """The env this run trains in (and evaluates on): this config's :class:`TextEnvSpec`
+        fields."""
+        return TextEnvSpec(**{f.name: getattr(self, f.name) for f in fields(TextEnvSpec)})
 
 
 class EnvRollout:
@@ -552,11 +539,6 @@ def refusal_rates(episodes: Sequence[Episode]) -> dict[str, float]:
     return {names[kind]: _mean(flags) for kind, flags in refused.items() if flags}
 
 
-def _mean(values: Any) -> float:
-    values = [float(v) for v in values]
-    return sum(values) / len(values) if values else 0.0
-
-
 def reward_functions(term_names: Sequence[str], rollout: EnvRollout) -> tuple[list, list[float]]:
     """The episode return (weight 1) and one logged-only function per reward term (weight 0)."""
 
@@ -680,7 +662,7 @@ def build_trainer(
 
     from rag_gym.train.models import load_policy, lora_config
     from rag_gym.train.rollout_log import RolloutLog, rollout_callback
-    from rag_gym.train.tracking import learning_curve, report_to, run_dir_for
+    from rag_gym.train.tracking import learning_curve, run_dir_for, trainer_arguments
     from rag_gym.wrappers import presets
 
     if model is None:
@@ -718,8 +700,7 @@ def build_trainer(
     micro = micro_batch(cfg, torch.cuda.is_available())
 
     args = trl.GRPOConfig(
-        output_dir=str(run_dir),
-        run_name=run_dir.name,
+        **trainer_arguments(cfg, run_dir),
         per_device_train_batch_size=micro,
         gradient_accumulation_steps=cfg.episodes_per_step // micro,
         num_generations=cfg.num_generations,
@@ -735,13 +716,6 @@ def build_trainer(
         top_p=cfg.top_p,
         reward_weights=weights,
         max_steps=steps,
-        logging_steps=1,
-        save_steps=cfg.save_steps,
-        save_strategy="steps",
-        report_to=report_to(run_dir, cfg.track),
-        seed=cfg.seed,
-        use_cpu=not torch.cuda.is_available(),
-        bf16=torch.cuda.is_available(),
         use_vllm=cfg.use_vllm,
         vllm_mode="colocate",
         remove_unused_columns=False,

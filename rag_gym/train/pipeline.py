@@ -9,12 +9,10 @@ this layer, in :func:`rag_gym.evaluate.evaluate_checkpoint`). One run folder::
     <root>/checkpoint/  the shipped folder: PEFT adapter, llama.cpp GGUF adapter, model card
     <root>/results.json every stage's held-out figures and wall times
 
-The defaults are the best run docs/training.md reports: SFT on 600 expert transcripts (LoRA
-r = 16, lr 1e-3), then GRPO (EVO-RAG §3.7 starts RL "from supervised warm start") for 100 steps
-of two questions and four episodes each at lr 5e-5, reward EM, β = 0. Measured on the 200 test
-questions, that RL stage keeps the SFT adapter's EM (0.835 both, paired difference +0.000);
-DAPO (``algorithm="dapo"``) at lr 2e-4 lost 1.5 points from the same SFT and 25.5 points from
-a 300-transcript one, so GRPO is the default and DAPO an option.
+The defaults are the best run docs/results/learning.md reports: SFT on 600 expert transcripts
+(LoRA r = 16, lr 1e-3), then GRPO (EVO-RAG §3.7 starts RL "from supervised warm start") for 100
+steps of two questions and four episodes each at lr 5e-5, reward EM, β = 0; DAPO
+(``algorithm="dapo"``) is an option, which that page compares with GRPO.
 
 EVO-RAG: Ji et al., "Curriculum-Guided Reinforcement Learning for Efficient Multi-Hop
 Retrieval-Augmented Generation", arXiv:2505.17391.

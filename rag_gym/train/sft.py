@@ -379,11 +379,10 @@ def build_trainer(
     """TRL's ``SFTTrainer`` over ``cfg``'s demonstrations; returns it, the run folder and
     statistics of the data (demonstrations, tokens, trained tokens)."""
     from rag_gym.train.models import load_policy, lora_config, policy_template
-    from rag_gym.train.tracking import report_to, run_dir_for
+    from rag_gym.train.tracking import run_dir_for, trainer_arguments
     from rag_gym.train.trl_compat import checkpointing_option, require_trl, sft_trainer_class
 
     trl = require_trl()
-    import torch
     from datasets import Dataset
 
     if model is None:
@@ -411,8 +410,7 @@ def build_trainer(
     }
     dataset = Dataset.from_list(kept)
     args = trl.SFTConfig(
-        output_dir=str(run_dir),
-        run_name=run_dir.name,
+        **trainer_arguments(cfg, run_dir),
         per_device_train_batch_size=cfg.micro_batch_size,
         gradient_accumulation_steps=cfg.batch_size // cfg.micro_batch_size,
         learning_rate=cfg.learning_rate,
@@ -424,13 +422,6 @@ def build_trainer(
         completion_only_loss=True,
         # TRL's default recomputes activations: 1/3 slower
         **checkpointing_option(trl.SFTConfig, False),
-        logging_steps=1,
-        save_steps=cfg.save_steps,
-        save_strategy="steps",
-        report_to=report_to(run_dir, cfg.track),
-        seed=cfg.seed,
-        use_cpu=not torch.cuda.is_available(),
-        bf16=torch.cuda.is_available(),
         dataset_num_proc=None,
     )
     peft_config = lora_config(cfg.lora_r, cfg.lora_alpha) if cfg.lora else None

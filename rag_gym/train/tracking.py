@@ -38,6 +38,26 @@ def report_to(run_dir: str | Path, track: bool) -> list[str]:
     return targets
 
 
+def trainer_arguments(cfg: Any, run_dir: Path) -> dict[str, Any]:
+    """The ``TrainingArguments`` every trainer run shares: the run folder and its name, a log
+    row every step to :func:`report_to`'s targets, a checkpoint every ``cfg.save_steps``,
+    ``cfg.seed``, and the device (a GPU in bf16 when there is one, else the CPU)."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    return {
+        "output_dir": str(run_dir),
+        "run_name": run_dir.name,
+        "logging_steps": 1,
+        "save_steps": cfg.save_steps,
+        "save_strategy": "steps",
+        "report_to": report_to(run_dir, cfg.track),
+        "seed": cfg.seed,
+        "use_cpu": not cuda,
+        "bf16": cuda,
+    }
+
+
 def rolling_mean(values: Sequence[float], window: int) -> list[float]:
     """The mean of each value and the ``window - 1`` before it (fewer at the start).
 
