@@ -83,6 +83,22 @@ KL_ESTIMATORS = ("k3", "stabilized")
 FLAT_CRITERIA = ("return", "answer", "unsolved")
 
 
+#: The :class:`EnvGRPOConfig` fields that are ``trl.GRPOConfig``'s own, same name and meaning,
+#: passed to it as they are (a test checks that TRL still has each, and that no other field
+#: shares a name with one of TRL's unless it is set by :func:`build_trainer` on purpose).
+TRL_FIELDS = (
+    "num_generations",
+    "learning_rate",
+    "warmup_steps",
+    "beta",
+    "epsilon",
+    "epsilon_high",
+    "temperature",
+    "top_p",
+    "use_vllm",
+)
+
+
 @dataclass
 class EnvGRPOConfig:
     """Options of a GRPO/DAPO run over a rag_gym env (see :data:`~rag_gym.train.recipes.RECIPES`
@@ -703,20 +719,12 @@ def build_trainer(
         **trainer_arguments(cfg, run_dir),
         per_device_train_batch_size=micro,
         gradient_accumulation_steps=cfg.episodes_per_step // micro,
-        num_generations=cfg.num_generations,
+        **{name: getattr(cfg, name) for name in TRL_FIELDS},
         max_completion_length=cfg.max_completion_tokens,
-        learning_rate=cfg.learning_rate,
-        warmup_steps=cfg.warmup_steps,
-        beta=cfg.beta,
-        epsilon=cfg.epsilon,
-        epsilon_high=cfg.epsilon_high,
         loss_type="dapo" if cfg.algorithm == "dapo" else "grpo",
         mask_truncated_completions=cfg.algorithm == "dapo",
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
         reward_weights=weights,
         max_steps=steps,
-        use_vllm=cfg.use_vllm,
         vllm_mode="colocate",
         remove_unused_columns=False,
         shuffle_dataset=cfg.step_mix is None,

@@ -407,6 +407,12 @@ def test_warmup_raises_the_learning_rate_from_zero(tmp_path):
     # 0, then a quarter of the rate per step up to the full rate at step 4, then linear decay
     assert rates[:5] == pytest.approx([0.0, 2.5e-4, 5e-4, 7.5e-4, 1e-3])
     assert rates[5] < rates[4] and rates[-1] > 0
+    from rag_gym.train.grpo import TRL_FIELDS
+
+    # the fields TRL shares with the config reach its GRPOConfig as they are
+    assert {n: getattr(trainer.args, n) for n in TRL_FIELDS} == {
+        n: getattr(cfg, n) for n in TRL_FIELDS
+    }
 
 
 def _fed_steps(trainer, episodes_per_step):

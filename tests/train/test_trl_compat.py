@@ -299,3 +299,29 @@ def test_the_compact_sft_trainer_projects_only_labelled_positions(monkeypatch):
     cls.compute_loss(object.__new__(cls), None, {})
     assert answers == [True]
     assert utils._use_triton(torch.device("cpu")) is False
+
+
+@requires_trl
+def test_envgrpoconfig_passes_trls_own_fields_by_name_and_mirrors_no_other():
+    """Each of ``TRL_FIELDS`` is still a ``trl.GRPOConfig`` field; every other field that shares
+    a name with one of TRL's is one ``build_trainer`` sets on purpose (the run folder, its
+    checkpoints and seed, a round's steps, the checkpointing option by transformers' version, the
+    resumed checkpoint given to ``train()``). A new field mirroring TRL's fails here until it is
+    passed through."""
+    import dataclasses
+
+    from rag_gym.train.grpo import TRL_FIELDS, EnvGRPOConfig
+
+    trl = trl_compat.require_trl()
+    theirs = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
+    ours = {f.name for f in dataclasses.fields(EnvGRPOConfig)}
+    assert set(TRL_FIELDS) <= theirs & ours
+    set_on_purpose = {
+        "output_dir",
+        "save_steps",
+        "seed",
+        "max_steps",
+        "gradient_checkpointing",
+        "resume_from_checkpoint",
+    }
+    assert ours & theirs - set(TRL_FIELDS) == set_on_purpose
