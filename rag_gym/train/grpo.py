@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_gym import health
+from rag_gym.train.credit import MODES, group_scales, token_advantages, turn_advantages
 from rag_gym.train.episodes import (
     TextEnvSpec,
     _mean,
@@ -180,6 +181,16 @@ class EnvGRPOConfig:
     """KL coefficient (0 disables the reference model, as TRL's and DAPO's default)."""
     kl_estimator: str = "k3"
     """``k3`` (TRL's, GRPO's) or ``stabilized`` (ARENA's; see :func:`~rag_gym.train.trl_compat.stabilized_kl_trainer_class`)."""
+    advantage: str = "episode"
+    """How each model token's advantage is computed (:mod:`rag_gym.train.credit`):
+    ``"episode"`` (GRPO's: the episode's return normalised within its group, the same for
+    every token), ``"turn"`` (each turn's tokens: the group-normalised discounted return from
+    that turn on) or ``"gigpo"`` (GiGPO: the episode's advantage plus ``gigpo_weight`` times a
+    step advantage among the group's turns taken from the same anchor state)."""
+    gamma: float = 1.0
+    """Discount of the per-turn returns of ``advantage="turn"`` and ``"gigpo"``, in [0, 1]."""
+    gigpo_weight: float = 1.0
+    """ω, the weight of GiGPO's step advantage (``advantage="gigpo"``; the paper's 1)."""
     epsilon: float = 0.2
     """Lower clipping bound ε (ε_low)."""
     epsilon_high: float | None = None
@@ -297,6 +308,14 @@ class EnvGRPOConfig:
             from rag_gym._names import unknown_name
 
             raise unknown_name("KL estimator", self.kl_estimator, KL_ESTIMATORS)
+        if self.advantage not in MODES:
+            from rag_gym._names import unknown_name
+
+            raise unknown_name("advantage", self.advantage, MODES)
+        if isinstance(self.gamma, bool) or not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"expected gamma in [0, 1], got {self.gamma!r}")
+        if isinstance(self.gigpo_weight, bool) or not self.gigpo_weight >= 0.0:
+            raise ValueError(f"expected gigpo_weight >= 0, got {self.gigpo_weight!r}")
         for name in (
             "num_generations",
             "prompts_per_step",
@@ -524,7 +543,39 @@ class EnvRollout:
             "episode_return": returns,
             "reward_terms": [dict(e.reward_terms) for e in episodes],
             "num_searches": [e.num_searches for e in episodes],
+            "turn_rewards": [e.turn_rewards for e in episodes],
+            "turn_spans": [e.turn_spans for e in episodes],
+            "anchors": [e.anchors for e in episodes],
         }
+
+
+def credit_hook(cfg: EnvGRPOConfig) -> Callable[..., Any] | None:
+    """The trainer's per-token ``credit`` for ``cfg.advantage`` (:mod:`rag_gym.train.credit`):
+    None for ``"episode"`` (TRL's advantage, one per episode); for ``"turn"`` and ``"gigpo"``, a
+    function of TRL's episode advantages, the completion width, the rollout's fields (the
+    returns TRL scored, each turn's reward, span and anchor) and TRL's ``scale_rewards``."""
+    if cfg.advantage == "episode":
+        return None
+
+    def credit(advantages: Any, width: int, fields: dict[str, Any], scale_rewards: str) -> Any:
+        import torch
+
+        g = cfg.num_generations
+        scales = group_scales([float(r) for r in fields["episode_return"]], g, scale_rewards)
+        values = turn_advantages(
+            cfg.advantage,
+            advantages.tolist(),
+            scales,
+            fields["turn_rewards"],
+            fields["anchors"],
+            g,
+            gamma=cfg.gamma,
+            omega=cfg.gigpo_weight,
+        )
+        rows = token_advantages(values, fields["turn_spans"], width)
+        return torch.tensor(rows, dtype=advantages.dtype, device=advantages.device)
+
+    return credit
 
 
 def _health_flags(episode: Episode, max_turn_tokens: int | None) -> dict[str, bool | None]:
@@ -707,6 +758,12 @@ def build_trainer(
             "its episode returns, which extra reward functions would undo: train them into the "
             "env's reward (a preset or wrapper), or use dynamic_sampling_on='return'"
         )
+    if cfg.advantage != "episode" and any(w for _, w in extra_rewards):
+        raise ValueError(
+            f"advantage={cfg.advantage!r} credits each turn with the env's reward for its step, "
+            "and an extra reward function scores whole episodes: train it into the env's reward "
+            "(a preset or wrapper), or use advantage='episode'"
+        )
     for fn, weight in extra_rewards:
         funcs.append(fn)
         weights.append(float(weight))
@@ -795,6 +852,7 @@ def build_trainer(
             *([time_limit_callback(cfg.max_minutes)] if cfg.max_minutes else []),
         ],
     )
+    trainer.credit = credit_hook(cfg)
     # The rollout plays episodes with the trainer's (possibly PEFT-wrapped) model.
     rollout.generator = None
     run_dir.mkdir(parents=True, exist_ok=True)

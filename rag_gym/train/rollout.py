@@ -35,6 +35,7 @@ import gymnasium as gym
 
 from rag_gym import traces
 from rag_gym.generation.lm import GenerationConfig, LanguageModel
+from rag_gym.train.credit import anchor
 from rag_gym.wrappers.text_actions import OBS_TEMPLATE
 
 __all__ = [
@@ -210,6 +211,11 @@ class Episode:
         index: the question's index in the env's split.
         trace: the question (``question_id``, ``question``, ``answers``, ``gold_ids``), its
             ``steps`` and the ``passages`` they touched, in the schema of :mod:`rag_gym.traces`.
+        turn_rewards: the env's reward for each model turn (the step it took).
+        turn_spans: each model turn's tokens, ``[start, end)`` in ``completion_ids``.
+        anchors: each model turn's anchor state (:func:`rag_gym.train.credit.anchor` of
+            ``observations`` before it).
+        observations: what the env has shown: the first observation, then one per step.
     """
 
     prompt_ids: list[int]
@@ -225,6 +231,10 @@ class Episode:
     info: dict[str, Any] = field(default_factory=dict)
     index: int = -1
     trace: dict[str, Any] = field(default_factory=dict)
+    turn_rewards: list[float] = field(default_factory=list)
+    turn_spans: list[tuple[int, int]] = field(default_factory=list)
+    anchors: list[str] = field(default_factory=list)
+    observations: list[str] = field(default_factory=list)
 
     @property
     def model_tokens(self) -> int:
@@ -355,7 +365,9 @@ class RolloutEngine:
         """Reset env copy ``slot`` on question ``index`` and render the prompt."""
         env = self.envs[slot]
         obs, info = env.reset(seed=seed, options={"question_index": int(index)})
-        episode = Episode(prompt_ids=self.render_prompt(first_messages(env, obs)), index=index)
+        episode = Episode(
+            prompt_ids=self.render_prompt(first_messages(env, obs)), index=index, observations=[obs]
+        )
         episode.reward_terms = dict.fromkeys(info.get("reward_terms", {}), 0.0)
         example = getattr(env.unwrapped, "current_example", None)
         episode.trace = {
@@ -409,6 +421,7 @@ class RolloutEngine:
                             "context must leave the episode running"
                         )
                 ep.prompt_ids = self.render_prompt([{"role": "user", "content": obs}])
+                ep.observations = [obs]
             episodes.append(ep)
         if getattr(generate, "concurrent_clients", False):  # each episode in one running batch
             generate.run_clients(
@@ -459,12 +472,16 @@ class RolloutEngine:
         append the observation's tokens; ``True`` while the episode goes on. :meth:`play` calls
         it for every active episode; EVO-RAG's sibling branches call it to continue an episode
         from a replayed state."""
+        ep.anchors.append(anchor(ep.observations))
+        ep.turn_spans.append((len(ep.completion_ids), len(ep.completion_ids) + len(tokens)))
         ep.completion_ids += tokens
         ep.env_mask += [1] * len(tokens)
         ep.turns += 1
         action = self.tokenizer.decode(tokens, skip_special_tokens=True)
         obs, reward, terminated, truncated, info = env.step(action)
         ep.episode_return += float(reward)
+        ep.turn_rewards.append(float(reward))
+        ep.observations.append(obs)
         for key, value in info.get("reward_terms", {}).items():
             ep.reward_terms[key] = ep.reward_terms.get(key, 0.0) + float(value)
         ep.num_searches = int(info.get("num_searches", ep.num_searches))

@@ -44,7 +44,7 @@ import contextlib
 import functools
 import inspect
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 #: The TRL versions the private hooks below are written for and tested with (PEP 440).
@@ -247,17 +247,32 @@ def env_grpo_trainer_class() -> type:
             super().__init__(*args, **kwargs)
             self._scoring_mask: Any = None
             self._generated_env_mask: list[list[int]] | None = None
+            self._generated_fields: dict[str, Any] = {}
+            self.credit: Callable[..., Any] | None = None
+            """``credit(advantages, width, fields, scale_rewards)``: the ``(rows, width)``
+            per-token advantages that replace TRL's per-episode ``advantages`` (``fields``: the
+            rollout function's extra fields, in the batch's order); None keeps TRL's."""
 
         def _generate(self, prompts: list) -> Any:
             out = super()._generate(prompts)
             self._generated_env_mask = out[2]  # the rollout's env_mask, in the batch's order
+            self._generated_fields = out[5] or {}
             return out
 
         def _generate_and_score_completions(self, inputs: Any) -> Any:
             try:
-                return super()._generate_and_score_completions(inputs)
+                output = super()._generate_and_score_completions(inputs)
+                if self.credit is not None:
+                    output["advantages"] = self.credit(
+                        output["advantages"],
+                        output["completion_ids"].size(1),
+                        self._generated_fields,
+                        self.scale_rewards,
+                    )
+                return output
             finally:
                 self._generated_env_mask = None
+                self._generated_fields = {}
 
         def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Any:
             if "tool_mask" in inputs:

@@ -355,6 +355,10 @@ class SiblingBrancher:
                     reward_terms=terms,
                     turns=job.t,
                     index=job.episode.index,
+                    turn_rewards=list(job.episode.turn_rewards[: job.t]),
+                    turn_spans=list(job.episode.turn_spans[: job.t]),
+                    anchors=list(job.episode.anchors[: job.t]),
+                    observations=list(job.episode.observations[: job.t + 1]),
                 )
             )
         actions = self._write_actions(generate, jobs, branches)
