@@ -481,7 +481,6 @@ def token_option(token: str | None) -> str | None:
     (:func:`~rag_gym.retrieval.http.clean_token`: ``None`` for none, whitespace around it
     stripped with a warning printed here, a ``ValueError`` for one no header can carry)."""
     import os
-    import warnings
 
     from rag_gym.retrieval.http import clean_token
 
@@ -533,7 +532,7 @@ def compare_runs(
     """``rag-gym compare``: the paired comparison printed, and written to ``json_out``."""
     import json
 
-    from rag_gym.compare import CompareError, compare, comparison_markdown
+    from rag_gym.compare import compare, comparison_markdown
     from rag_gym.evaluate.run_folder import OutputRefused, check_output, write_atomically
     from rag_gym.stats import MAX_RESAMPLES
 
@@ -563,9 +562,7 @@ def compare_runs(
             seed=seed,
             allow_mismatch=allow_mismatch,
         )
-    except CompareError as exc:
-        fail(str(exc))
-    except ValueError as exc:  # bad confidence or resamples
+    except ValueError as exc:  # a CompareError, or bad confidence or resamples
         fail(str(exc))
     typer.echo(comparison_markdown(result), nl=False)
     if json_out is not None:
