@@ -216,8 +216,6 @@ def synth(
     ] = None,
 ) -> None:
     """Write a SynthHop world (corpus.jsonl, train/validation/test.jsonl, config.json)."""
-    import time
-
     from rag_gym.data.synthhop import world_for
 
     overrides: dict = {"n_passages": passages, "seed": seed}

@@ -119,13 +119,11 @@ def config_of(
 
 def backends(config: EvalConfig) -> tuple[Any, Any]:
     """The LLM backend of the agents that need one and the judge (each ``None`` without)."""
-    from rag_gym.baselines import needs_lm
     from rag_gym.generation.backends import make_lm
 
-    backend = judge = None
+    judge = None
     try:
-        if any(needs_lm(a) for a in config.agents):
-            backend = make_lm(config.lm_spec, seed=config.seed, **lm_options(config))
+        backend = agents_lm(config, config.lm_spec)
         if config.judge is not None:
             from rag_gym.generation.judges import LLMAnswerJudge
 
@@ -135,6 +133,17 @@ def backends(config: EvalConfig) -> tuple[Any, Any]:
     except (ImportError, FileNotFoundError, TypeError, ValueError) as exc:
         fail(str(exc))
     return backend, judge
+
+
+def agents_lm(config: Any, spec: str | None) -> Any:
+    """The LLM backend ``spec`` of a run's agents, made with the run's LM options; ``None``
+    when no agent needs one."""
+    from rag_gym.baselines import needs_lm
+    from rag_gym.generation.backends import make_lm
+
+    if not any(needs_lm(a) for a in config.agents):
+        return None
+    return make_lm(spec, seed=config.seed, **lm_options(config))
 
 
 def resume_command(run_dir: Path, runner: EvalRunner) -> str:
@@ -338,15 +347,11 @@ def evaluate_suite(
     p: dict[str, Any], given: Callable[[str], bool], episode_bar: Callable, console: Callable
 ) -> None:
     """``rag-gym evaluate --suite``: every dataset of a suite against one corpus, one table."""
-    from rag_gym.baselines import needs_lm
-    from rag_gym.generation.backends import make_lm
-
     config = suite_config(p, given)
     lm = p["lm"] if given("lm") else config.lm_spec or p["lm"] or "llama_cpp"
-    backend = None
     try:
-        if any(needs_lm(a) for a in config.agents):
-            backend = make_lm(lm, seed=config.seed, **lm_options(config))
+        backend = agents_lm(config, lm)
+        if backend is not None:
             config.lm_spec = lm
     except (ImportError, FileNotFoundError, TypeError, ValueError) as exc:
         fail(str(exc))
@@ -402,17 +407,13 @@ def suite_table(config: Any, result: Any) -> Any:
     """The suite's table: an agent a row, a dataset (and the average) a column."""
     from rich.table import Table
 
-    from rag_gym.evaluate.suite import cell_text
+    from rag_gym.evaluate.suite import cell_text, column_heads, suite_title
 
     names = [d.name for d in config.selected] + ["average"]
-    table = Table(
-        title=f"{config.suite.name} suite · {config.suite.metric.upper()} · k = "
-        f"{config.suite.k} · seed {config.seed} · mean (95% interval)"
-    )
+    table = Table(title=suite_title(config))
     table.add_column("agent", justify="left")
-    for name in names:
-        n = next((r[name]["n"] for r in result.table.values() if name in r), None)
-        table.add_column(name if n is None else f"{name} ({n})", justify="right")
+    for head in column_heads(config, result.table):
+        table.add_column(head, justify="right")
     for agent, row in result.table.items():
         table.add_row(agent, *(cell_text(row.get(name)) for name in names))
     return table
@@ -480,7 +481,6 @@ def token_option(token: str | None) -> str | None:
     (:func:`~rag_gym.retrieval.http.clean_token`: ``None`` for none, whitespace around it
     stripped with a warning printed here, a ``ValueError`` for one no header can carry)."""
     import os
-    import warnings
 
     from rag_gym.retrieval.http import clean_token
 
@@ -532,7 +532,7 @@ def compare_runs(
     """``rag-gym compare``: the paired comparison printed, and written to ``json_out``."""
     import json
 
-    from rag_gym.compare import CompareError, compare, comparison_markdown
+    from rag_gym.compare import compare, comparison_markdown
     from rag_gym.evaluate.run_folder import OutputRefused, check_output, write_atomically
     from rag_gym.stats import MAX_RESAMPLES
 
@@ -562,9 +562,7 @@ def compare_runs(
             seed=seed,
             allow_mismatch=allow_mismatch,
         )
-    except CompareError as exc:
-        fail(str(exc))
-    except ValueError as exc:  # bad confidence or resamples
+    except ValueError as exc:  # a CompareError, or bad confidence or resamples
         fail(str(exc))
     typer.echo(comparison_markdown(result), nl=False)
     if json_out is not None:

@@ -22,9 +22,9 @@ True
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -73,6 +73,13 @@ def _resampled_means(
     return out
 
 
+def _interval(means: np.ndarray, confidence: float) -> tuple[float, float]:
+    """The central ``confidence`` interval of the resampled means (its percentiles)."""
+    alpha = (1.0 - confidence) / 2.0
+    low, high = np.quantile(means, [alpha, 1.0 - alpha])
+    return float(low), float(high)
+
+
 def bootstrap_ci(
     values: Sequence[float] | np.ndarray,
     confidence: float = 0.95,
@@ -82,10 +89,7 @@ def bootstrap_ci(
     """The percentile-bootstrap interval of the mean of ``values`` (one score per question)."""
     _check(confidence, n_resamples)
     array = _scores(values, "values")
-    means = _resampled_means(array, n_resamples, seed)
-    alpha = (1.0 - confidence) / 2.0
-    low, high = np.quantile(means, [alpha, 1.0 - alpha])
-    return float(low), float(high)
+    return _interval(_resampled_means(array, n_resamples, seed), confidence)
 
 
 def macro_average_ci(
@@ -108,13 +112,10 @@ def macro_average_ci(
     means = np.zeros(n_resamples, dtype=np.float64)
     for i, group in enumerate(groups):
         means += _resampled_means(_scores(group, f"groups[{i}]"), n_resamples, seed + i)
-    means /= len(groups)
-    alpha = (1.0 - confidence) / 2.0
-    low, high = np.quantile(means, [alpha, 1.0 - alpha])
-    return float(low), float(high)
+    return _interval(means / len(groups), confidence)
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class PairedDifference:
     """The mean of ``a - b`` over shared questions and its bootstrap interval."""
 
@@ -132,16 +133,7 @@ class PairedDifference:
     confidence: float = 0.95
 
     def to_dict(self) -> dict[str, float | int]:
-        return {
-            "mean": self.mean,
-            "low": self.low,
-            "high": self.high,
-            "n": self.n,
-            "wins": self.wins,
-            "losses": self.losses,
-            "p_not_above_zero": self.p_not_above_zero,
-            "confidence": self.confidence,
-        }
+        return dataclasses.asdict(self)
 
 
 def paired_difference(
@@ -162,12 +154,11 @@ def paired_difference(
         )
     diff = left - right
     means = _resampled_means(diff, n_resamples, seed)
-    alpha = (1.0 - confidence) / 2.0
-    low, high = np.quantile(means, [alpha, 1.0 - alpha])
+    low, high = _interval(means, confidence)
     return PairedDifference(
         mean=float(diff.mean()),
-        low=float(low),
-        high=float(high),
+        low=low,
+        high=high,
         n=int(diff.size),
         wins=int((diff > 0).sum()),
         losses=int((diff < 0).sum()),

@@ -38,12 +38,7 @@ COLUMNS = (
     ("refusal_answerable", "refuse|ans.", "{:.2f}"),
     ("tokens", "tokens/ep", "{:.1f}"),
     ("seconds", "s/ep", "{:.3f}"),
-    ("health_repeated_query", "repeated query", "{:.2f}"),
-    ("health_unparsable", "unparsable", "{:.2f}"),
-    ("health_truncated", "truncated", "{:.2f}"),
-    ("health_answered_unsearched", "answered unsearched", "{:.2f}"),
-    ("health_over_long", "over-long", "{:.2f}"),
-    ("health_refused_with_gold", "refused with gold", "{:.2f}"),
+    *((f"health_{flag}", health.LABELS[flag], "{:.2f}") for flag in health.FLAGS),
     ("bad_replies", "bad replies", "{}"),
     ("errors", "errors", "{}"),
     ("episodes", "episodes", "{}"),
@@ -61,13 +56,18 @@ def _sub_em(episodes: list[dict[str, Any]]) -> float:
     return float(np.mean(vals)) if vals else float("nan")
 
 
+def _known(episodes: list[dict[str, Any]], key: str) -> list[Any]:
+    """The episodes' values of ``key``, those missing (``None``) or NaN left out."""
+    return [
+        e[key]
+        for e in episodes
+        if e[key] is not None and not (isinstance(e[key], float) and np.isnan(e[key]))
+    ]
+
+
 def _em_interval(episodes: list[dict[str, Any]]) -> str | None:
     """The 95% percentile-bootstrap interval of the mean EM over questions, as ``low–high``."""
-    vals = [
-        e["em"]
-        for e in episodes
-        if e["em"] is not None and not (isinstance(e["em"], float) and np.isnan(e["em"]))
-    ]
+    vals = _known(episodes, "em")
     if not vals:
         return None
     low, high = bootstrap_ci(vals)
@@ -87,12 +87,7 @@ def summarise(agent: str, episodes: list[dict[str, Any]], seconds: float) -> dic
     """One leaderboard row from an agent's episodes."""
 
     def mean(key: str, subset=None) -> float:
-        rows = episodes if subset is None else subset
-        vals = [
-            e[key]
-            for e in rows
-            if e[key] is not None and not (isinstance(e[key], float) and np.isnan(e[key]))
-        ]
+        vals = _known(episodes if subset is None else subset, key)
         return float(np.mean(vals)) if vals else float("nan")
 
     unans = [e for e in episodes if not e["answerable"]]

@@ -27,6 +27,8 @@ import hashlib
 import io
 import json
 import re
+import types
+import typing
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -346,28 +348,16 @@ def column_folder(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", name)
 
 
+def _json_type(hint: Any) -> type:
+    """The JSON type a ``suite.json`` config field of type ``hint`` is saved as (its ``None``
+    aside): the suite by its name, a tuple as a list."""
+    kinds = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    kind = typing.get_origin(kinds[0]) or kinds[0]
+    return {Suite: str, tuple: list}.get(kind, kind)
+
+
 #: the types of the ``config`` fields of ``suite.json`` (``None`` allowed where the default is)
-_CONFIG_TYPES: dict[str, type] = {
-    "suite": str,
-    "agents": list,
-    "corpus": str,
-    "index": str,
-    "retriever": str,
-    "data_root": str,
-    "datasets": list,
-    "n": int,
-    "seed": int,
-    "batch_size": int,
-    "prompt": str,
-    "prompt_file": str,
-    "lm_spec": str,
-    "n_ctx": int,
-    "max_new_tokens": int,
-    "temperature": float,
-    "chat_template": str,
-    "out_dir": str,
-    "run_name": str,
-}
+_CONFIG_TYPES = {name: _json_type(h) for name, h in typing.get_type_hints(SuiteConfig).items()}
 
 
 def read_suite_protocol(run_dir: str | Path) -> dict[str, Any]:
@@ -523,22 +513,29 @@ def suite_table(
     return table
 
 
+def suite_title(config: SuiteConfig) -> str:
+    """The table's title: the suite, its metric, ``k`` and the seed."""
+    return (
+        f"{config.suite.name} suite · {config.suite.metric.upper()} · k = {config.suite.k} · "
+        f"seed {config.seed} · mean (95% interval)"
+    )
+
+
+def column_heads(config: SuiteConfig, table: dict[str, dict[str, dict[str, float]]]) -> list[str]:
+    """Each column's name (the datasets, then ``average``) with its question count, if any."""
+    heads = []
+    for name in [d.name for d in config.selected] + ["average"]:
+        n = next((row[name]["n"] for row in table.values() if name in row), None)
+        heads.append(name if n is None else f"{name} ({n})")
+    return heads
+
+
 def suite_markdown(config: SuiteConfig, table: dict[str, dict[str, dict[str, float]]]) -> str:
     """The table as Markdown: a row per agent, a column per dataset and the average, each cell
     ``mean (low–high)``; the header names the metric and each column's question count."""
     columns = [d.name for d in config.selected] + ["average"]
-    counts = {}
-    for row in table.values():
-        for col, cell in row.items():
-            counts.setdefault(col, cell["n"])
-    head = ["agent"] + [f"{c} ({counts[c]})" if c in counts else c for c in columns]
-    lines = [
-        f"{config.suite.name} suite · {config.suite.metric.upper()} · k = {config.suite.k} · "
-        f"seed {config.seed} · mean (95% interval)",
-        "",
-        "| " + " | ".join(head) + " |",
-        "|" + "---|" * len(head),
-    ]
+    head = ["agent", *column_heads(config, table)]
+    lines = [suite_title(config), "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for agent, row in table.items():
         cells = [cell_text(row.get(c)) for c in columns]
         lines.append("| " + " | ".join([agent, *cells]) + " |")

@@ -130,12 +130,10 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
     by_key = {
         (str(s.get("agent")), str(s.get("question_id"))): s for s in steps if "train_step" not in s
     }
-    traced = 0
     for e in episodes:
         s = by_key.get((e["agent"], e["question_id"]))
         if s is not None:
             e["trace"] = s["steps"]
-            traced += 1
     if episodes and (path / "episodes.jsonl").is_file() and not steps:
         warnings.append(
             f"{path / traces.STEPS_FILE}: missing (a run written before step traces): "
