@@ -366,7 +366,7 @@ _GRPO_OPTIONS = Options(
     flags={"env_id": "env", "max_steps": "steps", "learning_rate": "lr", "output_dir": "out"},
     exclude=frozenset(
         {"exp_name", "run_dir", "stages", "dynamic_sampling", "dynamic_sampling_on"}
-        | {"model_token_logps", "resume_from_checkpoint"}
+        | {"resume_from_checkpoint"}
     ),
 )
 _PIPELINE_SFT_OPTIONS = Options(

@@ -17,13 +17,14 @@ return from that turn on, ``G_{i,t} = sum_{s >= t} gamma^(s - t) r_{i,s}``:
   ``A_i`` exactly, and a group that dynamic sampling trains with zero advantage keeps only the
   differences between its turns.
 * ``"gigpo"``: GiGPO's two-level advantage (Feng et al., 2025, "Group-in-Group Policy
-  Optimization for LLM Agent Training", §3.2, Eq. 7–9), ``A_{i,t} = A_i + omega * A^S_{i,t}``.
+  Optimization for LLM Agent Training"), ``A_{i,t} = A_i + omega * A^S_{i,t}``.
   The step advantage compares turns taken from the same *anchor state* across the group's
   episodes: ``A^S_{i,t} = (G_{i,t} - mean) / (std + 1e-6)`` over every turn ``(j, s)`` of the
   group whose anchor is that of ``(i, t)`` (0 for a turn no other shares). A turn's anchor is
   what the env has shown the model before it (:func:`anchor`): the first turn's is the
   question's, shared by the whole group; a later turn shares one with another episode's turn
-  when the same searches returned the same passages. ``omega`` = 1 as in the paper.
+  when the same searches returned the same passages. The paper weighs the two levels 1:1
+  (``omega`` = 1).
 
 Tokens the env wrote (observations, the end token) get advantage 0; only the model's tokens are
 trained (their ``env_mask`` is 1).
@@ -38,7 +39,7 @@ from collections.abc import Sequence
 
 MODES = ("episode", "turn", "gigpo")
 
-#: the ``eps`` of GiGPO's step normalisation (its reference code's)
+#: the ``eps`` added to a step group's standard deviation
 STEP_EPS = 1e-6
 
 
