@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,7 +56,7 @@ import numpy as np
 
 from rag_gym._names import unknown_name
 from rag_gym.data.splits import canonical_split
-from rag_gym.data.types import Corpus, Passage, QAExample
+from rag_gym.data.types import Corpus, QAExample
 
 SPLITS = ("train", "validation", "test")
 
@@ -887,9 +886,3 @@ def hash_text(text: str) -> int:
     return int.from_bytes(
         hashlib.blake2b(text.encode(), digest_size=8).digest(), "big", signed=True
     )
-
-
-def passages_naming(corpus: Corpus, names: Sequence[str]) -> list[Passage]:
-    """Passages whose text names all of ``names`` (word-boundary match); for tests and checks."""
-    patterns = [re.compile(rf"(?<!\w){re.escape(n)}(?!\w)") for n in names]
-    return [p for p in corpus if all(pat.search(p.text) for pat in patterns)]
