@@ -61,53 +61,14 @@ from rag_gym.data.types import Corpus, QAExample
 SPLITS = ("train", "validation", "test")
 
 # ---- names ----------------------------------------------------------------------------------
-_ONSETS = (
-    "b",
-    "d",
-    "f",
-    "g",
-    "k",
-    "l",
-    "m",
-    "n",
-    "p",
-    "r",
-    "s",
-    "t",
-    "v",
-    "z",
-    "th",
-    "sh",
-    "dr",
-    "kr",
-    "br",
-    "gr",
-    "tr",
-    "vr",
-    "zh",
-    "kh",
-)
+_ONSETS = tuple("b d f g k l m n p r s t v z th sh dr kr br gr tr vr zh kh".split())
 _VOWELS = ("a", "e", "i", "o", "u", "ae", "ei", "ou", "ia")
 _CODAS = ("", "n", "r", "s", "th", "l", "x", "k", "m")
 _SYLLABLES = tuple(o + v for o in _ONSETS for v in _VOWELS)
 
-_OCCUPATIONS = (
-    "cartographer",
-    "botanist",
-    "architect",
-    "composer",
-    "engineer",
-    "historian",
-    "painter",
-    "physician",
-    "astronomer",
-    "sculptor",
-    "linguist",
-    "chemist",
-    "navigator",
-    "poet",
-    "jurist",
-    "weaver",
+_OCCUPATIONS = tuple(
+    "cartographer botanist architect composer engineer historian painter physician "
+    "astronomer sculptor linguist chemist navigator poet jurist weaver".split()
 )
 _ORG_KINDS = (
     ("Institute", "research institute"),
@@ -121,27 +82,9 @@ _ORG_KINDS = (
     ("Academy", "academy"),
     ("Bank", "bank"),
 )
-_WORK_NOUNS = (
-    "Lantern",
-    "Harbor",
-    "Orchard",
-    "Compass",
-    "Archive",
-    "Tide",
-    "Meridian",
-    "Garden",
-    "Atlas",
-    "Bell",
-    "Mirror",
-    "Citadel",
-    "Voyage",
-    "Ember",
-    "Quarry",
-    "Loom",
-    "Canticle",
-    "Estuary",
-    "Lighthouse",
-    "Almanac",
+_WORK_NOUNS = tuple(
+    "Lantern Harbor Orchard Compass Archive Tide Meridian Garden Atlas Bell Mirror Citadel "
+    "Voyage Ember Quarry Loom Canticle Estuary Lighthouse Almanac".split()
 )
 _GENRES = ("novel", "play", "treatise", "poetry collection", "memoir", "chronicle", "essay")
 _CURRENCY_UNITS = ("crown", "mark", "florin", "talent", "shell", "ducat")
