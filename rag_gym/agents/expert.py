@@ -194,6 +194,24 @@ class TranscriptWriter:
     def _answer(self, text: str) -> str:
         return f"<{self.tags.answer}>{text}</{self.tags.answer}>"
 
+    @staticmethod
+    def _search_step(env: gym.Env, demo: Demonstration, text: str) -> dict[str, Any] | None:
+        """Step a search turn into ``demo``; its ``info``, or ``None`` when the env ended the
+        episode (its step limit: ``demo`` is then closed, without every gold passage)."""
+        obs, reward, terminated, truncated, info = env.step(text)
+        demo.turns.append(Turn(text, obs, float(reward)))
+        if terminated or truncated:
+            demo.info, demo.gold_found = info, False
+            return None
+        return info
+
+    @staticmethod
+    def _finish(env: gym.Env, demo: Demonstration, text: str) -> Demonstration:
+        obs, reward, _, _, info = env.step(text)
+        demo.turns.append(Turn(text, obs, float(reward)))
+        demo.info = info
+        return demo
+
 
 class SynthHopExpert(TranscriptWriter):
     """Writes SynthHop demonstrations in a :class:`~rag_gym.wrappers.TextActions` env (see the
@@ -349,24 +367,6 @@ class SynthHopExpert(TranscriptWriter):
         else:
             final = self._think(f"{prefix} {self._pick(_FINAL).format(A=answer)}")
         return self._finish(env, demo, final + self._answer(answer))
-
-    @staticmethod
-    def _search_step(env: gym.Env, demo: Demonstration, text: str) -> dict[str, Any] | None:
-        """Step a search turn into ``demo``; its ``info``, or ``None`` when the env ended the
-        episode (its step limit: ``demo`` is then closed, without every gold passage)."""
-        obs, reward, terminated, truncated, info = env.step(text)
-        demo.turns.append(Turn(text, obs, float(reward)))
-        if terminated or truncated:
-            demo.info, demo.gold_found = info, False
-            return None
-        return info
-
-    @staticmethod
-    def _finish(env: gym.Env, demo: Demonstration, text: str) -> Demonstration:
-        obs, reward, _, _, info = env.step(text)
-        demo.turns.append(Turn(text, obs, float(reward)))
-        demo.info = info
-        return demo
 
 
 #: The reading styles of :class:`SynthHopExpert` (its ``style``).
