@@ -49,6 +49,7 @@ import gymnasium as gym
 import numpy as np
 
 from rag_gym.envs.tags import TagSet
+from rag_gym.wrappers.text_actions import text_actions_of
 
 #: relation → (fact sentence, keyword) — the fact is what the passage about X states.
 _FACTS: dict[str, tuple[str, str]] = {
@@ -406,11 +407,9 @@ def _title_list(entity: str, info: dict[str, Any], verdicts: bool = False) -> st
 
 
 def _messages(env: gym.Env, obs: str) -> list[dict[str, str]]:
-    inner = env
-    while isinstance(inner, gym.Wrapper):
-        if hasattr(inner, "messages") and callable(inner.messages):
-            return inner.messages()
-        inner = inner.env
+    text = text_actions_of(env)
+    if text is not None:
+        return text.messages()
     raise TypeError(
         "expected a TextActions-wrapped search env (rag_gym.wrappers.TextActions), got "
         f"{type(env).__name__} without one"
