@@ -175,6 +175,8 @@ class SearchEnv(QAEnv):
     (3, False)
     """
 
+    _ended = "the episode has ended (ANSWER or REFUSE); call reset() to start a new one"
+
     def __init__(
         self,
         data: DataConfig | None = None,
@@ -215,14 +217,12 @@ class SearchEnv(QAEnv):
         self.max_query_chars = max_query_chars
         self.invalid_action_penalty = float(invalid_action_penalty)
 
-        self.observation_space = UnicodeText(max_length=max_obs_chars)
         self.action_space = spaces.Dict(
             {
                 "type": spaces.Discrete(len(ActionType)),
                 "text": UnicodeText(max_length=max_text_chars),
             }
         )
-        self._done = True
 
     # ---- Gymnasium API --------------------------------------------------------------------------
     def reset(
@@ -264,14 +264,6 @@ class SearchEnv(QAEnv):
             return None
         exclude = list(self._seen) if self.exclude_seen and self._seen else None
         return self._request(query, self.k, exclude)
-
-    def _check_running(self) -> None:
-        if self._example is None:
-            raise RuntimeError("call reset() before step()")
-        if self._done:
-            raise RuntimeError(
-                "the episode has ended (ANSWER or REFUSE); call reset() to start a new one"
-            )
 
     def _apply(
         self, atype: int, text: str, prefetched: tuple[list[str], list[float]] | None
