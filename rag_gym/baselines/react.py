@@ -12,14 +12,7 @@ from __future__ import annotations
 
 import re
 
-from rag_gym.agents.llm_agent import (
-    LLMAgent,
-    answer,
-    first_line,
-    passages_text,
-    search,
-    user_message,
-)
+from rag_gym.agents.llm_agent import LLMAgent, answer, first_line, passages_text, search
 
 
 class ReAct(LLMAgent):
@@ -36,10 +29,15 @@ class ReAct(LLMAgent):
             state["transcript"] += f"Observation: {passages_text(info['passages'])}\n"
         must_finish = info.get("num_searches", 0) >= self.max_searches
         rule = "You must now use Finish[answer]." if must_finish else ""
-        return user_message(
-            "Solve the question with steps of 'Thought: <reasoning>' then 'Action: Search[<query>]' or "
-            f"'Action: Finish[<short answer>]'. {rule}\n\nQuestion: {state['question']}\n{state['transcript']}Thought:"
-        )
+        return [
+            {
+                "role": "user",
+                "content": (
+                    "Solve the question with steps of 'Thought: <reasoning>' then 'Action: Search[<query>]' or "
+                    f"'Action: Finish[<short answer>]'. {rule}\n\nQuestion: {state['question']}\n{state['transcript']}Thought:"
+                ),
+            }
+        ]
 
     def parse(self, state, text, obs, info):
         state["transcript"] += f"Thought: {text.strip()}\n"
