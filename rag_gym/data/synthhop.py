@@ -61,14 +61,53 @@ from rag_gym.data.types import Corpus, QAExample
 SPLITS = ("train", "validation", "test")
 
 # ---- names ----------------------------------------------------------------------------------
-_ONSETS = tuple("b d f g k l m n p r s t v z th sh dr kr br gr tr vr zh kh".split())
+_ONSETS = (
+    "b",
+    "d",
+    "f",
+    "g",
+    "k",
+    "l",
+    "m",
+    "n",
+    "p",
+    "r",
+    "s",
+    "t",
+    "v",
+    "z",
+    "th",
+    "sh",
+    "dr",
+    "kr",
+    "br",
+    "gr",
+    "tr",
+    "vr",
+    "zh",
+    "kh",
+)
 _VOWELS = ("a", "e", "i", "o", "u", "ae", "ei", "ou", "ia")
 _CODAS = ("", "n", "r", "s", "th", "l", "x", "k", "m")
 _SYLLABLES = tuple(o + v for o in _ONSETS for v in _VOWELS)
 
-_OCCUPATIONS = tuple(
-    "cartographer botanist architect composer engineer historian painter physician "
-    "astronomer sculptor linguist chemist navigator poet jurist weaver".split()
+_OCCUPATIONS = (
+    "cartographer",
+    "botanist",
+    "architect",
+    "composer",
+    "engineer",
+    "historian",
+    "painter",
+    "physician",
+    "astronomer",
+    "sculptor",
+    "linguist",
+    "chemist",
+    "navigator",
+    "poet",
+    "jurist",
+    "weaver",
 )
 _ORG_KINDS = (
     ("Institute", "research institute"),
@@ -82,9 +121,27 @@ _ORG_KINDS = (
     ("Academy", "academy"),
     ("Bank", "bank"),
 )
-_WORK_NOUNS = tuple(
-    "Lantern Harbor Orchard Compass Archive Tide Meridian Garden Atlas Bell Mirror Citadel "
-    "Voyage Ember Quarry Loom Canticle Estuary Lighthouse Almanac".split()
+_WORK_NOUNS = (
+    "Lantern",
+    "Harbor",
+    "Orchard",
+    "Compass",
+    "Archive",
+    "Tide",
+    "Meridian",
+    "Garden",
+    "Atlas",
+    "Bell",
+    "Mirror",
+    "Citadel",
+    "Voyage",
+    "Ember",
+    "Quarry",
+    "Loom",
+    "Canticle",
+    "Estuary",
+    "Lighthouse",
+    "Almanac",
 )
 _GENRES = ("novel", "play", "treatise", "poetry collection", "memoir", "chronicle", "essay")
 _CURRENCY_UNITS = ("crown", "mark", "florin", "talent", "shell", "ducat")
