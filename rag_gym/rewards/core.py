@@ -235,17 +235,89 @@ _LWTS_SEARCH = re.compile(r"^(?:think search information reflect )+answer$")
 
 #: Words that make a search query not concise (LWTS §3.3's rule, our documented lists).
 QUESTION_WORDS = frozenset(
-    "what who whom whose which when where why how is are was were do does did can could "
-    "would should will shall may might".split()
+    [
+        "what",
+        "who",
+        "whom",
+        "whose",
+        "which",
+        "when",
+        "where",
+        "why",
+        "how",
+        "is",
+        "are",
+        "was",
+        "were",
+        "do",
+        "does",
+        "did",
+        "can",
+        "could",
+        "would",
+        "should",
+        "will",
+        "shall",
+        "may",
+        "might",
+    ]
 )
 PREPOSITIONS = frozenset(
-    "of in on at by for with about from to into onto during between among through over "
-    "under above below after before since until upon within without against toward towards "
-    "across behind".split()
+    [
+        "of",
+        "in",
+        "on",
+        "at",
+        "by",
+        "for",
+        "with",
+        "about",
+        "from",
+        "to",
+        "into",
+        "onto",
+        "during",
+        "between",
+        "among",
+        "through",
+        "over",
+        "under",
+        "above",
+        "below",
+        "after",
+        "before",
+        "since",
+        "until",
+        "upon",
+        "within",
+        "without",
+        "against",
+        "toward",
+        "towards",
+        "across",
+        "behind",
+    ]
 )
 FILLERS = frozenset(
-    "please exactly actually really very specifically basically just some any kind sort "
-    "tell me find information know".split()
+    [
+        "please",
+        "exactly",
+        "actually",
+        "really",
+        "very",
+        "specifically",
+        "basically",
+        "just",
+        "some",
+        "any",
+        "kind",
+        "sort",
+        "tell",
+        "me",
+        "find",
+        "information",
+        "know",
+    ]
 )
 
 
