@@ -265,7 +265,7 @@ class SynthHopWorld:
         for split, examples in self.questions.items():
             with open(out / f"{split}.jsonl", "w", encoding="utf-8") as f:
                 for ex in examples:
-                    f.write(json.dumps(example_to_json(ex), ensure_ascii=False) + "\n")
+                    f.write(json.dumps(asdict(ex), ensure_ascii=False) + "\n")
         params = {
             "rag_gym_version": __version__,
             "config": asdict(self.config),
@@ -274,21 +274,6 @@ class SynthHopWorld:
         }
         (out / "config.json").write_text(json.dumps(params, indent=2) + "\n")
         return out
-
-
-def example_to_json(ex: QAExample) -> dict[str, Any]:
-    """A JSON-serialisable dict of a QAExample (passages as ``{id, title, text}``)."""
-    return {
-        "id": ex.id,
-        "question": ex.question,
-        "answers": list(ex.answers),
-        "supporting_ids": list(ex.supporting_ids),
-        "passages": [{"id": p.id, "title": p.title, "text": p.text} for p in ex.passages],
-        "hops": ex.hops,
-        "answerable": ex.answerable,
-        "type": ex.type,
-        "meta": dict(ex.meta),
-    }
 
 
 @functools.lru_cache(maxsize=4)
