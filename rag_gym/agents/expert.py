@@ -49,6 +49,7 @@ import gymnasium as gym
 import numpy as np
 
 from rag_gym.envs.tags import TagSet
+from rag_gym.wrappers.text_actions import text_actions_of
 
 #: relation → (fact sentence, keyword) — the fact is what the passage about X states.
 _FACTS: dict[str, tuple[str, str]] = {
@@ -193,6 +194,24 @@ class TranscriptWriter:
 
     def _answer(self, text: str) -> str:
         return f"<{self.tags.answer}>{text}</{self.tags.answer}>"
+
+    @staticmethod
+    def _search_step(env: gym.Env, demo: Demonstration, text: str) -> dict[str, Any] | None:
+        """Step a search turn into ``demo``; its ``info``, or ``None`` when the env ended the
+        episode (its step limit: ``demo`` is then closed, without every gold passage)."""
+        obs, reward, terminated, truncated, info = env.step(text)
+        demo.turns.append(Turn(text, obs, float(reward)))
+        if terminated or truncated:
+            demo.info, demo.gold_found = info, False
+            return None
+        return info
+
+    @staticmethod
+    def _finish(env: gym.Env, demo: Demonstration, text: str) -> Demonstration:
+        obs, reward, _, _, info = env.step(text)
+        demo.turns.append(Turn(text, obs, float(reward)))
+        demo.info = info
+        return demo
 
 
 class SynthHopExpert(TranscriptWriter):
@@ -350,24 +369,6 @@ class SynthHopExpert(TranscriptWriter):
             final = self._think(f"{prefix} {self._pick(_FINAL).format(A=answer)}")
         return self._finish(env, demo, final + self._answer(answer))
 
-    @staticmethod
-    def _search_step(env: gym.Env, demo: Demonstration, text: str) -> dict[str, Any] | None:
-        """Step a search turn into ``demo``; its ``info``, or ``None`` when the env ended the
-        episode (its step limit: ``demo`` is then closed, without every gold passage)."""
-        obs, reward, terminated, truncated, info = env.step(text)
-        demo.turns.append(Turn(text, obs, float(reward)))
-        if terminated or truncated:
-            demo.info, demo.gold_found = info, False
-            return None
-        return info
-
-    @staticmethod
-    def _finish(env: gym.Env, demo: Demonstration, text: str) -> Demonstration:
-        obs, reward, _, _, info = env.step(text)
-        demo.turns.append(Turn(text, obs, float(reward)))
-        demo.info = info
-        return demo
-
 
 #: The reading styles of :class:`SynthHopExpert` (its ``style``).
 STYLES = ("plain", "title_list", "title_verdicts")
@@ -406,11 +407,9 @@ def _title_list(entity: str, info: dict[str, Any], verdicts: bool = False) -> st
 
 
 def _messages(env: gym.Env, obs: str) -> list[dict[str, str]]:
-    inner = env
-    while isinstance(inner, gym.Wrapper):
-        if hasattr(inner, "messages") and callable(inner.messages):
-            return inner.messages()
-        inner = inner.env
+    text = text_actions_of(env)
+    if text is not None:
+        return text.messages()
     raise TypeError(
         "expected a TextActions-wrapped search env (rag_gym.wrappers.TextActions), got "
         f"{type(env).__name__} without one"

@@ -135,6 +135,11 @@ def passages_text(passages: Sequence[dict[str, str]], start: int = 1) -> str:
     return format_passages(passages, style="numbered", start=start)
 
 
+def user_message(content: str) -> list[dict[str, str]]:
+    """A prompt of one user message, ``content``."""
+    return [{"role": "user", "content": content}]
+
+
 def first_line(text: str) -> str:
     return next((ln.strip() for ln in text.strip().splitlines() if ln.strip()), "")
 

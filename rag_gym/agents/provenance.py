@@ -26,7 +26,7 @@ import json
 import re
 import warnings
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -62,12 +62,7 @@ class TrainingSet:
     """The file that says so."""
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "env_id": self.env_id,
-            "env_kwargs": self.env_kwargs,
-            "split": self.split,
-            "source": self.source,
-        }
+        return asdict(self)
 
 
 def read_record(file: Path) -> dict[str, Any] | None:

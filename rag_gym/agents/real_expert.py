@@ -51,7 +51,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from rag_gym.agents.expert import Demonstration, TranscriptWriter, Turn, _messages
+from rag_gym.agents.expert import _FINAL, Demonstration, TranscriptWriter, _messages
 from rag_gym.data.types import QAExample
 from rag_gym.envs.tags import TagSet
 
@@ -87,7 +87,6 @@ _MISS = (
     "These documents do not mention {need}. I will rephrase the search.",
 )
 _READ = ("Doc {r} says: {fact}.", "From Doc {r}: {fact}.")
-_FINAL = ("So the answer is {A}.", "Therefore the answer is {A}.", "The answer is {A}.")
 _COMPARE = (
     "Comparing the two, the answer is {A}.",
     "So, comparing them, the answer is {A}.",
@@ -431,9 +430,8 @@ class AnnotationExpert(TranscriptWriter):
             hop = _next_hop(hops, done)
             query = hops[hop].queries[min(attempts[hop], len(hops[hop].queries) - 1)]
             text += self._search(query)
-            obs, reward, terminated, truncated, info = env.step(text)
-            demo.turns.append(Turn(text, obs, float(reward)))
-            if terminated or truncated:
+            info = self._search_step(env, demo, text)
+            if info is None:
                 return None, "step_limit"
             retrieved = list(info.get("retrieved_ids", []))
             read = self._read_all(hops, done, retrieved)
@@ -450,10 +448,7 @@ class AnnotationExpert(TranscriptWriter):
         answer = example.answer
         closing = _COMPARE if _is_comparison(example) else _FINAL
         final = self._think(f"{readings} {self._pick(closing).format(A=answer)}")
-        final += self._answer(answer)
-        obs, reward, _, _, info = env.step(final)
-        demo.turns.append(Turn(final, obs, float(reward)))
-        demo.info = info
+        info = self._finish(env, demo, final + self._answer(answer)).info
         gold = set(example.supporting_ids)
         demo.gold_found = gold <= set(info.get("gold_found", []))
         if not demo.gold_found:

@@ -30,7 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from rag_gym.agents.llm_agent import LLMAgent
+from rag_gym.agents.llm_agent import LLMAgent, user_message
 from rag_gym.envs.tags import TagSet, parse, tag_set
 from rag_gym.generation.lm import LanguageModel
 from rag_gym.wrappers.text_actions import OBS_TEMPLATE, start_messages
@@ -122,9 +122,7 @@ class SearchR1Agent(LLMAgent):
         if self.prompt is None:
             messages = start_messages(self.tags, info["question"])
         else:
-            messages = [
-                {"role": "user", "content": self.prompt.replace("{question}", info["question"])}
-            ]
+            messages = user_message(self.prompt.replace("{question}", info["question"]))
         try:
             head = self.lm.chat_prompt(messages)
         except NotImplementedError:  # a server renders the chat (OpenAI-compatible backends)

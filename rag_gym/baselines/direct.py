@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from rag_gym.agents.llm_agent import LLMAgent, answer
+from rag_gym.agents.llm_agent import LLMAgent, answer, user_message
 
 
 class DirectAnswer(LLMAgent):
@@ -24,12 +24,9 @@ class DirectAnswer(LLMAgent):
     stop = ("\n\n",)
 
     def decide(self, state, obs, info):
-        return [
-            {
-                "role": "user",
-                "content": f"Question: {state['question']}\nAnswer with a few words only.\nAnswer:",
-            }
-        ]
+        return user_message(
+            f"Question: {state['question']}\nAnswer with a few words only.\nAnswer:"
+        )
 
     def parse(self, state, text, obs, info):
         return answer(text)
@@ -42,15 +39,10 @@ class ChainOfThought(LLMAgent):
     max_tokens = 160
 
     def decide(self, state, obs, info):
-        return [
-            {
-                "role": "user",
-                "content": (
-                    f"Question: {state['question']}\nThink step by step in a few sentences, then finish with "
-                    "'So the answer is: <answer>'."
-                ),
-            }
-        ]
+        return user_message(
+            f"Question: {state['question']}\nThink step by step in a few sentences, then finish with "
+            "'So the answer is: <answer>'."
+        )
 
     def parse(self, state, text, obs, info):
         found = re.findall(r"answer is:?\s*(.+)", text, flags=re.IGNORECASE)

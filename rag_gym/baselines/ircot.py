@@ -13,7 +13,14 @@ from __future__ import annotations
 
 import re
 
-from rag_gym.agents.llm_agent import LLMAgent, answer, first_line, passages_text, search
+from rag_gym.agents.llm_agent import (
+    LLMAgent,
+    answer,
+    first_line,
+    passages_text,
+    search,
+    user_message,
+)
 
 
 class IRCoT(LLMAgent):
@@ -29,17 +36,12 @@ class IRCoT(LLMAgent):
         state["passages"].extend(p for p in info.get("passages", []) if p not in state["passages"])
         if info.get("num_searches", 0) == 0:
             return search(state["question"])
-        return [
-            {
-                "role": "user",
-                "content": (
-                    f"Passages:\n{passages_text(state['passages'])}\n\nQuestion: {state['question']}\n"
-                    f"Reasoning so far: {' '.join(state['thoughts']) or '(none)'}\n"
-                    "Write the next sentence of the reasoning. When you know the answer, write "
-                    "'So the answer is: <answer>'."
-                ),
-            }
-        ]
+        return user_message(
+            f"Passages:\n{passages_text(state['passages'])}\n\nQuestion: {state['question']}\n"
+            f"Reasoning so far: {' '.join(state['thoughts']) or '(none)'}\n"
+            "Write the next sentence of the reasoning. When you know the answer, write "
+            "'So the answer is: <answer>'."
+        )
 
     def parse(self, state, text, obs, info):
         thought = first_line(text)

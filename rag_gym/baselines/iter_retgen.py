@@ -8,7 +8,15 @@ answer draft"; after ``rounds`` (3) searches the model answers from all passages
 
 from __future__ import annotations
 
-from rag_gym.agents.llm_agent import LLMAgent, answer, clean_answer, note, passages_text, search
+from rag_gym.agents.llm_agent import (
+    LLMAgent,
+    answer,
+    clean_answer,
+    note,
+    passages_text,
+    search,
+    user_message,
+)
 
 
 class IterRetGen(LLMAgent):
@@ -26,15 +34,10 @@ class IterRetGen(LLMAgent):
             return search(state["question"])
         if state["draft"] is not None and info.get("action_type") == "EVALUATE":
             return search(f"{state['question']} {state['draft']}")
-        return [
-            {
-                "role": "user",
-                "content": (
-                    f"Passages:\n{passages_text(state['passages'])}\n\nQuestion: {state['question']}\n"
-                    "Answer with a few words only.\nAnswer:"
-                ),
-            }
-        ]
+        return user_message(
+            f"Passages:\n{passages_text(state['passages'])}\n\nQuestion: {state['question']}\n"
+            "Answer with a few words only.\nAnswer:"
+        )
 
     def parse(self, state, text, obs, info):
         state["draft"] = clean_answer(text) or "unknown"

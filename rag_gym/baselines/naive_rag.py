@@ -23,6 +23,18 @@ SYSTEM_PROMPT = (
 )
 
 
+def reader_prompt(passages: list[dict[str, str]], question: str) -> list[dict[str, str]]:
+    """The ``naive_rag/v1`` prompt: :data:`SYSTEM_PROMPT`, then the numbered ``passages``, the
+    question and ``Answer:``."""
+    return [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {
+            "role": "user",
+            "content": f"Passages:\n{passages_text(passages)}\n\nQuestion: {question}\nAnswer:",
+        },
+    ]
+
+
 class NaiveRAG(LLMAgent):
     """Retrieve once with the question, answer from the top-k passages."""
 
@@ -33,14 +45,7 @@ class NaiveRAG(LLMAgent):
     def decide(self, state, obs, info):
         if info.get("num_searches", 0) == 0:
             return search(state["question"])
-        return [
-            {"role": "system", "content": SYSTEM_PROMPT},
-            {
-                "role": "user",
-                "content": f"Passages:\n{passages_text(info['passages'])}\n\n"
-                f"Question: {state['question']}\nAnswer:",
-            },
-        ]
+        return reader_prompt(info["passages"], state["question"])
 
     def parse(self, state, text, obs, info):
         return answer(text)

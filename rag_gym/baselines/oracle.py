@@ -8,14 +8,11 @@ the gap to Naive RAG is what retrieval costs.
 
 from __future__ import annotations
 
-from rag_gym.agents.llm_agent import LLMAgent, answer, passages_text
-from rag_gym.baselines.naive_rag import SYSTEM_PROMPT
+from rag_gym.baselines.naive_rag import NaiveRAG, reader_prompt
 
 
-class OracleReader(LLMAgent):
+class OracleReader(NaiveRAG):
     name = "oracle"
-    max_tokens = 32
-    stop = ("\n\n",)
 
     def __init__(self, lm, corpus=None, max_tokens=None) -> None:
         super().__init__(lm, max_tokens=max_tokens)
@@ -28,14 +25,4 @@ class OracleReader(LLMAgent):
             )
         gold = [self.corpus[g] for g in info.get("gold_ids", []) if g in self.corpus]
         passages = [{"title": p.title, "text": p.text} for p in gold]
-        return [
-            {"role": "system", "content": SYSTEM_PROMPT},
-            {
-                "role": "user",
-                "content": f"Passages:\n{passages_text(passages)}\n\n"
-                f"Question: {state['question']}\nAnswer:",
-            },
-        ]
-
-    def parse(self, state, text, obs, info):
-        return answer(text)
+        return reader_prompt(passages, state["question"])

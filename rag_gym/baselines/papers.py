@@ -41,7 +41,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from rag_gym.agents.llm_agent import LLMAgent, TextAction, answer, first_line, note, search
+from rag_gym.agents.llm_agent import (
+    LLMAgent,
+    TextAction,
+    answer,
+    first_line,
+    note,
+    search,
+    user_message,
+)
 from rag_gym.envs.search import ActionType
 from rag_gym.envs.tags import parse
 
@@ -101,19 +109,14 @@ class EvoRagAgent(LLMAgent):
         if info.get("num_searches", 0) == 0:
             return _turn(("search", search(state["question"])["text"]))
         context = "\n".join(state["evidence"]) or "(none)"
-        return [
-            {
-                "role": "user",
-                "content": (
-                    "You answer a multi-hop question by rewriting it into sub-queries for a search engine. Choose ONE "
-                    "action: <search>a new sub-query</search> to find missing evidence, <backtrack/> to drop your last "
-                    "search if it led nowhere, <answer>short answer</answer> when the evidence answers the question, or "
-                    "<refuse/> when the collection cannot answer it.\n\n"
-                    f"Question: {state['question']}\nPrevious sub-queries: {'; '.join(state['queries'])}\n"
-                    f"Evidence:\n{context}\n\nAction:"
-                ),
-            }
-        ]
+        return user_message(
+            "You answer a multi-hop question by rewriting it into sub-queries for a search engine. Choose ONE "
+            "action: <search>a new sub-query</search> to find missing evidence, <backtrack/> to drop your last "
+            "search if it led nowhere, <answer>short answer</answer> when the evidence answers the question, or "
+            "<refuse/> when the collection cannot answer it.\n\n"
+            f"Question: {state['question']}\nPrevious sub-queries: {'; '.join(state['queries'])}\n"
+            f"Evidence:\n{context}\n\nAction:"
+        )
 
     def parse(self, state, text, obs, info):
         for tag in _tags(
@@ -153,12 +156,9 @@ class _TrajectoryAgent(LLMAgent):
         shown = _observed(state, obs)
         if shown:
             state["trajectory"] += shown + "\n"
-        return [
-            {
-                "role": "user",
-                "content": f"{self.instruction}\nQuestion: {state['question']}\n{state['trajectory']}",
-            }
-        ]
+        return user_message(
+            f"{self.instruction}\nQuestion: {state['question']}\n{state['trajectory']}"
+        )
 
     def _reply(self, state, text) -> str:
         """``text`` with its cut-off action tag closed, added to the trajectory."""
@@ -233,7 +233,7 @@ class R2AGAgent(LLMAgent):
     top_t_base, top_t_predicted = 4, 2
 
     def decide(self, state, obs, info):
-        return [{"role": "user", "content": obs}]  # the tree env's observation is R²AG's prompt
+        return user_message(obs)  # the tree env's observation is R²AG's prompt
 
     def parse(self, state, text, obs, info):
         tags = _tags(text, {"think", "base-q", "predicted-q"})
@@ -263,7 +263,7 @@ class ArenaAgent(LLMAgent):
     max_tokens = 160
 
     def decide(self, state, obs, info):
-        return [{"role": "user", "content": obs}]  # the reader env's observation is ARENA's prompt
+        return user_message(obs)  # the reader env's observation is ARENA's prompt
 
     def parse(self, state, text, obs, info):
         if "<answer>" not in text:  # a reply with no structure still answers

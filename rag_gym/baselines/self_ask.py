@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from rag_gym.agents.llm_agent import LLMAgent, answer, note, passages_text, search
+from rag_gym.agents.llm_agent import LLMAgent, answer, note, passages_text, search, user_message
 
 EXAMPLE = (
     "Question: Who founded the company that published The Glass Road?\n"
@@ -42,15 +42,10 @@ class SelfAsk(LLMAgent):
 
     def _prompt(self, state, passages):
         context = f"Passages:\n{passages_text(passages)}\n\n" if passages else ""
-        return [
-            {
-                "role": "user",
-                "content": (
-                    f"Answer by asking follow up questions, as in this example.\n\n{EXAMPLE}\n{context}"
-                    f"Question: {state['question']}\n{state['scratch']}"
-                ),
-            }
-        ]
+        return user_message(
+            f"Answer by asking follow up questions, as in this example.\n\n{EXAMPLE}\n{context}"
+            f"Question: {state['question']}\n{state['scratch']}"
+        )
 
     def decide(self, state, obs, info):
         if state["mode"] == "answer_follow_up":  # after a search: write the intermediate answer

@@ -57,20 +57,8 @@ def context_pairs(record: dict[str, Any], path: Path, where: str) -> list[tuple[
     if context is None:
         return []
     if isinstance(context, dict):  # Hugging Face layout
-        titles, sentences = context.get("title"), context.get("sentences")
-        if (
-            not isinstance(titles, list)
-            or not isinstance(sentences, list)
-            or len(titles) != len(sentences)
-        ):
-            raise DataFormatError(
-                path,
-                where,
-                "context",
-                "{'title': [...], 'sentences': [[...]]} of equal length",
-                context,
-            )
-        raw = list(zip(titles, sentences, strict=True))
+        expected = "{'title': [...], 'sentences': [[...]]} of equal length"
+        raw = _column_pairs(context, "title", "sentences", "context", expected, path, where)
     elif isinstance(context, list):
         raw = context
     else:
@@ -114,22 +102,12 @@ def supporting_facts(record: dict[str, Any], path: Path, where: str) -> list[tup
     if facts is None:
         return []
     if isinstance(facts, dict):
-        titles, sent_ids = facts.get("title"), facts.get("sent_id")
-        if sent_ids is None and isinstance(titles, list):
-            sent_ids = [-1] * len(titles)  # titles alone: no sentence is named
-        if (
-            not isinstance(titles, list)
-            or not isinstance(sent_ids, list)
-            or len(titles) != len(sent_ids)
-        ):
-            raise DataFormatError(
-                path,
-                where,
-                "supporting_facts",
-                "{'title': [...], 'sent_id': [...]} of equal length",
-                facts,
-            )
-        raw: list[Any] = [list(pair) for pair in zip(titles, sent_ids, strict=True)]
+        titles = facts.get("title")
+        if facts.get("sent_id") is None and isinstance(titles, list):
+            facts = {**facts, "sent_id": [-1] * len(titles)}  # titles alone: no sentence is named
+        expected = "{'title': [...], 'sent_id': [...]} of equal length"
+        pairs = _column_pairs(facts, "title", "sent_id", "supporting_facts", expected, path, where)
+        raw: list[Any] = [list(pair) for pair in pairs]
     elif isinstance(facts, list):
         raw = facts
     else:
@@ -150,6 +128,23 @@ def supporting_facts(record: dict[str, Any], path: Path, where: str) -> list[tup
             )
         out.append((fact[0], fact[1]))
     return out
+
+
+def _column_pairs(
+    value: dict[str, Any],
+    first: str,
+    second: str,
+    field: str,
+    expected: str,
+    path: Path,
+    where: str,
+) -> list[tuple[Any, Any]]:
+    """The Hugging Face layout's two equal-length columns ``value[first]`` and
+    ``value[second]`` as ``(a, b)`` pairs; a :class:`DataFormatError` naming ``field`` else."""
+    a, b = value.get(first), value.get(second)
+    if not isinstance(a, list) or not isinstance(b, list) or len(a) != len(b):
+        raise DataFormatError(path, where, field, expected, value)
+    return list(zip(a, b, strict=True))
 
 
 def gold_ids(

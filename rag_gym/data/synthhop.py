@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,7 +56,7 @@ import numpy as np
 
 from rag_gym._names import unknown_name
 from rag_gym.data.splits import canonical_split
-from rag_gym.data.types import Corpus, Passage, QAExample
+from rag_gym.data.types import Corpus, QAExample
 
 SPLITS = ("train", "validation", "test")
 
@@ -266,7 +265,7 @@ class SynthHopWorld:
         for split, examples in self.questions.items():
             with open(out / f"{split}.jsonl", "w", encoding="utf-8") as f:
                 for ex in examples:
-                    f.write(json.dumps(example_to_json(ex), ensure_ascii=False) + "\n")
+                    f.write(json.dumps(asdict(ex), ensure_ascii=False) + "\n")
         params = {
             "rag_gym_version": __version__,
             "config": asdict(self.config),
@@ -275,21 +274,6 @@ class SynthHopWorld:
         }
         (out / "config.json").write_text(json.dumps(params, indent=2) + "\n")
         return out
-
-
-def example_to_json(ex: QAExample) -> dict[str, Any]:
-    """A JSON-serialisable dict of a QAExample (passages as ``{id, title, text}``)."""
-    return {
-        "id": ex.id,
-        "question": ex.question,
-        "answers": list(ex.answers),
-        "supporting_ids": list(ex.supporting_ids),
-        "passages": [{"id": p.id, "title": p.title, "text": p.text} for p in ex.passages],
-        "hops": ex.hops,
-        "answerable": ex.answerable,
-        "type": ex.type,
-        "meta": dict(ex.meta),
-    }
 
 
 @functools.lru_cache(maxsize=4)
@@ -887,9 +871,3 @@ def hash_text(text: str) -> int:
     return int.from_bytes(
         hashlib.blake2b(text.encode(), digest_size=8).digest(), "big", signed=True
     )
-
-
-def passages_naming(corpus: Corpus, names: Sequence[str]) -> list[Passage]:
-    """Passages whose text names all of ``names`` (word-boundary match); for tests and checks."""
-    patterns = [re.compile(rf"(?<!\w){re.escape(n)}(?!\w)") for n in names]
-    return [p for p in corpus if all(pat.search(p.text) for pat in patterns)]

@@ -46,6 +46,7 @@ from rag_gym.data import (
 )
 from rag_gym.data import load as load_dataset
 from rag_gym.data.splits import canonical_split
+from rag_gym.envs.spaces import UnicodeText
 from rag_gym.retrieval import BM25Retriever, Retriever
 from rag_gym.retrieval.base import corpus_size
 
@@ -276,6 +277,7 @@ class QAEnv(gym.Env):
         self.answer_metric = answer_metric
         self.max_obs_chars = max_obs_chars
         self.render_mode = render_mode
+        self.observation_space = UnicodeText(max_length=max_obs_chars)
 
         # a name with defaults (synthhop-hard): the given options extend them
         dataset_kwargs = {**dataset_defaults(data.dataset), **(data.dataset_kwargs or {})}
@@ -329,6 +331,7 @@ class QAEnv(gym.Env):
                     )
                 first[ex.id] = i
         self._example: QAExample | None = None
+        self._done = True
 
     def _build(
         self, data_path, dataset_kwargs, corpus_path, corpus_mode, examples, retriever, index
@@ -430,6 +433,15 @@ class QAEnv(gym.Env):
         return True
 
     # ---- shared pieces of reset/step -------------------------------------------------------------
+    #: What ``step`` raises (a ``RuntimeError``) once the episode has ended.
+    _ended = "the episode has ended; call reset()"
+
+    def _check_running(self) -> None:
+        if self._example is None:
+            raise RuntimeError("call reset() before step()")
+        if self._done:
+            raise RuntimeError(self._ended)
+
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         """Seed ``self.np_random`` (Gymnasium's ``Env.reset``); a seed that is not an int >= 0
         is a ``TypeError`` or ``ValueError`` here, before Gymnasium's untyped error."""

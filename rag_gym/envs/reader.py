@@ -124,6 +124,8 @@ class ReaderEnv(QAEnv):
     (True, True, True)
     """
 
+    _ended = "the episode has ended (one step per question); call reset()"
+
     def __init__(
         self,
         data: DataConfig | None = None,
@@ -154,9 +156,7 @@ class ReaderEnv(QAEnv):
             render_mode=render_mode,
         )
         self.max_action_chars = max_action_chars
-        self.observation_space = UnicodeText(max_length=max_obs_chars)
         self.action_space = UnicodeText(max_length=max_action_chars)
-        self._done = True
 
     @staticmethod
     def keep_example(example: QAExample) -> bool:
@@ -180,10 +180,7 @@ class ReaderEnv(QAEnv):
         return self._render_obs(), self._info()
 
     def step(self, action: str):
-        if self._example is None:
-            raise RuntimeError("call reset() before step()")
-        if self._done:
-            raise RuntimeError("the episode has ended (one step per question); call reset()")
+        self._check_running()
         text, clipped = read_text_action(action, self.max_action_chars)
         self._last_action = text
         parsed = parse(text, names=frozenset(READER_TAGS))

@@ -175,6 +175,8 @@ class SearchEnv(QAEnv):
     (3, False)
     """
 
+    _ended = "the episode has ended (ANSWER or REFUSE); call reset() to start a new one"
+
     def __init__(
         self,
         data: DataConfig | None = None,
@@ -215,14 +217,12 @@ class SearchEnv(QAEnv):
         self.max_query_chars = max_query_chars
         self.invalid_action_penalty = float(invalid_action_penalty)
 
-        self.observation_space = UnicodeText(max_length=max_obs_chars)
         self.action_space = spaces.Dict(
             {
                 "type": spaces.Discrete(len(ActionType)),
                 "text": UnicodeText(max_length=max_text_chars),
             }
         )
-        self._done = True
 
     # ---- Gymnasium API --------------------------------------------------------------------------
     def reset(
@@ -255,35 +255,21 @@ class SearchEnv(QAEnv):
         self._check_running()
         return self._apply(*self._validate(action), None)
 
-    def search_request(self, action: dict[str, Any]) -> SearchRequest | None:
-        """The retrieval ``step(action)`` will make, or ``None`` when the action retrieves
-        nothing (no SEARCH, or an invalid one). A malformed action raises as ``step`` does. The
-        native vector env (:class:`~rag_gym.envs.vector.SearchVectorEnv`) batches these."""
-        if self._example is None or self._done:
-            return None
-        return self._request_for(*self._validate(action))
-
     def _request_for(self, atype: int, text: str) -> SearchRequest | None:
-        """:meth:`search_request` of an action :meth:`_validate` has checked."""
+        """The retrieval ``step`` will make for an action :meth:`_validate` has checked, or
+        ``None`` when it retrieves nothing (no SEARCH, or an invalid one). The native vector env
+        (:class:`~rag_gym.envs.vector.SearchVectorEnv`) batches these."""
         query = text.strip()
         if atype != ActionType.SEARCH or not query or len(query) > self.max_query_chars:
             return None
         exclude = list(self._seen) if self.exclude_seen and self._seen else None
         return self._request(query, self.k, exclude)
 
-    def _check_running(self) -> None:
-        if self._example is None:
-            raise RuntimeError("call reset() before step()")
-        if self._done:
-            raise RuntimeError(
-                "the episode has ended (ANSWER or REFUSE); call reset() to start a new one"
-            )
-
     def _apply(
         self, atype: int, text: str, prefetched: tuple[list[str], list[float]] | None
     ) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """``step`` of an action :meth:`_validate` has checked, in a running episode, with the
-        ids and scores of :meth:`search_request`'s retrieval when already made."""
+        ids and scores of :meth:`_request_for`'s retrieval when already made."""
         assert self._example is not None and not self._done
         self._step_count += 1
         self._last_message = ""

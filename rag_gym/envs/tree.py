@@ -125,6 +125,8 @@ class TreeSearchEnv(QAEnv):
     (3, [1, 1, 1])
     """
 
+    _ended = "the episode has ended (stop signal); call reset()"
+
     def __init__(
         self,
         data: DataConfig | None = None,
@@ -160,9 +162,7 @@ class TreeSearchEnv(QAEnv):
         self.top_t_base, self.top_t_predicted = top_t_base, top_t_predicted
         self.max_query_chars = max_query_chars
         self.max_action_chars = max_action_chars
-        self.observation_space = UnicodeText(max_length=max_obs_chars)
         self.action_space = UnicodeText(max_length=max_action_chars)
-        self._done = True
 
     @staticmethod
     def format_action(
@@ -197,10 +197,7 @@ class TreeSearchEnv(QAEnv):
         return self._render_obs(), self._info(branches=[], stop=False, extra={})
 
     def step(self, action: str):
-        if self._example is None:
-            raise RuntimeError("call reset() before step()")
-        if self._done:
-            raise RuntimeError("the episode has ended (stop signal); call reset()")
+        self._check_running()
         text, clipped = read_text_action(action, self.max_action_chars)
         self._step_count += 1
         depth = self._step_count

@@ -91,8 +91,6 @@ from rag_gym.integrations.openenv_config import (  # noqa: F401  (config_from_en
 from rag_gym.wrappers.presets import with_text_actions
 from rag_gym.wrappers.text_actions import text_actions_of
 
-#: the Dict form's action names (``RagGymAction.type``), as in :class:`~rag_gym.envs.search.ActionType`
-ACTION_NAMES = ("search", "answer", "backtrack", "refuse", "evaluate")
 _UNSET: Any = object()
 
 

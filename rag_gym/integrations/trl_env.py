@@ -432,13 +432,7 @@ def tool_call_demonstrations(
 
 
 def _tag_text(tags: Any, kind: ActionType, text: str) -> str:
-    name = {
-        ActionType.SEARCH: tags.search,
-        ActionType.ANSWER: tags.answer,
-        ActionType.BACKTRACK: tags.backtrack,
-        ActionType.REFUSE: tags.refuse,
-        ActionType.EVALUATE: tags.evaluate,
-    }[kind]
+    name = getattr(tags, kind.name.lower())  # the TagSet field of each action type
     if not name:
         raise ValueError(f"this env's tag preset {tags.name!r} has no {kind.name.lower()} action")
     if kind in (ActionType.BACKTRACK, ActionType.REFUSE):

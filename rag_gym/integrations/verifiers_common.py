@@ -63,7 +63,7 @@ def tool_env_class(env_id: str, reward_preset: str | None, env_kwargs_json: str)
     )
 
 
-def outcome(env: Any, info: dict[str, Any], returns: float, terms: dict[str, float], **extra):
+def outcome(info: dict[str, Any], returns: float, terms: dict[str, float], **extra):
     """The JSON-safe summary of an episode that rewards and metrics read."""
     scores = info.get("scores") or {}
     return json_safe(

@@ -69,7 +69,7 @@ except ImportError as exc:
 
 from rag_gym.envs.tags import tag_set
 from rag_gym.integrations import trl_env
-from rag_gym.integrations._common import check_env_id, json_safe
+from rag_gym.integrations._common import check_env_id
 from rag_gym.integrations.verifiers_common import (  # noqa: F401  (tool_schema* re-exported)
     outcome,
     tool_schema,
@@ -278,7 +278,6 @@ class RagGymEnv(vf.Env[RagGymEnvConfig]):
                 searches += len(info.get("queries", []))
                 format_errors += 0 if info.get("format_ok", True) else 1
                 interaction.trace.info["rag_gym"] = outcome(
-                    env,
                     info,
                     returns,
                     terms,
@@ -348,20 +347,15 @@ class RagGymHarness(vf.Harness[RagGymHarnessConfig]):
 
 def _no_steps(data: Any) -> dict[str, Any]:
     """The outcome of a tools episode in which the model called no tool."""
-    return json_safe(
-        {
-            "question_id": data.question_id,
-            "prediction": None,
-            "em": 0.0,
-            "f1": 0.0,
-            "episode_return": 0.0,
-            "return_terms": {},
-            "searches": 0,
-            "format_errors": 0,
-            "steps": 0,
-            "done": False,
-            "calls": [],
-        }
+    return outcome(
+        {"question_id": data.question_id},
+        0.0,
+        {},
+        searches=0,
+        format_errors=0,
+        steps=0,
+        done=False,
+        calls=[],
     )
 
 

@@ -225,7 +225,6 @@ class RagGymToolset(vf.Toolset[RagGymToolsConfig, RagGymState]):
         env = self.env
         assert env is not None
         self.state.outcome = outcome(
-            env,
             env.info,
             env.episode_return,
             env.return_terms,

@@ -46,8 +46,7 @@ def _golds(answer: str | Sequence[str] | None) -> list[str] | None:
     return [answer] if isinstance(answer, str) else list(answer)
 
 
-def _column(columns: dict[str, Any], name: str, n: int) -> list[Any]:
-    values = columns.get(name)
+def _column(values: Sequence[Any] | None, name: str, n: int) -> list[Any]:
     if values is None:
         return [None] * n
     values = list(values)
@@ -65,22 +64,24 @@ def last_tag(text: str, name: str) -> str | None:
 
 
 def _answer_scores(completions: list, answer: list | None, score) -> list[float | None]:
-    out: list[float | None] = []
-    for completion, gold in zip(
-        completions, _column({"answer": answer}, "answer", len(completions)), strict=True
-    ):
-        golds = _golds(gold)
-        out.append(
-            None if golds is None else score(last_tag(completion_text(completion), "answer"), golds)
+    """``score(text, golds)`` per completion; ``None`` where its ``answer`` entry is missing."""
+    return [
+        None if gold is None else score(completion_text(completion), _golds(gold))
+        for completion, gold in zip(
+            completions, _column(answer, "answer", len(completions)), strict=True
         )
-    return out
+    ]
 
 
 def exact_match_reward(
     completions: list, answer: list | None = None, **columns: Any
 ) -> list[float | None]:
     """Exact match of the last ``<answer>`` block (Eval-RAR's R_ans, ARENA's accuracy)."""
-    return _answer_scores(completions, answer, core.eval_rar_answer)
+    return _answer_scores(
+        completions,
+        answer,
+        lambda text, golds: core.eval_rar_answer(last_tag(text, "answer"), golds),
+    )
 
 
 def _reader_parts(text: str) -> tuple[list[str], list[int], str | None]:
@@ -105,8 +106,8 @@ def arena_reward(
     out: list[float | None] = []
     for completion, gold, refs in zip(
         completions,
-        _column({"a": answer}, "a", n),
-        _column({"r": gold_references}, "r", n),
+        _column(answer, "a", n),
+        _column(gold_references, "r", n),
         strict=True,
     ):
         if gold is None or refs is None:
@@ -127,19 +128,13 @@ def eval_rar_reward(
     **columns: Any,
 ) -> list[float | None]:
     """Eval-RAR's R_total (eq. 5) over a whole trajectory with ``<evaluate>`` blocks."""
-    out: list[float | None] = []
-    for completion, gold in zip(
-        completions, _column({"answer": answer}, "answer", len(completions)), strict=True
-    ):
-        golds = _golds(gold)
-        if golds is None:
-            out.append(None)
-            continue
-        text = completion_text(completion)
+
+    def score(text: str, golds: list[str]) -> float:
         evaluations = [t.content for t in parse(text, names=frozenset({"evaluate"})).tags]
         r_ans = core.eval_rar_answer(last_tag(text, "answer"), golds)
-        out.append(core.eval_rar_total(r_ans, core.eval_rar_evaluation(evaluations, golds, r_eval)))
-    return out
+        return core.eval_rar_total(r_ans, core.eval_rar_evaluation(evaluations, golds, r_eval))
+
+    return _answer_scores(completions, answer, score)
 
 
 _LWTS_TAGS = frozenset({"think", "search", "information", "reflect", "answer"})
@@ -167,7 +162,7 @@ def lwts_answer_reward(
     n = len(completions)
     out: list[float | None] = []
     for completion, gold, q in zip(
-        completions, _column({"a": answer}, "a", n), _column({"q": question}, "q", n), strict=True
+        completions, _column(answer, "a", n), _column(question, "q", n), strict=True
     ):
         golds = _golds(gold)
         if golds is None:
@@ -206,7 +201,4 @@ def episode_return(
     completions: list, episode_return: list | None = None, **columns: Any
 ) -> list[float | None]:
     """The return an env-side reward stack computed during the rollout (a dataset column)."""
-    return [
-        None if r is None else float(r)
-        for r in _column({"r": episode_return}, "r", len(completions))
-    ]
+    return [None if r is None else float(r) for r in _column(episode_return, "r", len(completions))]

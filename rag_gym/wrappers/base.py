@@ -17,6 +17,15 @@ from typing import Any
 import gymnasium as gym
 
 
+def find_wrapper(env: gym.Env, cls: type) -> gym.Env | None:
+    """The first wrapper of type ``cls`` below (or at) ``env``, else None."""
+    while isinstance(env, gym.Wrapper):
+        if isinstance(env, cls):
+            return env
+        env = env.env
+    return None
+
+
 def record(info: dict[str, Any], name: str, raw: float, contribution: float) -> dict[str, Any]:
     """A copy of ``info`` with ``name``'s raw value and reward contribution recorded."""
     info = dict(info)

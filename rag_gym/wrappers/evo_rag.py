@@ -28,21 +28,12 @@ import numpy as np
 
 from rag_gym.envs.search import SearchEnv
 from rag_gym.rewards import core
-from rag_gym.wrappers.base import RewardTerm, horizon
+from rag_gym.wrappers.base import RewardTerm, find_wrapper, horizon
 from rag_gym.wrappers.presets import PRESETS, RewardPreset
 
 
 def _valid(info: dict[str, Any], action_type: str) -> bool:
     return info.get("action_type") == action_type and not info.get("invalid_action", False)
-
-
-def find_wrapper(env: gym.Env, cls: type) -> gym.Env | None:
-    """The first wrapper of type ``cls`` below (or at) ``env``, else None."""
-    while isinstance(env, gym.Wrapper):
-        if isinstance(env, cls):
-            return env
-        env = env.env
-    return None
 
 
 class RetrievalHitReward(RewardTerm):

@@ -11,6 +11,7 @@ from rag_gym.envs.base import clip_text, read_text_action
 from rag_gym.envs.search import ActionType
 from rag_gym.envs.spaces import UnicodeText, sanitize
 from rag_gym.envs.tags import TagSet, parse, tag_set
+from rag_gym.wrappers.base import find_wrapper
 
 #: How an observation follows the model's reply in a policy's token stream (Search-R1's layout:
 #: the ``<information>`` block on its own lines). The trainers' rollouts, the SFT transcripts and
@@ -327,8 +328,4 @@ class TextActions(gym.Wrapper, gym.utils.RecordConstructorArgs):
 def text_actions_of(env: gym.Env) -> TextActions | None:
     """The :class:`TextActions` in ``env``'s wrapper chain (a preset that is text-in, such as
     ``when_to_search``, puts one there), or ``None``."""
-    while isinstance(env, gym.Wrapper):
-        if isinstance(env, TextActions):
-            return env
-        env = env.env
-    return None
+    return find_wrapper(env, TextActions)

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from rag_gym.data.synthhop import PRESETS, SynthHopConfig, generate, passages_naming, world_for
+from rag_gym.data.synthhop import PRESETS, SynthHopConfig, generate, world_for
 
 SMALL = SynthHopConfig(
     n_passages=3000,
@@ -21,6 +21,12 @@ SMALL = SynthHopConfig(
 @pytest.fixture(scope="module")
 def world():
     return generate(SMALL)
+
+
+def passages_naming(corpus, names):
+    """Passages whose text names all of ``names`` (word-boundary match)."""
+    patterns = [re.compile(rf"(?<!\w){re.escape(n)}(?!\w)") for n in names]
+    return [p for p in corpus if all(pat.search(p.text) for pat in patterns)]
 
 
 def _all_questions(world):
