@@ -32,11 +32,13 @@ from rag_gym.wrappers.presets import PRESETS, RewardPreset
 
 
 class EvaluationReward(RewardTerm):
-    """R_eval at termination, counted only when the answer is not an exact match (eq. 5).
+    """R_eval at the episode's end, counted only when the answer is not an exact match (eq. 5).
 
-    Collects the text of every valid EVALUATE action of the episode (in order) and, at the
-    terminating step, gives ``r_eval`` (0.1) if some gold answer, normalised, is a substring of
-    their normalised concatenation and the final answer's EM is 0; otherwise 0.
+    Collects the text of every valid EVALUATE action of the episode (in order) and, on the last
+    step (terminated, or truncated by the step limit with no answer: R_ans = 0, so R_total =
+    R_eval, and Algorithm 1 returns at the step limit), gives ``r_eval`` (0.1) if some gold
+    answer, normalised, is a substring of their normalised concatenation and the final answer's
+    EM is 0; otherwise 0.
     """
 
     name = "evaluation"
@@ -54,7 +56,7 @@ class EvaluationReward(RewardTerm):
     def term(self, action, obs, terminated, truncated, info) -> float:
         if info.get("action_type") == "EVALUATE" and not info.get("invalid_action"):
             self._notes.append(str(action["text"]).strip())
-        if not terminated:
+        if not (terminated or truncated):
             return 0.0
         golds = self.env.unwrapped.current_example.answers
         r_ans = core.eval_rar_answer(info.get("prediction"), golds)

@@ -556,6 +556,15 @@ def test_preset_arena_r2ag_eval_rar_totals():
     assert env.step(act(A, "nope"))[1] == pytest.approx(0.1)
     env.reset(seed=1)
     assert env.step(act(A, gold))[1] == 1.0
+    # the step limit ends an episode before any answer: R_ans = 0, so R_total = R_eval, paid on
+    # that last step
+    env = rag_gym.make("rag_gym/SynthHop-v0", reward_preset="eval_rar", max_episode_steps=2, **KW)
+    env.reset(seed=1)
+    gold = env.unwrapped.current_example.answer
+    assert env.step(act(E, f"So it is {gold}."))[1] == 0.0
+    _, reward, terminated, truncated, info = env.step(act(S, gold))
+    assert truncated and not terminated
+    assert reward == pytest.approx(0.1) and info["reward_terms"]["evaluation"] == pytest.approx(0.1)
 
 
 def test_preset_when_to_search_total():
