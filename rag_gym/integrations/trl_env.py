@@ -62,8 +62,10 @@ class RagGymToolEnv:
     """One rag-gym episode, played through tool calls (bind it with :func:`make_env_class`).
 
     Attributes read by reward functions: ``episode_return`` (the sum of the preset's rewards so
-    far), ``return_terms`` (each reward term summed), ``done``, ``truncated``, ``info`` (the
-    last step's Gymnasium ``info``), ``calls`` (the tool calls of the episode, in order).
+    far), ``step_rewards`` (the reward of each tool call's step, in order: per-turn credit for a
+    trainer that gives it), ``return_terms`` (each reward term summed), ``done``, ``truncated``,
+    ``info`` (the last step's Gymnasium ``info``), ``calls`` (the tool calls of the episode, in
+    order).
     """
 
     env_id: ClassVar[str] = "rag_gym/SynthHop-v0"
@@ -86,6 +88,7 @@ class RagGymToolEnv:
 
     def _clear(self) -> None:
         self.episode_return = 0.0
+        self.step_rewards: list[float] = []
         self.return_terms: dict[str, float] = {}
         self.done = False
         self.truncated = False
@@ -125,6 +128,7 @@ class RagGymToolEnv:
             action = {"type": kind, "text": text[: self._env.action_space["text"].max_length]}
         _, reward, terminated, truncated, info = self._env.step(action)
         self.episode_return += float(reward)
+        self.step_rewards.append(float(reward))
         for key, value in info.get("reward_terms", {}).items():
             self.return_terms[key] = self.return_terms.get(key, 0.0) + float(value)
         self.done = bool(terminated or truncated)

@@ -30,7 +30,9 @@ Rewards: ``em`` and ``f1`` of the final answer (weight 0.5 each: their weighted 
 ``term/<name>`` for each preset term, ``searches``, ``format_errors`` and ``steps``;
 :class:`RagGymHarness` adds ``unsent_tool_calls``. The episode's outcome is kept in
 ``trace.info["rag_gym"]`` (for ``tools``, the task's ``finalize`` copies it there from the state
-the tool server wrote).
+the tool server wrote), with ``step_rewards``, the preset's reward of each env step in order:
+verifiers scores a rollout as a whole and has no per-turn reward field, so a trainer that gives
+per-turn credit reads them there.
 
 Safe defaults: the agent runs in a ``subprocess`` runtime on this machine (not a remote one),
 the harness is rag-gym's own in-process chat loop (no shell, nothing installed), and it only
@@ -265,7 +267,7 @@ class RagGymEnv(vf.Env[RagGymEnvConfig]):
             return
         env = _text_env(data)
         _, info = env.reset(options={"question_id": data.question_id})
-        returns, terms = 0.0, {}
+        returns, terms, step_rewards = 0.0, {}, []
         searches = format_errors = steps = 0
         async with agents.player.interaction(task) as interaction:
             segment = await interaction.turn()
@@ -273,6 +275,7 @@ class RagGymEnv(vf.Env[RagGymEnvConfig]):
                 obs, reward, terminated, truncated, info = env.step(segment.last_reply)
                 steps += 1
                 returns += float(reward)
+                step_rewards.append(float(reward))
                 for k, v in info.get("reward_terms", {}).items():
                     terms[k] = terms.get(k, 0.0) + float(v)
                 searches += len(info.get("queries", []))
@@ -285,6 +288,7 @@ class RagGymEnv(vf.Env[RagGymEnvConfig]):
                     format_errors=format_errors,
                     steps=steps,
                     done=bool(terminated or truncated),
+                    step_rewards=list(step_rewards),
                 )
                 if terminated or truncated or steps >= data.max_turns:
                     break

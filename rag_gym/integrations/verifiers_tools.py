@@ -233,6 +233,7 @@ class RagGymToolset(vf.Toolset[RagGymToolsConfig, RagGymState]):
             steps=len(env.calls),
             done=env.done,
             calls=[list(c) for c in env.calls],
+            step_rewards=list(env.step_rewards),
         )
 
 

@@ -265,6 +265,9 @@ def test_tool_interaction_through_the_mcp_toolset(tmp_path, scripted_server):
         assert trace["rewards"]["f1"] == {"score": f1_score(answer, data["answers"]), "weight": 0.5}
         env.answer(answer)
         assert trace["metrics"]["episode_return"] == env.episode_return
+        # each step's reward, in order, for per-turn credit
+        assert outcome["step_rewards"] == env.step_rewards and len(env.step_rewards) == 2
+        assert sum(outcome["step_rewards"]) == pytest.approx(env.episode_return)
         assert trace["metrics"]["searches"] == 1.0 and trace["metrics"]["steps"] == 2.0
         assert trace["metrics"]["format_errors"] == 0.0
     # the scripted answers (the first passage's title) are right for one question and wrong
@@ -343,6 +346,9 @@ def test_text_interaction_against_a_scripted_server(tmp_path, scripted_server):
     assert "tools" not in app.state.requests[0]
     assert len(app.state.requests) == 2 and outcome["steps"] == 2 and outcome["done"]
     assert outcome["prediction"] == "Nobody" and outcome["searches"] == 1
+    # one reward per env step, in order, summing to the return
+    assert len(outcome["step_rewards"]) == 2
+    assert sum(outcome["step_rewards"]) == pytest.approx(outcome["episode_return"])
     users = [n["message"]["content"] for n in trace["nodes"] if n["message"]["role"] == "user"]
     assert users[1].startswith("<information>")
     assert trace["rewards"]["em"]["score"] == outcome["em"] == 0.0
