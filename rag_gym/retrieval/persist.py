@@ -64,13 +64,7 @@ def write_index(
     """
     from rag_gym import __version__
 
-    out = Path(out_dir)
-    check_target(out, force)
-    _remove_stale_siblings(out)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    def build(tmp: Path) -> None:
         written = write_files(tmp) or {}
         if corpus is not None:
             written_corpus = write_corpus_files(corpus, tmp)
@@ -92,7 +86,23 @@ def write_index(
         }
         full["params_sha256"] = _params_digest(full)
         (tmp / PARAMS).write_text(json.dumps(full, indent=2) + "\n")
-        check_target(out, force)  # again: the folder may have changed while the index was built
+
+    out = Path(out_dir)
+    return build_atomically(out, lambda: check_target(out, force), build)
+
+
+def build_atomically(out: Path, check: Callable[[], None], build: Callable[[Path], None]) -> Path:
+    """Run ``check()`` (raising when ``out`` may not be replaced), then ``build(tmp)`` into a
+    temporary sibling folder, ``check()`` again (the folder may have changed meanwhile), and
+    rename the result into place; a failure removes the temporary folder."""
+    check()
+    _remove_stale_siblings(out)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        build(tmp)
+        check()  # again: the folder may have changed while the index was built
         _swap_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -103,16 +113,8 @@ def write_index(
 def check_target(out: Path, force: bool = False) -> None:
     """Raise ``FileExistsError`` unless ``out`` may be replaced by an index build: absent, an
     empty folder, or a rag-gym index holding nothing but its own files (or ``force``)."""
-    if not out.exists() and not out.is_symlink():
-        return
-    if force:
-        return
     fix = "; pick another --out, or pass --force (force=True) to replace it"
-    if out.is_symlink():
-        raise FileExistsError(f"{out} is a symbolic link, not an index folder{fix}")
-    if not out.is_dir():
-        raise FileExistsError(f"{out} is a file, not an index folder{fix}")
-    entries = sorted(p.name for p in out.iterdir())
+    entries = target_entries(out, force, fix)
     if not entries:
         return
     extra = foreign_files(out)
@@ -126,6 +128,19 @@ def check_target(out: Path, force: bool = False) -> None:
             f"{out} is a rag-gym index but also holds files that are not its own "
             f"({_shown(extra)}), which replacing it would delete{fix}"
         )
+
+
+def target_entries(out: Path, force: bool, fix: str) -> list[str]:
+    """The sorted names in the folder ``out`` that a build would replace: none when ``out`` is
+    absent or with ``force``; ``FileExistsError`` (its message ending in ``fix``) when ``out`` is
+    a symbolic link or a file."""
+    if force or (not out.exists() and not out.is_symlink()):
+        return []
+    if out.is_symlink():
+        raise FileExistsError(f"{out} is a symbolic link, not an index folder{fix}")
+    if not out.is_dir():
+        raise FileExistsError(f"{out} is a file, not an index folder{fix}")
+    return sorted(p.name for p in out.iterdir())
 
 
 def foreign_files(folder: Path) -> list[str] | None:
@@ -343,15 +358,11 @@ def read_index(
             corpus = Corpus.from_jsonl(d / "corpus.jsonl", name=params.get("corpus_name"))
     except ValueError as exc:  # DataFormatError names the file and line
         raise ValueError(f"{exc}; rebuild the index") from None
-    if mapped and corpus.facts() != {  # what the build wrote, checked without reading the file
-        "size": params.get("corpus_size"),
-        "checksum": params.get("corpus_checksum"),
-    }:
-        raise ValueError(
-            f"{d / 'corpus.jsonl'} does not match {d / PARAMS} (size or checksum); rebuild the index"
-        )
-    if len(corpus) != params.get("corpus_size") or (
-        (verify or not mapped) and corpus.checksum() != params.get("corpus_checksum")
+    facts = {"size": params.get("corpus_size"), "checksum": params.get("corpus_checksum")}
+    if (
+        (mapped and corpus.facts() != facts)  # what the build wrote, checked without reading it
+        or len(corpus) != facts["size"]
+        or ((verify or not mapped) and corpus.checksum() != facts["checksum"])
     ):
         raise ValueError(
             f"{d / 'corpus.jsonl'} does not match {d / PARAMS} (size or checksum); rebuild the index"

@@ -40,9 +40,7 @@ import bisect
 import hashlib
 import itertools
 import json
-import os
 import re
-import shutil
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -63,11 +61,11 @@ from rag_gym.retrieval.bm25_build import (
 )
 from rag_gym.retrieval.bm25_format import BM25Config
 from rag_gym.retrieval.persist import (
-    _remove_stale_siblings,
     _shown,
-    _swap_into_place,
+    build_atomically,
     foreign_files,
     read_params,
+    target_entries,
 )
 
 MANIFEST = "shards.json"
@@ -88,30 +86,6 @@ def local_map(fn: Callable[..., Any], calls: list[tuple]) -> list[Any]:
 
 
 # ---- the corpus file in byte ranges -------------------------------------------------------------
-def corpus_ranges(path: str | Path, n: int) -> list[tuple[int, int]]:
-    """``n`` byte ranges ``[start, end)`` covering the file, each starting at a line's start
-    (about equal in bytes; a range may be empty when the file has fewer lines than ``n``)."""
-    path = Path(path)
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"expected a shard count >= 1, got {n!r}")
-    size = path.stat().st_size
-    cuts = [0]
-    with open(path, "rb") as f:
-        for i in range(1, n):
-            at = max(size * i // n, cuts[-1])
-            if at >= size:
-                cuts.append(size)
-                continue
-            if at > 0:
-                f.seek(at - 1)
-                if f.read(1) != b"\n":
-                    f.readline()  # to the start of the next line
-                at = f.tell()
-            cuts.append(min(at, size))
-    cuts.append(size)
-    return list(itertools.pairwise(cuts))
-
-
 def check_shard_count(shards: object, passages: int | None = None) -> int:
     """``shards`` as a shard count: an ``int`` (not a ``bool``) from 1 to ``passages`` (every
     shard holds at least one passage; ``passages`` shards is allowed). Raises ``TypeError`` or
@@ -223,13 +197,12 @@ def _check_unique_ids(path: Path, digests: list[np.ndarray]) -> None:
     if len(np.unique(all_ids)) == len(all_ids):
         return
     seen: set[str] = set()
-    for start, end in corpus_ranges(path, 1):
-        for p in iter_range(path, start, end):
-            if p.id in seen:
-                raise ValueError(
-                    f"{path}: passage id {p.id!r} is repeated; every passage needs its own id"
-                )
-            seen.add(p.id)
+    for p in iter_range(path, 0, path.stat().st_size):
+        if p.id in seen:
+            raise ValueError(
+                f"{path}: passage id {p.id!r} is repeated; every passage needs its own id"
+            )
+        seen.add(p.id)
 
 
 def build_bm25_shard(
@@ -421,13 +394,7 @@ def _write_sharded(
 ) -> Path:
     from rag_gym import __version__
 
-    out = Path(out_dir)
-    _check_target(out, force)
-    _remove_stale_siblings(out)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    def build(tmp: Path) -> None:
         built = write(tmp)
         facts = built["facts"]
         corpus_checksum = hashlib.sha256("".join(f["checksum"] for f in facts).encode()).hexdigest()
@@ -456,12 +423,9 @@ def _write_sharded(
         }
         manifest["manifest_sha256"] = _digest(manifest)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        _check_target(out, force)
-        _swap_into_place(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+
+    out = Path(out_dir)
+    return build_atomically(out, lambda: _check_target(out, force), build)
 
 
 def _check_target(out: Path, force: bool) -> None:
@@ -469,14 +433,8 @@ def _check_target(out: Path, force: bool) -> None:
     empty folder, or a sharded index holding nothing but its own files (``shards.json`` and
     ``shard-NNN`` index folders that hold only their own files, as
     :func:`~rag_gym.retrieval.persist.check_target` checks them), or ``force``."""
-    if force or (not out.exists() and not out.is_symlink()):
-        return
     fix = "; pick another --out, or pass --force to replace it"
-    if out.is_symlink():
-        raise FileExistsError(f"{out} is a symbolic link, not an index folder{fix}")
-    if not out.is_dir():
-        raise FileExistsError(f"{out} is a file, not an index folder{fix}")
-    names = sorted(p.name for p in out.iterdir())
+    names = target_entries(out, force, fix)
     if not names:
         return
     if MANIFEST not in names:
