@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
@@ -62,10 +61,9 @@ from rag_gym.retrieval.bm25_format import (
     BLOCK_ARRAYS,
     SERVING,
     SERVING_ARRAYS,
-    TOKEN_PATTERN,
     BM25Config,
     block_pointers,
-    bm25s_stopwords,
+    tokenizer_steps,
 )
 from rag_gym.retrieval.persist import read_index, write_index
 
@@ -134,14 +132,8 @@ class BM25Retriever(BaseRetriever):
         # posting lists are checked when a query first reads them (an index loaded unverified)
         self._lazy_checks = False
         self._pool: ThreadPoolExecutor | None = None
-        self._stemmer = None
-        if self.config.stemmer:
-            import Stemmer
-
-            self._stemmer = Stemmer.Stemmer(self.config.stemmer)
         # bm25s.tokenize's own steps (see tokenize)
-        self._split = re.compile(TOKEN_PATTERN).findall
-        self._stopwords = frozenset(bm25s_stopwords(self.config.stopwords))
+        self._split, self._stopwords, self._stemmer = tokenizer_steps(self.config)
         self.corpus = Corpus(name="empty")
         self.model: bm25s.BM25 | None = None
         if corpus is not None:
@@ -464,8 +456,7 @@ class BM25Retriever(BaseRetriever):
         ``corpus.jsonl`` and bm25s's arrays (numpy and JSON, no pickle), atomically
         (:mod:`rag_gym.retrieval.persist`). An existing ``out_dir`` that is not a rag-gym index
         (nor empty) is a ``FileExistsError`` unless ``force``."""
-        if self.model is None:
-            raise RuntimeError("the retriever has no index yet; call index(corpus) first")
+        self.searchable()  # an index to save
         model = self.model
 
         def write_files(tmp: Path) -> dict:

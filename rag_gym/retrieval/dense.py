@@ -333,8 +333,7 @@ class DenseRetriever(BaseRetriever):
         own binary format; no pickle), atomically (:mod:`rag_gym.retrieval.persist`). An
         existing ``out_dir`` that is not a rag-gym index (nor empty) is a ``FileExistsError``
         unless ``force``."""
-        if self._index is None:
-            raise RuntimeError("the retriever has no index yet; call index(corpus) first")
+        self.searchable()  # an index to save
         if self.embeddings is None:
             raise ValueError(
                 "a retriever made by from_faiss serves its index file as it is; save() writes "

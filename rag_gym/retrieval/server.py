@@ -81,6 +81,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger("rag_gym.retrieval.server")
+_NEEDS = "the retrieval server needs fastapi and uvicorn: pip install 'rag-gym[server]'"
 
 
 @dataclass(frozen=True)
@@ -232,9 +233,7 @@ def create_app(
         from fastapi import FastAPI
         from pydantic import BaseModel, ConfigDict, StrictStr
     except ImportError as exc:
-        raise ImportError(
-            "the retrieval server needs fastapi and uvicorn: pip install 'rag-gym[server]'"
-        ) from exc
+        raise ImportError(_NEEDS) from exc
     if max_in_flight < 1 or max_batch < 1 or max_batch_cost < 1 or batch_window_ms < 0:
         raise ValueError(
             f"expected max_in_flight >= 1, max_batch >= 1, max_batch_cost >= 1 and "
@@ -289,21 +288,15 @@ def create_app(
         "index_id": index_id or secrets.token_hex(8),
     }
 
-    def health_reply():
+    @app.get("/health")
+    @app.get("/healthz")
+    async def health():
         stale = endpoint.stale()
         if stale is None:
             return status
         from fastapi.responses import JSONResponse
 
         return JSONResponse({**status, "status": "index changed", **stale}, status_code=503)
-
-    @app.get("/health")
-    async def health():
-        return health_reply()
-
-    @app.get("/healthz")
-    async def healthz():
-        return health_reply()
 
     return app
 
@@ -333,9 +326,7 @@ def make_server(
     try:
         import uvicorn
     except ImportError as exc:
-        raise ImportError(
-            "the retrieval server needs fastapi and uvicorn: pip install 'rag-gym[server]'"
-        ) from exc
+        raise ImportError(_NEEDS) from exc
     from rag_gym.retrieval._uvicorn_compat import base_protocol, guarded_protocol
 
     limits = limits or ServerLimits()
