@@ -138,11 +138,9 @@ class DenseRetriever(BaseRetriever):
         step = max(self.config.batch_size * 16, 1)
         for start in range(0, len(texts), step):
             chunks.append(self._encode(texts[start : start + step], self.config.passage_prefix))
-        self._install(np.concatenate(chunks), corpus, build=True)
+        self._install(np.concatenate(chunks), corpus)
 
-    def _install(
-        self, embeddings: np.ndarray, corpus: Corpus, build: bool, faiss_index=None
-    ) -> None:
+    def _install(self, embeddings: np.ndarray, corpus: Corpus, faiss_index=None) -> None:
         faiss = self._faiss
         dim = embeddings.shape[1]
         if faiss_index is None:
@@ -401,9 +399,7 @@ class DenseRetriever(BaseRetriever):
             raise ValueError(
                 f"{d / 'faiss.index'} holds {faiss_index.ntotal} vectors, the corpus has {len(corpus)}"
             )
-        retriever._install(
-            embeddings.astype(np.float32), corpus, build=False, faiss_index=faiss_index
-        )
+        retriever._install(embeddings.astype(np.float32), corpus, faiss_index=faiss_index)
         return retriever
 
     def __repr__(self) -> str:

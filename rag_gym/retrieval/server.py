@@ -610,12 +610,7 @@ class _RetrieveEndpoint:
         flat = np.fromiter((s for row in scores for s in row), dtype=np.float64)
         bad = np.flatnonzero(~np.isfinite(flat))
         if len(bad):
-            pid = [p for row in ids for p in row][bad[0]]
-            logger.error("passage %r scored %r", pid, flat[bad[0]])
-            return 500, {
-                "error": f"the index scored passage {pid!r} {flat[bad[0]]}, not a number; "
-                "the index is damaged: rebuild it"
-            }
+            return _bad_score([p for row in ids for p in row][bad[0]], flat[bad[0]])
         rows = np.fromiter((index[p] for row in ids for p in row), dtype=np.int64)
         lengths = np.fromiter((len(row) for row in ids), dtype=np.int64)
         return 200, _StreamedReply(self, rows, flat, lengths, return_scores)
@@ -635,11 +630,7 @@ class _RetrieveEndpoint:
                     text = f"{titles[i]}\n{texts[i]}" if titles[i] else texts[i]
                 score = float(score)
                 if not math.isfinite(score):
-                    logger.error("passage %r scored %r", pid, score)
-                    return 500, {
-                        "error": f"the index scored passage {pid!r} {score}, not a number; "
-                        "the index is damaged: rebuild it"
-                    }
+                    return _bad_score(pid, score)
                 doc = {"id": pid, "contents": text}
                 docs.append({"document": doc, "score": score} if return_scores else doc)
             result.append(docs)
@@ -654,6 +645,15 @@ class _RetrieveEndpoint:
 
     def stop(self) -> None:
         self.batcher.stop()
+
+
+def _bad_score(pid: str, score) -> tuple[int, dict]:
+    """The 500 reply to a passage the index scored ``score``, not a finite number (logged)."""
+    logger.error("passage %r scored %r", pid, score)
+    return 500, {
+        "error": f"the index scored passage {pid!r} {score}, not a number; "
+        "the index is damaged: rebuild it"
+    }
 
 
 class _StreamedReply:
