@@ -210,14 +210,13 @@ def build_bm25_shard(
     start: int,
     end: int,
     out: str,
-    stats: CorpusStats,
-    config: dict,
-    memory: int,
     info: dict,
-) -> dict:
-    """Build one BM25 shard (the passages of bytes ``[start, end)``) scored with ``stats``;
-    returns its ``params.json`` facts."""
-    folder = build_bm25_index(
+    config: dict,
+    stats: CorpusStats,
+    memory: int,
+) -> None:
+    """Build one BM25 shard (the passages of bytes ``[start, end)``) scored with ``stats``."""
+    build_bm25_index(
         iter_range(path, start, end),
         out,
         config=BM25Config(**config),
@@ -227,8 +226,6 @@ def build_bm25_shard(
         stats=stats,
         extra_params={"shard": info},
     )
-    params = read_params(folder)
-    return {"size": params["corpus_size"], "checksum": params["corpus_checksum"]}
 
 
 # ---- building -----------------------------------------------------------------------------------
@@ -269,23 +266,10 @@ def build_bm25_shards(
             f"{corpus} holds {stats.n_docs} passages, too few for {shards} shards of at least one "
             "each; pass fewer --shards"
         )
-    digest = stats.digest()
-
-    def write(tmp: Path) -> dict:
-        calls = []
-        for i, (a, b) in enumerate(ranges):
-            info = {
-                "index": i,
-                "of": shards,
-                "first": int(firsts[i]),
-                "stats_sha256": digest,
-                "corpus_name": corpus.stem,
-            }
-            calls.append((str(corpus), a, b, str(tmp / _shard_dir(i)), stats, cfg, budget, info))
-        facts = map_fn(build_bm25_shard, calls)
-        return {"stats_sha256": digest, "config": cfg, "facts": facts, "firsts": firsts}
-
-    return _write_sharded(out_dir, "bm25", corpus, shards, write, force)
+    shard_args = (cfg, stats.digest(), stats, budget)
+    return _write_sharded(
+        out_dir, "bm25", corpus, force, map_fn, build_bm25_shard, ranges, firsts, *shard_args
+    )
 
 
 def passage_offsets(path: str | Path, starts: Sequence[int]) -> list[int]:
@@ -310,15 +294,13 @@ def passage_offsets(path: str | Path, starts: Sequence[int]) -> list[int]:
     return out
 
 
-def build_dense_shard(path: str, start: int, end: int, out: str, config: dict, info: dict) -> dict:
+def build_dense_shard(path: str, start: int, end: int, out: str, info: dict, config: dict) -> None:
     """Encode one range of the corpus (bytes ``[start, end)``) into a dense index folder."""
     from rag_gym.data.types import Corpus
     from rag_gym.retrieval.dense import DenseConfig, DenseRetriever
 
     corpus = Corpus(iter_range(path, start, end), name=info["corpus_name"])
-    folder = DenseRetriever(corpus, DenseConfig(**config)).save(out)
-    params = read_params(folder)
-    return {"size": params["corpus_size"], "checksum": params["corpus_checksum"]}
+    DenseRetriever(corpus, DenseConfig(**config)).save(out)
 
 
 def build_dense_shards(
@@ -362,23 +344,10 @@ def build_dense_shards(
     offsets = passage_offsets(corpus, firsts)
     cfg = asdict(config)
     _check_unique_ids(corpus, [_id_digests(p.id for p in iter_range(corpus, 0, offsets[-1]))])
-
-    def write(tmp: Path) -> dict:
-        calls = [
-            (
-                str(corpus),
-                offsets[i],
-                offsets[i + 1],
-                str(tmp / _shard_dir(i)),
-                cfg,
-                {"index": i, "of": shards, "first": firsts[i], "corpus_name": corpus.stem},
-            )
-            for i in range(shards)
-        ]
-        facts = map_fn(build_dense_shard, calls)
-        return {"stats_sha256": None, "config": cfg, "facts": facts, "firsts": firsts}
-
-    return _write_sharded(out_dir, "dense", corpus, shards, write, force)
+    ranges = list(itertools.pairwise(offsets))
+    return _write_sharded(
+        out_dir, "dense", corpus, force, map_fn, build_dense_shard, ranges, firsts, cfg, None
+    )
 
 
 def _shard_dir(i: int) -> str:
@@ -390,35 +359,52 @@ def _digest(body: dict) -> str:
 
 
 def _write_sharded(
-    out_dir: str | Path, kind: str, source: Path, shards: int, write, force: bool
+    out_dir: str | Path,
+    kind: str,
+    source: Path,
+    force: bool,
+    map_fn: Map,
+    build_shard: Callable[..., None],
+    ranges: list[tuple[int, int]],
+    firsts: list[int],
+    config: dict,
+    stats_sha256: str | None,
+    *args: Any,
 ) -> Path:
+    """Build shard ``i`` from bytes ``ranges[i]`` of the corpus file ``source`` (``map_fn`` over
+    ``build_shard(path, start, end, out, info, config, *args)``), then the manifest, in a
+    temporary folder renamed into place (:func:`~rag_gym.retrieval.persist.build_atomically`)."""
     from rag_gym import __version__
 
     def build(tmp: Path) -> None:
-        built = write(tmp)
-        facts = built["facts"]
-        corpus_checksum = hashlib.sha256("".join(f["checksum"] for f in facts).encode()).hexdigest()
-        entries = []
-        for i, fact in enumerate(facts):
-            params = read_params(tmp / _shard_dir(i))
-            entries.append(
-                {
-                    "dir": _shard_dir(i),
-                    "first": int(built["firsts"][i]),
-                    "size": int(fact["size"]),
-                    "params_sha256": params["params_sha256"],
-                }
-            )
+        calls = []
+        for i, (a, b) in enumerate(ranges):
+            scored = {"stats_sha256": stats_sha256} if stats_sha256 is not None else {}
+            info = {"index": i, "of": len(ranges), "first": int(firsts[i]), **scored}
+            info["corpus_name"] = source.stem
+            calls.append((str(source), a, b, str(tmp / _shard_dir(i)), info, config, *args))
+        map_fn(build_shard, calls)
+        shard_params = [read_params(tmp / _shard_dir(i)) for i in range(len(ranges))]
+        checksums = "".join(p["corpus_checksum"] for p in shard_params)
+        entries = [
+            {
+                "dir": _shard_dir(i),
+                "first": int(firsts[i]),
+                "size": int(params["corpus_size"]),
+                "params_sha256": params["params_sha256"],
+            }
+            for i, params in enumerate(shard_params)
+        ]
         manifest = {
             "rag_gym_version": __version__,
             "format": FORMAT,
             "kind": kind,
-            "n_shards": shards,
+            "n_shards": len(ranges),
             "source": source.name,
-            "corpus_size": int(sum(f["size"] for f in facts)),
-            "corpus_checksum": corpus_checksum,
-            "stats_sha256": built["stats_sha256"],
-            "config": built["config"],
+            "corpus_size": int(sum(e["size"] for e in entries)),
+            "corpus_checksum": hashlib.sha256(checksums.encode()).hexdigest(),
+            "stats_sha256": stats_sha256,
+            "config": config,
             "shards": entries,
         }
         manifest["manifest_sha256"] = _digest(manifest)
