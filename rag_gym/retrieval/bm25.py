@@ -238,10 +238,9 @@ class BM25Retriever(BaseRetriever):
         if self._kernels is None:
             return self.model.get_scores_from_ids(ids)
         scores = np.zeros(len(self.corpus), dtype=self._data.dtype)
-        self._check_lists(np.asarray(ids, dtype=np.int64))
-        self._kernels.full_scores(
-            self._data, self._indices, self._indptr, np.asarray(ids, dtype=np.int64), scores
-        )
+        columns = np.asarray(ids, dtype=np.int64)
+        self._check_lists(columns)
+        self._kernels.full_scores(self._data, self._indices, self._indptr, columns, scores)
         if self.model.nonoccurrence_array is not None:
             scores += self._base(ids)
         return scores
@@ -297,9 +296,8 @@ class BM25Retriever(BaseRetriever):
         tokens = np.fromiter(
             (t for i in rows for t in token_ids[i]), dtype=np.int64, count=int(token_ptr[-1])
         )
-        if (
-            self.model.nonoccurrence_array is None
-        ):  # BM25 proper: a passage without the query's tokens scores 0
+        # BM25 proper: a passage without the query's tokens scores 0
+        if self.model.nonoccurrence_array is None:
             base = np.zeros(n, dtype=self._data.dtype)
         else:
             base = np.array([self._base(token_ids[i]) for i in rows], dtype=self._data.dtype)

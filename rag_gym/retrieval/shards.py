@@ -505,6 +505,12 @@ def read_shards(path: str | Path, shards: int | None = None) -> dict[str, Any]:
     return manifest
 
 
+def layout(manifest: dict[str, Any]) -> dict[str, Any]:
+    """:class:`ShardedRetriever`'s ``size``, ``name`` and ``starts`` for a checked manifest."""
+    starts = [e["first"] for e in manifest["shards"]]
+    return {"size": manifest["corpus_size"], "name": manifest["source"], "starts": starts}
+
+
 def load_shard(path: str | Path, index: int, verify: bool = False):
     """Shard ``index`` of a sharded index folder, loaded as its kind's retriever, after the
     manifest's checks (:func:`read_shards`)."""
@@ -698,12 +704,7 @@ class ShardedRetriever(BaseRetriever):
         """Every shard of a sharded index folder, in this process."""
         manifest = read_shards(path, shards)
         loaded = [load_shard(path, i, verify=verify) for i in range(manifest["n_shards"])]
-        return cls(
-            loaded,
-            size=manifest["corpus_size"],
-            name=manifest["source"],
-            starts=[e["first"] for e in manifest["shards"]],
-        )
+        return cls(loaded, **layout(manifest))
 
     @property
     def n_shards(self) -> int:
