@@ -249,7 +249,7 @@ def _files(root: Path) -> list[str]:
 
 
 def _file_entry(path: Path) -> dict[str, Any]:
-    return {"size": path.stat().st_size, "sha256": _sha256(path), "sample": _sample_sha256(path)}
+    return {"size": path.stat().st_size, "sha256": _sha256(path), "sample": sample_digest(path)}
 
 
 def _sha256(path: Path) -> str:
@@ -269,9 +269,11 @@ def _sample_starts(size: int) -> list[int] | None:
     return [i * last // (_SAMPLE_BLOCKS - 1) for i in range(_SAMPLE_BLOCKS)]
 
 
-def _sample_sha256(path: Path) -> str:
-    """SHA-256 of the size and of _SAMPLE_BLOCKS evenly spread blocks (the whole of a small file)."""
-    size = path.stat().st_size
+def sample_digest(path: str | Path) -> str:
+    """SHA-256 of a file's size and of _SAMPLE_BLOCKS evenly spread blocks of it (the whole of a
+    file up to 256 KiB), as the index manifest checks them on load: cheap enough to tell, at
+    each use, that a file was rewritten."""
+    size = os.stat(path).st_size
     h = hashlib.sha256(str(size).encode() + b"\x00")
     starts = _sample_starts(size)
     with open(path, "rb") as f:
@@ -282,13 +284,6 @@ def _sample_sha256(path: Path) -> str:
             for start in starts:
                 h.update(os.pread(fd, _BLOCK, start))
     return h.hexdigest()
-
-
-def sample_digest(path: str | Path) -> str:
-    """SHA-256 of a file's size and of evenly spread blocks of it (the whole of a file up to
-    256 KiB), as the index manifest checks them on load: cheap enough to tell, at each use,
-    that a file was rewritten."""
-    return _sample_sha256(Path(path))
 
 
 def _params_digest(params: dict[str, Any]) -> str:
@@ -387,7 +382,7 @@ def verify_files(d: Path, params: dict[str, Any], full: bool = False) -> None:
                     f"{path} has {size} bytes, the index was built with {entry.get('size')}; "
                     "it was truncated, replaced or damaged: rebuild the index"
                 )
-            digest = _sha256(path) if full else _sample_sha256(path)
+            digest = _sha256(path) if full else sample_digest(path)
         except OSError as exc:
             raise ValueError(f"{path}: cannot read it ({exc.strerror or exc})") from None
         if digest != entry.get("sha256" if full else "sample"):
