@@ -297,14 +297,11 @@ def read_params(in_dir: str | Path) -> dict[str, Any]:
     object, of a known format and kind, and unedited (its own checksum matches)."""
     d = Path(in_dir)
     path = d / PARAMS
-    if not d.is_dir():
-        raise ValueError(
-            f"{d} is not a rag-gym index: {PARAMS} is missing (there is no such folder); "
-            "build one with rag-gym index build"
-        )
     if not path.is_file():
+        why = "" if d.is_dir() else " (there is no such folder)"
         raise ValueError(
-            f"{d} is not a rag-gym index: {PARAMS} is missing; build one with rag-gym index build"
+            f"{d} is not a rag-gym index: {PARAMS} is missing{why}; build one with rag-gym index "
+            "build"
         )
     try:
         params = json.loads(path.read_bytes().decode("utf-8"))

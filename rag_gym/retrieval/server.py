@@ -456,31 +456,23 @@ class _RetrieveEndpoint:
                 "headers": [(b"content-type", b"application/json")],
             }
         )
-        parts = itertools.chain(reply.parts(), [b""])
-        while True:
-            try:
-                part = next(parts)
-            except StopIteration:
-                return
-            except _IndexChanged:  # the rest would be read from changed files: cut the reply
-                drop_connection(receive)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(receive(), self.limits.body_timeout)
-                return
-            message = {"type": "http.response.body", "body": part, "more_body": part != b""}
-            try:
+        try:
+            for part in itertools.chain(reply.parts(), [b""]):
+                message = {"type": "http.response.body", "body": part, "more_body": part != b""}
                 await asyncio.wait_for(send(message), self.limits.send_timeout)
-            except TimeoutError:
-                logger.warning(
-                    "POST /retrieve: the client read nothing of its reply (%d queries) for "
-                    "%ss; disconnected it",
-                    len(reply.lengths),
-                    self.limits.send_timeout,
-                )
-                drop_connection(receive)
-                with contextlib.suppress(TimeoutError):  # uvicorn marks it gone: no error log
-                    await asyncio.wait_for(receive(), self.limits.body_timeout)
-                return
+            return
+        except _IndexChanged:  # the rest would be read from changed files: cut the reply
+            pass
+        except TimeoutError:
+            logger.warning(
+                "POST /retrieve: the client read nothing of its reply (%d queries) for "
+                "%ss; disconnected it",
+                len(reply.lengths),
+                self.limits.send_timeout,
+            )
+        drop_connection(receive)
+        with contextlib.suppress(TimeoutError):  # uvicorn marks it gone: no error log
+            await asyncio.wait_for(receive(), self.limits.body_timeout)
 
     def stale(self) -> dict | None:
         """``None`` while the served files are as loaded; else the 503 reply (from then on:
