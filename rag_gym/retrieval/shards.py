@@ -266,9 +266,10 @@ def build_bm25_shards(
             f"{corpus} holds {stats.n_docs} passages, too few for {shards} shards of at least one "
             "each; pass fewer --shards"
         )
-    shard_args = (cfg, stats.digest(), stats, budget)
+    # the config and statistics digest every shard records, then build_bm25_shard's own options
+    options = (cfg, stats.digest(), stats, budget)
     return _write_sharded(
-        out_dir, "bm25", corpus, force, map_fn, build_bm25_shard, ranges, firsts, *shard_args
+        out_dir, "bm25", corpus, force, map_fn, build_bm25_shard, ranges, firsts, *options
     )
 
 
