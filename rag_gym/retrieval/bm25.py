@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
@@ -62,10 +61,9 @@ from rag_gym.retrieval.bm25_format import (
     BLOCK_ARRAYS,
     SERVING,
     SERVING_ARRAYS,
-    TOKEN_PATTERN,
     BM25Config,
     block_pointers,
-    bm25s_stopwords,
+    tokenizer_steps,
 )
 from rag_gym.retrieval.persist import read_index, write_index
 
@@ -134,14 +132,8 @@ class BM25Retriever(BaseRetriever):
         # posting lists are checked when a query first reads them (an index loaded unverified)
         self._lazy_checks = False
         self._pool: ThreadPoolExecutor | None = None
-        self._stemmer = None
-        if self.config.stemmer:
-            import Stemmer
-
-            self._stemmer = Stemmer.Stemmer(self.config.stemmer)
         # bm25s.tokenize's own steps (see tokenize)
-        self._split = re.compile(TOKEN_PATTERN).findall
-        self._stopwords = frozenset(bm25s_stopwords(self.config.stopwords))
+        self._split, self._stopwords, self._stemmer = tokenizer_steps(self.config)
         self.corpus = Corpus(name="empty")
         self.model: bm25s.BM25 | None = None
         if corpus is not None:
@@ -246,10 +238,9 @@ class BM25Retriever(BaseRetriever):
         if self._kernels is None:
             return self.model.get_scores_from_ids(ids)
         scores = np.zeros(len(self.corpus), dtype=self._data.dtype)
-        self._check_lists(np.asarray(ids, dtype=np.int64))
-        self._kernels.full_scores(
-            self._data, self._indices, self._indptr, np.asarray(ids, dtype=np.int64), scores
-        )
+        columns = np.asarray(ids, dtype=np.int64)
+        self._check_lists(columns)
+        self._kernels.full_scores(self._data, self._indices, self._indptr, columns, scores)
         if self.model.nonoccurrence_array is not None:
             scores += self._base(ids)
         return scores
@@ -305,9 +296,8 @@ class BM25Retriever(BaseRetriever):
         tokens = np.fromiter(
             (t for i in rows for t in token_ids[i]), dtype=np.int64, count=int(token_ptr[-1])
         )
-        if (
-            self.model.nonoccurrence_array is None
-        ):  # BM25 proper: a passage without the query's tokens scores 0
+        # BM25 proper: a passage without the query's tokens scores 0
+        if self.model.nonoccurrence_array is None:
             base = np.zeros(n, dtype=self._data.dtype)
         else:
             base = np.array([self._base(token_ids[i]) for i in rows], dtype=self._data.dtype)
@@ -464,8 +454,7 @@ class BM25Retriever(BaseRetriever):
         ``corpus.jsonl`` and bm25s's arrays (numpy and JSON, no pickle), atomically
         (:mod:`rag_gym.retrieval.persist`). An existing ``out_dir`` that is not a rag-gym index
         (nor empty) is a ``FileExistsError`` unless ``force``."""
-        if self.model is None:
-            raise RuntimeError("the retriever has no index yet; call index(corpus) first")
+        self.searchable()  # an index to save
         model = self.model
 
         def write_files(tmp: Path) -> dict:

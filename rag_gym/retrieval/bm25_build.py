@@ -34,13 +34,7 @@ import numpy as np
 
 from rag_gym.data.mapped import CorpusFileWriter
 from rag_gym.data.types import Passage
-from rag_gym.retrieval.bm25_format import (
-    BLOCK_ARRAYS,
-    SERVING,
-    TOKEN_PATTERN,
-    BM25Config,
-    bm25s_stopwords,
-)
+from rag_gym.retrieval.bm25_format import BLOCK_ARRAYS, SERVING, BM25Config, tokenizer_steps
 from rag_gym.retrieval.persist import write_index
 
 # bytes of memory a buffered posting costs while collecting (buffers, then the sort that spills
@@ -84,13 +78,7 @@ class _Collector:
         spill_dir: Path | None,
         vocab: dict[str, int] | None = None,
     ) -> None:
-        self.split = re.compile(TOKEN_PATTERN).findall
-        self.stop = frozenset(bm25s_stopwords(config.stopwords))
-        stemmer = None
-        if config.stemmer:
-            import Stemmer
-
-            stemmer = Stemmer.Stemmer(config.stemmer)
+        self.split, self.stop, stemmer = tokenizer_steps(config)
         # stem -> token id, by first appearance (or a whole corpus's, for one shard of it)
         self.vocab: dict[str, int] = dict(vocab) if vocab is not None else {}
         vocab = self.vocab

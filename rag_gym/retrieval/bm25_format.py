@@ -21,6 +21,7 @@ for these.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,6 +60,17 @@ def bm25s_stopwords(stopwords: str | None):
     from bm25s.tokenization import _infer_stopwords
 
     return _infer_stopwords(stopwords)
+
+
+def tokenizer_steps(config: BM25Config) -> tuple:
+    """``bm25s.tokenize``'s steps for ``config``: the token finder (applied to lower-cased
+    text), the stop words (a frozenset), and the PyStemmer stemmer (``None``: no stemming)."""
+    stemmer = None
+    if config.stemmer:
+        import Stemmer
+
+        stemmer = Stemmer.Stemmer(config.stemmer)
+    return re.compile(TOKEN_PATTERN).findall, frozenset(bm25s_stopwords(config.stopwords)), stemmer
 
 
 BLOCK = 64

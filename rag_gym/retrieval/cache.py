@@ -57,6 +57,7 @@ class CachedRetriever:
         todo = list(dict.fromkeys(keys[i] for i in missing))
         self.hits += len(keys) - len(todo)
         self.misses += len(todo)
+        fresh = {}
         if todo:
             result = self.retriever.retrieve(
                 [key[0] for key in todo],
@@ -66,11 +67,7 @@ class CachedRetriever:
                 if within is not None
                 else None,
             )
-        fresh = (
-            dict(zip(todo, zip(result.ids, result.scores, strict=True), strict=True))
-            if todo
-            else {}
-        )
+            fresh = dict(zip(todo, zip(result.ids, result.scores, strict=True), strict=True))
         out_ids, out_scores = [], []
         for key in keys:
             if key in fresh:

@@ -138,11 +138,9 @@ class DenseRetriever(BaseRetriever):
         step = max(self.config.batch_size * 16, 1)
         for start in range(0, len(texts), step):
             chunks.append(self._encode(texts[start : start + step], self.config.passage_prefix))
-        self._install(np.concatenate(chunks), corpus, build=True)
+        self._install(np.concatenate(chunks), corpus)
 
-    def _install(
-        self, embeddings: np.ndarray, corpus: Corpus, build: bool, faiss_index=None
-    ) -> None:
+    def _install(self, embeddings: np.ndarray, corpus: Corpus, faiss_index=None) -> None:
         faiss = self._faiss
         dim = embeddings.shape[1]
         if faiss_index is None:
@@ -333,8 +331,7 @@ class DenseRetriever(BaseRetriever):
         own binary format; no pickle), atomically (:mod:`rag_gym.retrieval.persist`). An
         existing ``out_dir`` that is not a rag-gym index (nor empty) is a ``FileExistsError``
         unless ``force``."""
-        if self._index is None:
-            raise RuntimeError("the retriever has no index yet; call index(corpus) first")
+        self.searchable()  # an index to save
         if self.embeddings is None:
             raise ValueError(
                 "a retriever made by from_faiss serves its index file as it is; save() writes "
@@ -402,9 +399,7 @@ class DenseRetriever(BaseRetriever):
             raise ValueError(
                 f"{d / 'faiss.index'} holds {faiss_index.ntotal} vectors, the corpus has {len(corpus)}"
             )
-        retriever._install(
-            embeddings.astype(np.float32), corpus, build=False, faiss_index=faiss_index
-        )
+        retriever._install(embeddings.astype(np.float32), corpus, faiss_index=faiss_index)
         return retriever
 
     def __repr__(self) -> str:

@@ -148,25 +148,14 @@ def _build_shards(config: IndexBuild, t0: float) -> str:
 
         map_fn = ray_map(config.ray)
     if config.kind == "bm25":
-        path = build_bm25_shards(
-            config.corpus,
-            config.out,
-            config.shards,
-            memory=config.memory,
-            force=config.force,
-            map_fn=map_fn,
-        )
+        build, options = build_bm25_shards, {"memory": config.memory}
     else:
         from rag_gym.retrieval.dense import DenseConfig
 
-        path = build_dense_shards(
-            config.corpus,
-            config.out,
-            config.shards,
-            DenseConfig(model=config.model),
-            force=config.force,
-            map_fn=map_fn,
-        )
+        build, options = build_dense_shards, {"config": DenseConfig(model=config.model)}
+    path = build(
+        config.corpus, config.out, config.shards, force=config.force, map_fn=map_fn, **options
+    )
     size = read_shards(path)["corpus_size"]
     return (
         f"wrote a {config.kind} index of {size} passages in {config.shards} shards to {path} "

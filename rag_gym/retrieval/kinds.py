@@ -62,16 +62,12 @@ def _lazy(module: str, cls: str) -> Callable[..., Any]:
     return load
 
 
-RETRIEVER_KINDS.register(
-    "bm25",
-    RetrieverKind(_lazy("rag_gym.retrieval.bm25", "BM25Retriever"), "BM25"),
-    origin="rag-gym",
-)
-RETRIEVER_KINDS.register(
-    "dense",
-    RetrieverKind(_lazy("rag_gym.retrieval.dense", "DenseRetriever"), "dense (FAISS)"),
-    origin="rag-gym",
-)
+for _name, _cls, _description in (
+    ("bm25", "BM25Retriever", "BM25"),
+    ("dense", "DenseRetriever", "dense (FAISS)"),
+):
+    _kind = RetrieverKind(_lazy(f"rag_gym.retrieval.{_name}", _cls), _description)
+    RETRIEVER_KINDS.register(_name, _kind, origin="rag-gym")
 
 
 def kinds_text() -> str:

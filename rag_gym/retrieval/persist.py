@@ -64,13 +64,7 @@ def write_index(
     """
     from rag_gym import __version__
 
-    out = Path(out_dir)
-    check_target(out, force)
-    _remove_stale_siblings(out)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    def build(tmp: Path) -> None:
         written = write_files(tmp) or {}
         if corpus is not None:
             written_corpus = write_corpus_files(corpus, tmp)
@@ -92,7 +86,23 @@ def write_index(
         }
         full["params_sha256"] = _params_digest(full)
         (tmp / PARAMS).write_text(json.dumps(full, indent=2) + "\n")
-        check_target(out, force)  # again: the folder may have changed while the index was built
+
+    out = Path(out_dir)
+    return build_atomically(out, lambda: check_target(out, force), build)
+
+
+def build_atomically(out: Path, check: Callable[[], None], build: Callable[[Path], None]) -> Path:
+    """Run ``check()`` (raising when ``out`` may not be replaced), then ``build(tmp)`` into a
+    temporary sibling folder, ``check()`` again (the folder may have changed meanwhile), and
+    rename the result into place; a failure removes the temporary folder."""
+    check()
+    _remove_stale_siblings(out)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        build(tmp)
+        check()  # again: the folder may have changed while the index was built
         _swap_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -103,16 +113,8 @@ def write_index(
 def check_target(out: Path, force: bool = False) -> None:
     """Raise ``FileExistsError`` unless ``out`` may be replaced by an index build: absent, an
     empty folder, or a rag-gym index holding nothing but its own files (or ``force``)."""
-    if not out.exists() and not out.is_symlink():
-        return
-    if force:
-        return
     fix = "; pick another --out, or pass --force (force=True) to replace it"
-    if out.is_symlink():
-        raise FileExistsError(f"{out} is a symbolic link, not an index folder{fix}")
-    if not out.is_dir():
-        raise FileExistsError(f"{out} is a file, not an index folder{fix}")
-    entries = sorted(p.name for p in out.iterdir())
+    entries = target_entries(out, force, fix)
     if not entries:
         return
     extra = foreign_files(out)
@@ -126,6 +128,19 @@ def check_target(out: Path, force: bool = False) -> None:
             f"{out} is a rag-gym index but also holds files that are not its own "
             f"({_shown(extra)}), which replacing it would delete{fix}"
         )
+
+
+def target_entries(out: Path, force: bool, fix: str) -> list[str]:
+    """The sorted names in the folder ``out`` that a build would replace: none when ``out`` is
+    absent or with ``force``; ``FileExistsError`` (its message ending in ``fix``) when ``out`` is
+    a symbolic link or a file."""
+    if force or (not out.exists() and not out.is_symlink()):
+        return []
+    if out.is_symlink():
+        raise FileExistsError(f"{out} is a symbolic link, not an index folder{fix}")
+    if not out.is_dir():
+        raise FileExistsError(f"{out} is a file, not an index folder{fix}")
+    return sorted(p.name for p in out.iterdir())
 
 
 def foreign_files(folder: Path) -> list[str] | None:
@@ -234,7 +249,7 @@ def _files(root: Path) -> list[str]:
 
 
 def _file_entry(path: Path) -> dict[str, Any]:
-    return {"size": path.stat().st_size, "sha256": _sha256(path), "sample": _sample_sha256(path)}
+    return {"size": path.stat().st_size, "sha256": _sha256(path), "sample": sample_digest(path)}
 
 
 def _sha256(path: Path) -> str:
@@ -254,9 +269,11 @@ def _sample_starts(size: int) -> list[int] | None:
     return [i * last // (_SAMPLE_BLOCKS - 1) for i in range(_SAMPLE_BLOCKS)]
 
 
-def _sample_sha256(path: Path) -> str:
-    """SHA-256 of the size and of _SAMPLE_BLOCKS evenly spread blocks (the whole of a small file)."""
-    size = path.stat().st_size
+def sample_digest(path: str | Path) -> str:
+    """SHA-256 of a file's size and of _SAMPLE_BLOCKS evenly spread blocks of it (the whole of a
+    file up to 256 KiB), as the index manifest checks them on load: cheap enough to tell, at
+    each use, that a file was rewritten."""
+    size = os.stat(path).st_size
     h = hashlib.sha256(str(size).encode() + b"\x00")
     starts = _sample_starts(size)
     with open(path, "rb") as f:
@@ -267,13 +284,6 @@ def _sample_sha256(path: Path) -> str:
             for start in starts:
                 h.update(os.pread(fd, _BLOCK, start))
     return h.hexdigest()
-
-
-def sample_digest(path: str | Path) -> str:
-    """SHA-256 of a file's size and of evenly spread blocks of it (the whole of a file up to
-    256 KiB), as the index manifest checks them on load: cheap enough to tell, at each use,
-    that a file was rewritten."""
-    return _sample_sha256(Path(path))
 
 
 def _params_digest(params: dict[str, Any]) -> str:
@@ -287,14 +297,11 @@ def read_params(in_dir: str | Path) -> dict[str, Any]:
     object, of a known format and kind, and unedited (its own checksum matches)."""
     d = Path(in_dir)
     path = d / PARAMS
-    if not d.is_dir():
-        raise ValueError(
-            f"{d} is not a rag-gym index: {PARAMS} is missing (there is no such folder); "
-            "build one with rag-gym index build"
-        )
     if not path.is_file():
+        why = "" if d.is_dir() else " (there is no such folder)"
         raise ValueError(
-            f"{d} is not a rag-gym index: {PARAMS} is missing; build one with rag-gym index build"
+            f"{d} is not a rag-gym index: {PARAMS} is missing{why}; build one with rag-gym index "
+            "build"
         )
     try:
         params = json.loads(path.read_bytes().decode("utf-8"))
@@ -343,15 +350,11 @@ def read_index(
             corpus = Corpus.from_jsonl(d / "corpus.jsonl", name=params.get("corpus_name"))
     except ValueError as exc:  # DataFormatError names the file and line
         raise ValueError(f"{exc}; rebuild the index") from None
-    if mapped and corpus.facts() != {  # what the build wrote, checked without reading the file
-        "size": params.get("corpus_size"),
-        "checksum": params.get("corpus_checksum"),
-    }:
-        raise ValueError(
-            f"{d / 'corpus.jsonl'} does not match {d / PARAMS} (size or checksum); rebuild the index"
-        )
-    if len(corpus) != params.get("corpus_size") or (
-        (verify or not mapped) and corpus.checksum() != params.get("corpus_checksum")
+    facts = {"size": params.get("corpus_size"), "checksum": params.get("corpus_checksum")}
+    if (
+        (mapped and corpus.facts() != facts)  # what the build wrote, checked without reading it
+        or len(corpus) != facts["size"]
+        or ((verify or not mapped) and corpus.checksum() != facts["checksum"])
     ):
         raise ValueError(
             f"{d / 'corpus.jsonl'} does not match {d / PARAMS} (size or checksum); rebuild the index"
@@ -376,7 +379,7 @@ def verify_files(d: Path, params: dict[str, Any], full: bool = False) -> None:
                     f"{path} has {size} bytes, the index was built with {entry.get('size')}; "
                     "it was truncated, replaced or damaged: rebuild the index"
                 )
-            digest = _sha256(path) if full else _sample_sha256(path)
+            digest = _sha256(path) if full else sample_digest(path)
         except OSError as exc:
             raise ValueError(f"{path}: cannot read it ({exc.strerror or exc})") from None
         if digest != entry.get("sha256" if full else "sample"):

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rag_gym.retrieval.shards import ShardedRetriever, read_shards, shard_search
+from rag_gym.retrieval.shards import ShardedRetriever, layout, read_shards, shard_search
 
 logger = logging.getLogger("rag_gym.retrieval.ray_shards")
 
@@ -239,12 +239,7 @@ class RayShardedRetriever(ShardedRetriever):
         self._lock = threading.Lock()
         self.failovers = 0
         self._corpora: dict[int, Any] = {}
-        super().__init__(
-            self.replicas,
-            size=manifest["corpus_size"],
-            name=manifest["source"],
-            starts=[e["first"] for e in manifest["shards"]],
-        )
+        super().__init__(self.replicas, **layout(manifest))
 
     def shard_corpus(self, shard: int):
         """Shard ``shard``'s corpus file, opened here (mapped, read on access) on first use."""

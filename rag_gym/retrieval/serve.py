@@ -103,36 +103,25 @@ def open_retriever(config: Serve) -> tuple[Any, str, str, str | None, Any]:
             index, shards=config.shards, replicas=config.replicas, address=config.ray,
             cpus_per_replica=config.cpus_per_replica,
         )  # fmt: skip
-        source = f"{index} ({retriever!r})"
-        return (
-            retriever,
-            retriever.manifest["kind"],
-            source,
-            retriever.manifest["manifest_sha256"][:16],
-            None,
-        )
-    if config.faiss_index is not None:
+        manifest, watch = retriever.manifest, None
+    elif config.faiss_index is not None:
         from rag_gym.retrieval.dense import DenseRetriever
 
         encoder = None if config.encoder == "minilm" else config.encoder
         retriever = DenseRetriever.from_faiss(config.faiss_index, config.corpus, encoder)
         return retriever, "dense", config.faiss_index, None, None
-    if is_engine_url(index):
+    elif is_engine_url(index):
         retriever = SearchEngineRetriever(index)
         return retriever, retriever.flavor, retriever.url, None, None
-    if is_sharded(index):  # every shard in this process (--ray spreads them)
+    elif is_sharded(index):  # every shard in this process (--ray spreads them)
         retriever, manifest = ShardedRetriever.load(index), read_shards(index)
-        source = f"{index} ({retriever!r})"
-        return (
-            retriever,
-            manifest["kind"],
-            source,
-            manifest["manifest_sha256"][:16],
-            IndexWatch(index),
-        )
-    retriever, kind = load_index(str(index))
-    # files changed in place: 503 and a log line, not SIGBUS
-    return retriever, kind, index, read_params(index)["params_sha256"][:16], IndexWatch(index)
+        watch = IndexWatch(index)
+    else:
+        retriever, kind = load_index(str(index))
+        # files changed in place: 503 and a log line, not SIGBUS
+        return retriever, kind, index, read_params(index)["params_sha256"][:16], IndexWatch(index)
+    source = f"{index} ({retriever!r})"
+    return retriever, manifest["kind"], source, manifest["manifest_sha256"][:16], watch
 
 
 def open_app(config: Serve) -> tuple[Any, Any, str]:

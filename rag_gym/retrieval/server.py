@@ -81,6 +81,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger("rag_gym.retrieval.server")
+_NEEDS = "the retrieval server needs fastapi and uvicorn: pip install 'rag-gym[server]'"
 
 
 @dataclass(frozen=True)
@@ -232,9 +233,7 @@ def create_app(
         from fastapi import FastAPI
         from pydantic import BaseModel, ConfigDict, StrictStr
     except ImportError as exc:
-        raise ImportError(
-            "the retrieval server needs fastapi and uvicorn: pip install 'rag-gym[server]'"
-        ) from exc
+        raise ImportError(_NEEDS) from exc
     if max_in_flight < 1 or max_batch < 1 or max_batch_cost < 1 or batch_window_ms < 0:
         raise ValueError(
             f"expected max_in_flight >= 1, max_batch >= 1, max_batch_cost >= 1 and "
@@ -289,21 +288,15 @@ def create_app(
         "index_id": index_id or secrets.token_hex(8),
     }
 
-    def health_reply():
+    @app.get("/health")
+    @app.get("/healthz")
+    async def health():
         stale = endpoint.stale()
         if stale is None:
             return status
         from fastapi.responses import JSONResponse
 
         return JSONResponse({**status, "status": "index changed", **stale}, status_code=503)
-
-    @app.get("/health")
-    async def health():
-        return health_reply()
-
-    @app.get("/healthz")
-    async def healthz():
-        return health_reply()
 
     return app
 
@@ -333,9 +326,7 @@ def make_server(
     try:
         import uvicorn
     except ImportError as exc:
-        raise ImportError(
-            "the retrieval server needs fastapi and uvicorn: pip install 'rag-gym[server]'"
-        ) from exc
+        raise ImportError(_NEEDS) from exc
     from rag_gym.retrieval._uvicorn_compat import base_protocol, guarded_protocol
 
     limits = limits or ServerLimits()
@@ -465,31 +456,23 @@ class _RetrieveEndpoint:
                 "headers": [(b"content-type", b"application/json")],
             }
         )
-        parts = itertools.chain(reply.parts(), [b""])
-        while True:
-            try:
-                part = next(parts)
-            except StopIteration:
-                return
-            except _IndexChanged:  # the rest would be read from changed files: cut the reply
-                drop_connection(receive)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(receive(), self.limits.body_timeout)
-                return
-            message = {"type": "http.response.body", "body": part, "more_body": part != b""}
-            try:
+        try:
+            for part in itertools.chain(reply.parts(), [b""]):
+                message = {"type": "http.response.body", "body": part, "more_body": part != b""}
                 await asyncio.wait_for(send(message), self.limits.send_timeout)
-            except TimeoutError:
-                logger.warning(
-                    "POST /retrieve: the client read nothing of its reply (%d queries) for "
-                    "%ss; disconnected it",
-                    len(reply.lengths),
-                    self.limits.send_timeout,
-                )
-                drop_connection(receive)
-                with contextlib.suppress(TimeoutError):  # uvicorn marks it gone: no error log
-                    await asyncio.wait_for(receive(), self.limits.body_timeout)
-                return
+            return
+        except _IndexChanged:  # the rest would be read from changed files: cut the reply
+            pass
+        except TimeoutError:
+            logger.warning(
+                "POST /retrieve: the client read nothing of its reply (%d queries) for "
+                "%ss; disconnected it",
+                len(reply.lengths),
+                self.limits.send_timeout,
+            )
+        drop_connection(receive)
+        with contextlib.suppress(TimeoutError):  # uvicorn marks it gone: no error log
+            await asyncio.wait_for(receive(), self.limits.body_timeout)
 
     def stale(self) -> dict | None:
         """``None`` while the served files are as loaded; else the 503 reply (from then on:
@@ -619,12 +602,7 @@ class _RetrieveEndpoint:
         flat = np.fromiter((s for row in scores for s in row), dtype=np.float64)
         bad = np.flatnonzero(~np.isfinite(flat))
         if len(bad):
-            pid = [p for row in ids for p in row][bad[0]]
-            logger.error("passage %r scored %r", pid, flat[bad[0]])
-            return 500, {
-                "error": f"the index scored passage {pid!r} {flat[bad[0]]}, not a number; "
-                "the index is damaged: rebuild it"
-            }
+            return _bad_score([p for row in ids for p in row][bad[0]], flat[bad[0]])
         rows = np.fromiter((index[p] for row in ids for p in row), dtype=np.int64)
         lengths = np.fromiter((len(row) for row in ids), dtype=np.int64)
         return 200, _StreamedReply(self, rows, flat, lengths, return_scores)
@@ -644,11 +622,7 @@ class _RetrieveEndpoint:
                     text = f"{titles[i]}\n{texts[i]}" if titles[i] else texts[i]
                 score = float(score)
                 if not math.isfinite(score):
-                    logger.error("passage %r scored %r", pid, score)
-                    return 500, {
-                        "error": f"the index scored passage {pid!r} {score}, not a number; "
-                        "the index is damaged: rebuild it"
-                    }
+                    return _bad_score(pid, score)
                 doc = {"id": pid, "contents": text}
                 docs.append({"document": doc, "score": score} if return_scores else doc)
             result.append(docs)
@@ -663,6 +637,15 @@ class _RetrieveEndpoint:
 
     def stop(self) -> None:
         self.batcher.stop()
+
+
+def _bad_score(pid: str, score) -> tuple[int, dict]:
+    """The 500 reply to a passage the index scored ``score``, not a finite number (logged)."""
+    logger.error("passage %r scored %r", pid, score)
+    return 500, {
+        "error": f"the index scored passage {pid!r} {score}, not a number; "
+        "the index is damaged: rebuild it"
+    }
 
 
 class _StreamedReply:

@@ -40,9 +40,7 @@ import bisect
 import hashlib
 import itertools
 import json
-import os
 import re
-import shutil
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -63,11 +61,11 @@ from rag_gym.retrieval.bm25_build import (
 )
 from rag_gym.retrieval.bm25_format import BM25Config
 from rag_gym.retrieval.persist import (
-    _remove_stale_siblings,
     _shown,
-    _swap_into_place,
+    build_atomically,
     foreign_files,
     read_params,
+    target_entries,
 )
 
 MANIFEST = "shards.json"
@@ -88,30 +86,6 @@ def local_map(fn: Callable[..., Any], calls: list[tuple]) -> list[Any]:
 
 
 # ---- the corpus file in byte ranges -------------------------------------------------------------
-def corpus_ranges(path: str | Path, n: int) -> list[tuple[int, int]]:
-    """``n`` byte ranges ``[start, end)`` covering the file, each starting at a line's start
-    (about equal in bytes; a range may be empty when the file has fewer lines than ``n``)."""
-    path = Path(path)
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"expected a shard count >= 1, got {n!r}")
-    size = path.stat().st_size
-    cuts = [0]
-    with open(path, "rb") as f:
-        for i in range(1, n):
-            at = max(size * i // n, cuts[-1])
-            if at >= size:
-                cuts.append(size)
-                continue
-            if at > 0:
-                f.seek(at - 1)
-                if f.read(1) != b"\n":
-                    f.readline()  # to the start of the next line
-                at = f.tell()
-            cuts.append(min(at, size))
-    cuts.append(size)
-    return list(itertools.pairwise(cuts))
-
-
 def check_shard_count(shards: object, passages: int | None = None) -> int:
     """``shards`` as a shard count: an ``int`` (not a ``bool``) from 1 to ``passages`` (every
     shard holds at least one passage; ``passages`` shards is allowed). Raises ``TypeError`` or
@@ -223,13 +197,12 @@ def _check_unique_ids(path: Path, digests: list[np.ndarray]) -> None:
     if len(np.unique(all_ids)) == len(all_ids):
         return
     seen: set[str] = set()
-    for start, end in corpus_ranges(path, 1):
-        for p in iter_range(path, start, end):
-            if p.id in seen:
-                raise ValueError(
-                    f"{path}: passage id {p.id!r} is repeated; every passage needs its own id"
-                )
-            seen.add(p.id)
+    for p in iter_range(path, 0, path.stat().st_size):
+        if p.id in seen:
+            raise ValueError(
+                f"{path}: passage id {p.id!r} is repeated; every passage needs its own id"
+            )
+        seen.add(p.id)
 
 
 def build_bm25_shard(
@@ -237,14 +210,13 @@ def build_bm25_shard(
     start: int,
     end: int,
     out: str,
-    stats: CorpusStats,
-    config: dict,
-    memory: int,
     info: dict,
-) -> dict:
-    """Build one BM25 shard (the passages of bytes ``[start, end)``) scored with ``stats``;
-    returns its ``params.json`` facts."""
-    folder = build_bm25_index(
+    config: dict,
+    stats: CorpusStats,
+    memory: int,
+) -> None:
+    """Build one BM25 shard (the passages of bytes ``[start, end)``) scored with ``stats``."""
+    build_bm25_index(
         iter_range(path, start, end),
         out,
         config=BM25Config(**config),
@@ -254,8 +226,6 @@ def build_bm25_shard(
         stats=stats,
         extra_params={"shard": info},
     )
-    params = read_params(folder)
-    return {"size": params["corpus_size"], "checksum": params["corpus_checksum"]}
 
 
 # ---- building -----------------------------------------------------------------------------------
@@ -296,23 +266,11 @@ def build_bm25_shards(
             f"{corpus} holds {stats.n_docs} passages, too few for {shards} shards of at least one "
             "each; pass fewer --shards"
         )
-    digest = stats.digest()
-
-    def write(tmp: Path) -> dict:
-        calls = []
-        for i, (a, b) in enumerate(ranges):
-            info = {
-                "index": i,
-                "of": shards,
-                "first": int(firsts[i]),
-                "stats_sha256": digest,
-                "corpus_name": corpus.stem,
-            }
-            calls.append((str(corpus), a, b, str(tmp / _shard_dir(i)), stats, cfg, budget, info))
-        facts = map_fn(build_bm25_shard, calls)
-        return {"stats_sha256": digest, "config": cfg, "facts": facts, "firsts": firsts}
-
-    return _write_sharded(out_dir, "bm25", corpus, shards, write, force)
+    # the config and statistics digest every shard records, then build_bm25_shard's own options
+    options = (cfg, stats.digest(), stats, budget)
+    return _write_sharded(
+        out_dir, "bm25", corpus, force, map_fn, build_bm25_shard, ranges, firsts, *options
+    )
 
 
 def passage_offsets(path: str | Path, starts: Sequence[int]) -> list[int]:
@@ -337,15 +295,13 @@ def passage_offsets(path: str | Path, starts: Sequence[int]) -> list[int]:
     return out
 
 
-def build_dense_shard(path: str, start: int, end: int, out: str, config: dict, info: dict) -> dict:
+def build_dense_shard(path: str, start: int, end: int, out: str, info: dict, config: dict) -> None:
     """Encode one range of the corpus (bytes ``[start, end)``) into a dense index folder."""
     from rag_gym.data.types import Corpus
     from rag_gym.retrieval.dense import DenseConfig, DenseRetriever
 
     corpus = Corpus(iter_range(path, start, end), name=info["corpus_name"])
-    folder = DenseRetriever(corpus, DenseConfig(**config)).save(out)
-    params = read_params(folder)
-    return {"size": params["corpus_size"], "checksum": params["corpus_checksum"]}
+    DenseRetriever(corpus, DenseConfig(**config)).save(out)
 
 
 def build_dense_shards(
@@ -389,23 +345,10 @@ def build_dense_shards(
     offsets = passage_offsets(corpus, firsts)
     cfg = asdict(config)
     _check_unique_ids(corpus, [_id_digests(p.id for p in iter_range(corpus, 0, offsets[-1]))])
-
-    def write(tmp: Path) -> dict:
-        calls = [
-            (
-                str(corpus),
-                offsets[i],
-                offsets[i + 1],
-                str(tmp / _shard_dir(i)),
-                cfg,
-                {"index": i, "of": shards, "first": firsts[i], "corpus_name": corpus.stem},
-            )
-            for i in range(shards)
-        ]
-        facts = map_fn(build_dense_shard, calls)
-        return {"stats_sha256": None, "config": cfg, "facts": facts, "firsts": firsts}
-
-    return _write_sharded(out_dir, "dense", corpus, shards, write, force)
+    ranges = list(itertools.pairwise(offsets))
+    return _write_sharded(
+        out_dir, "dense", corpus, force, map_fn, build_dense_shard, ranges, firsts, cfg, None
+    )
 
 
 def _shard_dir(i: int) -> str:
@@ -417,51 +360,59 @@ def _digest(body: dict) -> str:
 
 
 def _write_sharded(
-    out_dir: str | Path, kind: str, source: Path, shards: int, write, force: bool
+    out_dir: str | Path,
+    kind: str,
+    source: Path,
+    force: bool,
+    map_fn: Map,
+    build_shard: Callable[..., None],
+    ranges: list[tuple[int, int]],
+    firsts: list[int],
+    config: dict,
+    stats_sha256: str | None,
+    *args: Any,
 ) -> Path:
+    """Build shard ``i`` from bytes ``ranges[i]`` of the corpus file ``source`` (``map_fn`` over
+    ``build_shard(path, start, end, out, info, config, *args)``), then the manifest, in a
+    temporary folder renamed into place (:func:`~rag_gym.retrieval.persist.build_atomically`)."""
     from rag_gym import __version__
 
-    out = Path(out_dir)
-    _check_target(out, force)
-    _remove_stale_siblings(out)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        built = write(tmp)
-        facts = built["facts"]
-        corpus_checksum = hashlib.sha256("".join(f["checksum"] for f in facts).encode()).hexdigest()
-        entries = []
-        for i, fact in enumerate(facts):
-            params = read_params(tmp / _shard_dir(i))
-            entries.append(
-                {
-                    "dir": _shard_dir(i),
-                    "first": int(built["firsts"][i]),
-                    "size": int(fact["size"]),
-                    "params_sha256": params["params_sha256"],
-                }
-            )
+    def build(tmp: Path) -> None:
+        calls = []
+        for i, (a, b) in enumerate(ranges):
+            scored = {"stats_sha256": stats_sha256} if stats_sha256 is not None else {}
+            info = {"index": i, "of": len(ranges), "first": int(firsts[i]), **scored}
+            info["corpus_name"] = source.stem
+            calls.append((str(source), a, b, str(tmp / _shard_dir(i)), info, config, *args))
+        map_fn(build_shard, calls)
+        shard_params = [read_params(tmp / _shard_dir(i)) for i in range(len(ranges))]
+        checksums = "".join(p["corpus_checksum"] for p in shard_params)
+        entries = [
+            {
+                "dir": _shard_dir(i),
+                "first": int(firsts[i]),
+                "size": int(params["corpus_size"]),
+                "params_sha256": params["params_sha256"],
+            }
+            for i, params in enumerate(shard_params)
+        ]
         manifest = {
             "rag_gym_version": __version__,
             "format": FORMAT,
             "kind": kind,
-            "n_shards": shards,
+            "n_shards": len(ranges),
             "source": source.name,
-            "corpus_size": int(sum(f["size"] for f in facts)),
-            "corpus_checksum": corpus_checksum,
-            "stats_sha256": built["stats_sha256"],
-            "config": built["config"],
+            "corpus_size": int(sum(e["size"] for e in entries)),
+            "corpus_checksum": hashlib.sha256(checksums.encode()).hexdigest(),
+            "stats_sha256": stats_sha256,
+            "config": config,
             "shards": entries,
         }
         manifest["manifest_sha256"] = _digest(manifest)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        _check_target(out, force)
-        _swap_into_place(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+
+    out = Path(out_dir)
+    return build_atomically(out, lambda: _check_target(out, force), build)
 
 
 def _check_target(out: Path, force: bool) -> None:
@@ -469,14 +420,8 @@ def _check_target(out: Path, force: bool) -> None:
     empty folder, or a sharded index holding nothing but its own files (``shards.json`` and
     ``shard-NNN`` index folders that hold only their own files, as
     :func:`~rag_gym.retrieval.persist.check_target` checks them), or ``force``."""
-    if force or (not out.exists() and not out.is_symlink()):
-        return
     fix = "; pick another --out, or pass --force to replace it"
-    if out.is_symlink():
-        raise FileExistsError(f"{out} is a symbolic link, not an index folder{fix}")
-    if not out.is_dir():
-        raise FileExistsError(f"{out} is a file, not an index folder{fix}")
-    names = sorted(p.name for p in out.iterdir())
+    names = target_entries(out, force, fix)
     if not names:
         return
     if MANIFEST not in names:
@@ -559,6 +504,12 @@ def read_shards(path: str | Path, shards: int | None = None) -> dict[str, Any]:
                 "different corpora cannot be merged: rebuild the sharded index"
             )
     return manifest
+
+
+def layout(manifest: dict[str, Any]) -> dict[str, Any]:
+    """:class:`ShardedRetriever`'s ``size``, ``name`` and ``starts`` for a checked manifest."""
+    starts = [e["first"] for e in manifest["shards"]]
+    return {"size": manifest["corpus_size"], "name": manifest["source"], "starts": starts}
 
 
 def load_shard(path: str | Path, index: int, verify: bool = False):
@@ -754,12 +705,7 @@ class ShardedRetriever(BaseRetriever):
         """Every shard of a sharded index folder, in this process."""
         manifest = read_shards(path, shards)
         loaded = [load_shard(path, i, verify=verify) for i in range(manifest["n_shards"])]
-        return cls(
-            loaded,
-            size=manifest["corpus_size"],
-            name=manifest["source"],
-            starts=[e["first"] for e in manifest["shards"]],
-        )
+        return cls(loaded, **layout(manifest))
 
     @property
     def n_shards(self) -> int:

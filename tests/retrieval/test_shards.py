@@ -20,7 +20,6 @@ from rag_gym.retrieval.shards import (
     ShardError,
     build_bm25_shards,
     build_dense_shards,
-    corpus_ranges,
     read_shards,
 )
 from tests.conftest import requires_dense
@@ -118,16 +117,6 @@ def test_dense_shards_equal_one_index(tmp_path):
     for s in (1, 2, 3):
         sharded = ShardedRetriever.load(build_dense_shards(path, tmp_path / f"d{s}", s, config))
         assert_same(sharded.retrieve(queries, 5), want)
-
-
-def test_corpus_ranges_cover_the_file_at_line_starts(tmp_path):
-    path = small_corpus(tmp_path, "p", "some words")
-    data = path.read_bytes()
-    for n in (1, 2, 5, 40):
-        ranges = corpus_ranges(path, n)
-        assert ranges[0][0] == 0 and ranges[-1][1] == len(data) and len(ranges) == n
-        for (a, b), (c, _) in itertools.pairwise(ranges):
-            assert b == c and (a == 0 or data[a - 1 : a] == b"\n")
 
 
 def test_shards_of_other_corpora_or_kinds_or_counts_are_refused(tmp_path):
