@@ -22,6 +22,12 @@ import numpy as np
 from rag_gym.data.mapped import MappedCorpus
 from rag_gym.data.types import Corpus
 
+Excludes = Sequence[Iterable[str] | None] | None
+"""``retrieve``'s ``exclude``: per query, the ids never to return (None: none)."""
+
+Pools = Sequence[Sequence[str] | None] | None
+"""``retrieve``'s ``within``: per query, the only ids it may return (None: any)."""
+
 
 @dataclass(frozen=True)
 class RetrievalResult:
@@ -43,11 +49,7 @@ class Retriever(Protocol):
     def index(self, corpus: Corpus) -> None: ...
 
     def retrieve(
-        self,
-        queries: Sequence[str],
-        k: int,
-        exclude: Sequence[Iterable[str] | None] | None = None,
-        within: Sequence[Sequence[str] | None] | None = None,
+        self, queries: Sequence[str], k: int, exclude: Excludes = None, within: Pools = None
     ) -> RetrievalResult: ...
 
 
@@ -61,11 +63,7 @@ class BaseRetriever:
         return len(self.corpus)
 
     def retrieve(
-        self,
-        queries: Sequence[str],
-        k: int,
-        exclude: Sequence[Iterable[str] | None] | None = None,
-        within: Sequence[Sequence[str] | None] | None = None,
+        self, queries: Sequence[str], k: int, exclude: Excludes = None, within: Pools = None
     ) -> RetrievalResult:
         """Top-``k`` passage ids and scores for each query.
 

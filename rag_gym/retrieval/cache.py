@@ -14,9 +14,16 @@ returned, so results are identical with and without it.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
-from rag_gym.retrieval.base import RetrievalResult, Retriever, check_queries, per_query
+from rag_gym.retrieval.base import (
+    Excludes,
+    Pools,
+    RetrievalResult,
+    Retriever,
+    check_queries,
+    per_query,
+)
 
 
 class CachedRetriever:
@@ -40,11 +47,7 @@ class CachedRetriever:
         self._cache.clear()
 
     def retrieve(
-        self,
-        queries: Sequence[str],
-        k: int,
-        exclude: Sequence[Iterable[str] | None] | None = None,
-        within: Sequence[Sequence[str] | None] | None = None,
+        self, queries: Sequence[str], k: int, exclude: Excludes = None, within: Pools = None
     ) -> RetrievalResult:
         queries = check_queries(queries)
         excl = [tuple(sorted(e)) if e else () for e in per_query(exclude, len(queries), "exclude")]

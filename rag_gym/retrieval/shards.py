@@ -51,7 +51,14 @@ import numpy as np
 from rag_gym.data._io import parse_line
 from rag_gym.data.mapped import _Column, _IdLookup
 from rag_gym.data.types import Corpus, Passage, passage_from_record
-from rag_gym.retrieval.base import BaseRetriever, RetrievalResult, check_k, per_query
+from rag_gym.retrieval.base import (
+    BaseRetriever,
+    Excludes,
+    Pools,
+    RetrievalResult,
+    check_k,
+    per_query,
+)
 from rag_gym.retrieval.bm25_build import (
     CorpusStats,
     build_bm25_index,
@@ -526,11 +533,7 @@ def load_shard(path: str | Path, index: int, verify: bool = False):
 
 # ---- searching ----------------------------------------------------------------------------------
 def shard_search(
-    retriever,
-    queries: Sequence[str],
-    k: int,
-    exclude: Sequence[Iterable[str] | None] | None = None,
-    within: Sequence[Sequence[str] | None] | None = None,
+    retriever, queries: Sequence[str], k: int, exclude: Excludes = None, within: Pools = None
 ) -> dict[str, list]:
     """One shard's part of a batch: each query's top ``min(k, shard size)`` (for a query with
     a pool, of the pool's passages on this shard). Returns ``{"ids", "scores", "rows",

@@ -15,9 +15,7 @@ from rag_gym.train.credit import (
     token_advantages,
     turn_advantages,
 )
-from tests.conftest import SMALL_WORLD
-
-ENV = {"dataset_kwargs": SMALL_WORLD}
+from tests.train.test_train import tiny
 
 needs_training = pytest.mark.skipif(
     not all(
@@ -167,23 +165,20 @@ class SearchThenAnswer:
 
 def _scored(tmp_path, advantage, step_cost, wrong_second=True):
     """The trainer's scored batch of two groups of two scripted episodes, and the episodes."""
-    from rag_gym.train.grpo import EnvGRPOConfig, build_trainer
+    from rag_gym.train.grpo import build_trainer
 
-    cfg = EnvGRPOConfig(
-        model="tiny",
-        env_kwargs=ENV,
+    cfg = tiny(
+        tmp_path,
+        advantage,
+        reward_preset="none",
+        beta=0.0,
         step_cost=step_cost,
         advantage=advantage,
-        num_generations=2,
         prompts_per_step=2,
         max_steps=1,
         max_turns=4,
         max_turn_tokens=64,
         max_completion_tokens=1024,
-        learning_rate=1e-6,
-        seed=0,
-        run_dir=str(tmp_path / advantage),
-        save_steps=1000,
     )
     trainer, rollout = build_trainer(cfg)
     examples = rollout.engine.envs[0].unwrapped.examples
@@ -280,23 +275,20 @@ def test_turn_with_an_answer_reward_only_equals_episode_exactly(tmp_path):
 @needs_training
 @pytest.mark.slow
 def test_a_turn_mode_step_trains_and_refuses_episode_level_extra_rewards(tmp_path):
-    from rag_gym.train.grpo import EnvGRPOConfig, build_trainer
+    from rag_gym.train.grpo import build_trainer
 
-    cfg = EnvGRPOConfig(
-        model="tiny",
-        env_kwargs=ENV,
+    cfg = tiny(
+        tmp_path,
+        reward_preset="none",
+        beta=0.0,
         step_cost=0.05,
         advantage="gigpo",
-        num_generations=2,
-        prompts_per_step=1,
         max_steps=1,
         max_turns=3,
         max_episode_steps=2,
         max_turn_tokens=16,
         max_completion_tokens=160,
         learning_rate=1e-2,
-        run_dir=str(tmp_path / "run"),
-        save_steps=1000,
     )
     with pytest.raises(ValueError, match="advantage='gigpo'"):
         build_trainer(cfg, extra_rewards=[(lambda completions, **_: [0.0] * len(completions), 1)])
