@@ -852,6 +852,12 @@ def build_trainer(
             *([time_limit_callback(cfg.max_minutes)] if cfg.max_minutes else []),
         ],
     )
+    if cfg.advantage != "episode" and trainer.accelerator.num_processes > 1:
+        raise ValueError(
+            f"advantage={cfg.advantage!r} reads whole groups of episodes in one process, and "
+            f"this run has {trainer.accelerator.num_processes}: run it in one process, or use "
+            "advantage='episode'"
+        )
     trainer.credit = credit_hook(cfg)
     # The rollout plays episodes with the trainer's (possibly PEFT-wrapped) model.
     rollout.generator = None

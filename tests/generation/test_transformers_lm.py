@@ -286,6 +286,7 @@ def test_the_engine_runs_a_bf16_policy_prepared_for_mixed_precision():
     assert out[0][0].completion_tokens == 8 and out[0][0].error is None
 
 
+@pytest.mark.slow  # loads SmolLM2 on transformers (the module's lm, 20 s)
 def test_generate_ids_on_model_generate_gives_the_engines_tokens(lm):
     """For a model the engine cannot run, generate_ids decodes on model.generate (left-padded
     batches): the same greedy tokens and finish reasons as the engine, a row cut after its stop

@@ -274,15 +274,25 @@ def test_turn_with_an_answer_reward_only_equals_episode_exactly(tmp_path):
 
 @needs_training
 @pytest.mark.slow
-def test_a_turn_mode_step_trains_and_refuses_episode_level_extra_rewards(tmp_path):
+@pytest.mark.parametrize(
+    ("advantage", "algorithm", "kl_estimator", "beta"),
+    [("gigpo", "grpo", "k3", 0.0), ("turn", "dapo", "stabilized", 0.01)],
+)
+def test_a_per_turn_step_trains_and_refuses_episode_level_extra_rewards(
+    tmp_path, advantage, algorithm, kl_estimator, beta
+):
+    """One step in each per-turn mode, with GRPO and k3, and with DAPO (dynamic sampling on)
+    and ARENA's stabilised KL."""
     from rag_gym.train.grpo import build_trainer
 
     cfg = tiny(
         tmp_path,
         reward_preset="none",
-        beta=0.0,
+        algorithm=algorithm,
+        kl_estimator=kl_estimator,
+        beta=beta,
         step_cost=0.05,
-        advantage="gigpo",
+        advantage=advantage,
         max_steps=1,
         max_turns=3,
         max_episode_steps=2,
@@ -290,7 +300,7 @@ def test_a_turn_mode_step_trains_and_refuses_episode_level_extra_rewards(tmp_pat
         max_completion_tokens=160,
         learning_rate=1e-2,
     )
-    with pytest.raises(ValueError, match="advantage='gigpo'"):
+    with pytest.raises(ValueError, match=f"advantage='{advantage}'"):
         build_trainer(cfg, extra_rewards=[(lambda completions, **_: [0.0] * len(completions), 1)])
     trainer, rollout = build_trainer(cfg)
     trainer.train()
