@@ -16,17 +16,6 @@ SynthHop worlds: it follows each question's gold decomposition (``meta["decompos
 * with ``confirm_rate`` > 0, that share of the demonstrations searches once more after the
   last hop is read, to check it (a rephrased query for the same fact), then answers: a
   redundant search, the kind EVO-RAG's step cost exists to remove;
-* with ``style="title_list"``, every turn after a search starts by listing the titles that
-  came back against the entity searched (``Looking for Tribrigrok Institute: Doc 1 is about A,
-  Doc 2 is about B, Doc 3 is about C.``), then reads (``Doc 2 says ...``) or says that none is
-  about it: reading and missing share one prefix and differ only in whether the name is in the
-  list just written;
-* with ``style="title_verdicts"``, the same list with each title followed by whether it is the
-  entity searched (``Doc 1 is about A (no), Doc 2 is about Tribrigrok Institute (yes), …``):
-  the comparison is written out, one verdict per title, right after the title is copied.
-  Without it the passage about the entity is nearly always BM25's first, so a policy can learn
-  to read "Doc 1" without comparing; with verdicts every title is a labelled comparison, the
-  distractors that share a name with the entity included.
 
 The expert reads only what the policy reads — the question, the decomposition's relations and
 the retrieved passages' ids, which it checks against the gold ids — so every statement in a
@@ -108,16 +97,6 @@ _MISS = (
     "None of these documents is about {X}. Let me search differently.",
     "The results do not say {need}. I will rephrase the search.",
     "These documents do not mention {need}. Let me try another query.",
-)
-#: the title-list phrasings (``title_list``), after ``Looking for X: Doc 1 is about A, …``
-_LISTED_MISS = (
-    "None is about {X}. Let me search differently.",
-    "None is about {X}. I will rephrase the search.",
-)
-_LISTED_REFUSE = (
-    "None is about {X}, again. The collection has no passage saying {need}, so I cannot answer.",
-    "None is about {X}, again. No document tells {need}, so the question cannot be answered "
-    "from this collection.",
 )
 #: the confirming search (``confirm_rate``): its plan, then the reading of its results
 _CONFIRM = (
@@ -228,10 +207,6 @@ class SynthHopExpert(TranscriptWriter):
             once more, with another query, and read it again before answering: one search
             more than the question needs. 0 (the default) makes no extra random draw, so a seed
             gives the same demonstrations as without the option.
-        style: how a turn after a search reads the passages (:data:`STYLES`): ``"plain"``
-            (the default: ``Doc 2 says ...``), ``"title_list"`` (the titles returned listed
-            against the entity searched first) or ``"title_verdicts"`` (each listed title
-            marked ``(yes)`` or ``(no)``); see the module doc.
     """
 
     def __init__(
@@ -239,37 +214,20 @@ class SynthHopExpert(TranscriptWriter):
         tags: TagSet,
         seed: int = 0,
         max_attempts: int = 2,
-        style: str = "plain",
         confirm_rate: float = 0.0,
     ) -> None:
         super().__init__(tags, seed, max_attempts)
-        check_options(style, confirm_rate)
+        check_options(confirm_rate)
         self.confirm_rate = float(confirm_rate)
-        self.style = style
-        self.title_list = style != "plain"
-        self.title_verdicts = style == "title_verdicts"
 
     # -- text pieces --
-    def _read(
-        self, relation: str, entity: str, value: str, rank: int, info: dict | None = None
-    ) -> str:
-        """The sentence that states what passage ``rank`` (1-based) says about ``entity``
-        (after the title list of the search's ``info``, in the title styles)."""
-        fact = _fact(relation, entity, value)
-        if self.title_list:
-            return (
-                f"{_title_list(entity, info or {}, self.title_verdicts)} "
-                f"{self._pick(_READ).format(r=rank, fact=fact)}"
-            )
-        return self._pick(_READ).format(r=rank, fact=fact)
+    def _read(self, relation: str, entity: str, value: str, rank: int) -> str:
+        """The sentence that states what passage ``rank`` (1-based) says about ``entity``."""
+        return self._pick(_READ).format(r=rank, fact=_fact(relation, entity, value))
 
-    def _miss(self, entity: str, need: str, info: dict[str, Any], refuse: bool = False) -> str:
+    def _miss(self, entity: str, need: str, refuse: bool = False) -> str:
         """The sentence of a search that missed ``entity``'s passage (then a refusal's, when
         ``refuse``)."""
-        if self.title_list:
-            options = _LISTED_REFUSE if refuse else _LISTED_MISS
-            text = self._pick(options).format(X=entity, need=need)
-            return f"{_title_list(entity, info, self.title_verdicts)} {text}"
         return self._pick(_REFUSE if refuse else _MISS).format(X=entity, need=need)
 
     def _query(self, relation: str, entity: str, sub_question: str, attempt: int) -> str:
@@ -318,7 +276,7 @@ class SynthHopExpert(TranscriptWriter):
             if gold in retrieved:
                 value = hops[hop]["answer"]
                 prefix = self._read(
-                    relations[hop], entity_of(hop), value, retrieved.index(gold) + 1, info
+                    relations[hop], entity_of(hop), value, retrieved.index(gold) + 1
                 )
                 values.append(value)
                 hop, attempt = hop + 1, 0
@@ -330,11 +288,11 @@ class SynthHopExpert(TranscriptWriter):
                 continue
             attempt += 1
             if attempt < self.max_attempts:
-                text = self._think(self._miss(entity_of(hop), need(hop), info))
+                text = self._think(self._miss(entity_of(hop), need(hop)))
                 continue
             demo.gold_found = False
             if self.tags.refuse:
-                final = self._think(self._miss(entity_of(hop), need(hop), info, refuse=True))
+                final = self._think(self._miss(entity_of(hop), need(hop), refuse=True))
                 final += f"<{self.tags.refuse}/>"
             else:
                 final = self._think(self._pick(_FINAL).format(A=example.answers[0]))
@@ -353,7 +311,7 @@ class SynthHopExpert(TranscriptWriter):
             gold = hops[last]["passage_id"]
             if gold in retrieved:
                 read = self._read(
-                    relations[last], entity_of(last), values[last], retrieved.index(gold) + 1, info
+                    relations[last], entity_of(last), values[last], retrieved.index(gold) + 1
                 )
                 prefix = f"{read} {self._pick(_CONFIRMED)}"
             else:
@@ -370,17 +328,9 @@ class SynthHopExpert(TranscriptWriter):
         return self._finish(env, demo, final + self._answer(answer))
 
 
-#: The reading styles of :class:`SynthHopExpert` (its ``style``).
-STYLES = ("plain", "title_list", "title_verdicts")
-
-
-def check_options(style: str, confirm_rate: float = 0.0) -> None:
+def check_options(confirm_rate: float = 0.0) -> None:
     """Raise ``ValueError`` for options :class:`SynthHopExpert` does not take (also checked by
     ``SFTConfig``, before any demonstration is written)."""
-    if style not in STYLES:
-        from rag_gym._names import unknown_name
-
-        raise unknown_name("style", style, STYLES)
     if isinstance(confirm_rate, bool) or not 0.0 <= confirm_rate <= 1.0:
         raise ValueError(f"expected confirm_rate in [0, 1], got {confirm_rate!r}")
 
@@ -388,22 +338,6 @@ def check_options(style: str, confirm_rate: float = 0.0) -> None:
 def _fact(relation: str, entity: str, value: str) -> str:
     """The sentence a passage about ``entity`` states for ``relation``."""
     return _FACTS[relation][0].format(X=entity, A=value)
-
-
-def _passage_titles(info: dict[str, Any]) -> list[str]:
-    """The titles of the passages the last search returned, in rank order."""
-    return [str(p["title"]) for p in info.get("passages", [])]
-
-
-def _title_list(entity: str, info: dict[str, Any], verdicts: bool = False) -> str:
-    """``Looking for X: Doc 1 is about A, Doc 2 is about B, Doc 3 is about C.``; with
-    ``verdicts``, ``Doc 1 is about A (no), Doc 2 is about X (yes), …``."""
-    titles = _passage_titles(info)
-    if not titles:
-        return f"Looking for {entity}: no documents came back."
-    mark = {True: " (yes)", False: " (no)"} if verdicts else {True: "", False: ""}
-    docs = ", ".join(f"Doc {i} is about {t}{mark[t == entity]}" for i, t in enumerate(titles, 1))
-    return f"Looking for {entity}: {docs}."
 
 
 def _messages(env: gym.Env, obs: str) -> list[dict[str, str]]:

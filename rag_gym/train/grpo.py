@@ -915,6 +915,8 @@ def resume_config(run_dir: str | Path) -> tuple[EnvGRPOConfig, str | None, int |
             f"expected a GRPO run folder (config.json and init.json) to resume, got {run_dir}: "
             "pass the folder `rag-gym train grpo` printed or wrote"
         )
+    import dataclasses
+
     from transformers.trainer_utils import get_last_checkpoint
 
     checkpoint = get_last_checkpoint(run_dir)
@@ -926,6 +928,16 @@ def resume_config(run_dir: str | Path) -> tuple[EnvGRPOConfig, str | None, int |
     fields = json.loads(config.read_text())
     # runs from before the option judged refusals on the evidence so far
     fields.setdefault("refusal_verifier", "evidence")
+    known = {f.name for f in dataclasses.fields(EnvGRPOConfig)}
+    gone = sorted(set(fields) - known)
+    if gone:
+        import warnings
+
+        warnings.warn(
+            f"{config} sets options this version no longer has, resumed without them: {gone}",
+            stacklevel=2,
+        )
+        fields = {k: v for k, v in fields.items() if k in known}
     fields.update(run_dir=str(run_dir), resume_from_checkpoint=checkpoint)
     start = json.loads(started.read_text())
     return EnvGRPOConfig(**fields), start.get("init"), start.get("eval_n")

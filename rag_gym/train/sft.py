@@ -72,12 +72,6 @@ class SFTConfig:
     """The share of demonstrations that search the last hop's fact once more before
     answering (:class:`~rag_gym.agents.expert.SynthHopExpert`'s ``confirm_rate``): a start
     that searches more than it needs, so that a step cost has a search to remove."""
-    style: str = "plain"
-    """How the SynthHop demonstrations read what a search returned
-    (:class:`~rag_gym.agents.expert.SynthHopExpert`'s ``style``): ``plain``, ``title_list``
-    (the titles returned listed against the entity searched, then a reading or "none is about
-    it") or ``title_verdicts`` (each listed title marked ``(yes)`` or ``(no)``: the comparison
-    that tells a miss from a hit, written out)."""
     model: str = "embedded"
     """``embedded`` (SmolLM2-135M-Instruct), a ``.gguf`` model file, a hub id or a directory
     (what ``--lm`` takes: :func:`~rag_gym.train.models.load_policy`), or ``tiny`` (smoke
@@ -159,7 +153,7 @@ class SFTConfig:
             )
         if not self.learning_rate > 0 or not math.isfinite(self.learning_rate):
             raise ValueError(f"expected learning_rate > 0, got {self.learning_rate!r}")
-        check_options(self.style, self.confirm_rate)
+        check_options(self.confirm_rate)
         if self.eval_n is not None and (not isinstance(self.eval_n, int) or self.eval_n < 0):
             raise ValueError(f"expected eval_n >= 0 or None, got {self.eval_n!r}")
         if not isinstance(self.split_by_id, bool):
@@ -302,7 +296,6 @@ def _synthhop_demonstrations(cfg: SFTConfig, n_demos: int | None) -> list[Demons
     expert = SynthHopExpert(
         env.tags,
         seed=cfg.seed,
-        style=cfg.style,
         confirm_rate=cfg.confirm_rate,
     )
     total = len(env.unwrapped.examples)

@@ -102,16 +102,9 @@ def test_expert_errors():
         )
 
 
-def _titles_of(observation: str) -> list[str]:
-    import re
-
-    return re.findall(r"Doc \d+\(Title: ([^)]*)\)", observation)
-
-
-def test_the_plain_style_gives_the_demonstrations_a_seed_always_gave():
-    """The default style makes no change: the Hard world's demonstrations (misses and refusals
-    included) hash to what they always were, so the documented SFT runs train on the same
-    transcripts."""
+def test_a_seed_gives_the_demonstrations_it_always_gave():
+    """The Hard world's demonstrations (misses and refusals included) hash to what they always
+    were, so the documented SFT runs train on the same transcripts."""
     import hashlib
 
     env = _env("rag_gym/SynthHop-Hard-v0", tags="evo_rag", unanswerable_rate=0.3)
@@ -121,81 +114,6 @@ def test_the_plain_style_gives_the_demonstrations_a_seed_always_gave():
         for turn in expert.play(env, i).turns:
             digest.update(turn.action.encode())
     assert digest.hexdigest() == "7d8bf2f12e2e0c9ca1cb6a67c3df7aad7e99299af465e9681900c445de9b7361"
-
-
-def test_title_list_lists_the_titles_then_reads_the_one_named_or_says_none_is():
-    """``title_list``: every turn after a search starts with ``Looking for X:`` and the titles
-    the observation shows, in rank order; it reads Doc r only where r's title is X, and says
-    "None is about X" exactly where X is not among them. The demonstrations stay right."""
-    import re
-
-    env = _env("rag_gym/SynthHop-Hard-v0", tags="evo_rag", unanswerable_rate=0.3)
-    expert = SynthHopExpert(env.tags, seed=1, style="title_list")
-    reads = misses = 0
-    for i, ex in enumerate(env.unwrapped.examples):
-        demo = expert.play(env, i)
-        _right(demo, ex)
-        for before, turn in zip(demo.turns, demo.turns[1:], strict=False):
-            titles = _titles_of(before.observation)
-            listed = re.match(r"<think>Looking for (.+?): (.+?)\. ", turn.action)
-            assert listed, turn.action
-            entity = listed.group(1)
-            assert re.findall(r"Doc \d+ is about (.+?)(?=, Doc|$)", listed.group(2)) == titles
-            read = re.search(
-                r"(?:Doc (\d+) says|According to Doc (\d+),|From Doc (\d+):|"
-                r"Doc (\d+) tells me)",
-                turn.action,
-            )
-            if entity in titles:
-                assert read and titles[int(next(g for g in read.groups() if g)) - 1] == entity
-                reads += 1
-            else:
-                assert f"None is about {entity}" in turn.action and not read, turn.action
-                misses += 1
-    assert reads > 50 and misses > 5
-
-
-def test_title_verdicts_mark_each_title_and_the_read_is_the_one_marked_yes():
-    """``title_verdicts``: each listed title is followed by (yes) exactly when it is the entity
-    searched; the turn reads the Doc marked (yes), and says "None is about X" exactly where no
-    title is. The demonstrations stay right, and the phrasing draws are those of title_list."""
-    import re
-
-    env = _env("rag_gym/SynthHop-Hard-v0", tags="evo_rag", unanswerable_rate=0.3)
-    expert = SynthHopExpert(env.tags, seed=1, style="title_verdicts")
-    plain = SynthHopExpert(env.tags, seed=1, style="title_list")
-    verdicts = {"yes": 0, "no": 0}
-    for i, ex in enumerate(env.unwrapped.examples):
-        demo = expert.play(env, i)
-        _right(demo, ex)
-        same = plain.play(env, i)
-        assert [re.sub(r" \((?:yes|no)\)", "", t.action) for t in demo.turns] == [
-            t.action for t in same.turns
-        ]
-        for before, turn in zip(demo.turns, demo.turns[1:], strict=False):
-            titles = _titles_of(before.observation)
-            listed = re.match(r"<think>Looking for (.+?): (.+?)\. ", turn.action)
-            assert listed, turn.action
-            entity = listed.group(1)
-            marked = re.findall(r"Doc \d+ is about (.+?) \((yes|no)\)", listed.group(2))
-            assert [t for t, _ in marked] == titles
-            assert [v for _, v in marked] == ["yes" if t == entity else "no" for t in titles]
-            for _, v in marked:
-                verdicts[v] += 1
-            read = re.search(
-                r"(?:Doc (\d+) says|According to Doc (\d+),|From Doc (\d+):|"
-                r"Doc (\d+) tells me)",
-                turn.action,
-            )
-            if "yes" in (v for _, v in marked):
-                assert read and marked[int(next(g for g in read.groups() if g)) - 1][1] == "yes"
-            else:
-                assert f"None is about {entity}" in turn.action and not read, turn.action
-    assert verdicts["yes"] > 50 and verdicts["no"] > 2 * verdicts["yes"]
-    with pytest.raises(
-        ValueError, match=r"style in \['plain', .*got 'title_verdict'; did you mean"
-    ):
-        SynthHopExpert(env.tags, style="title_verdict")
 
 
 def test_confirm_rate_adds_one_search_of_the_last_fact_and_stays_right():

@@ -1,6 +1,7 @@
 """Does a title-list policy compare the titles with the entity it searched? Read its transcripts.
 
-A policy trained with ``rag-gym train sft --style title_list`` (or ``title_verdicts``) starts
+A policy trained with ``rag-gym train sft --style title_list`` (or ``title_verdicts``, options
+up to revision 73708d1f8b59) starts
 each turn after a search with the titles that came back, e.g. ``Looking for Tribrigrok
 Institute: Doc 1 is about Tribrigrok Institute (yes), Doc 2 is about …``, and then either
 reads a document (``Doc 1 says …``) or says the search missed (``None is about …``). This
