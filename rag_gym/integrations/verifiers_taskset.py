@@ -267,14 +267,12 @@ class RagGymEnv(vf.Env[RagGymEnvConfig]):
             return
         env = _text_env(data)
         _, info = env.reset(options={"question_id": data.question_id})
-        returns, terms, step_rewards = 0.0, {}, []
-        searches = format_errors = steps = 0
+        terms, step_rewards = {}, []
+        searches = format_errors = 0
         async with agents.player.interaction(task) as interaction:
             segment = await interaction.turn()
             while not segment.terminated:
                 obs, reward, terminated, truncated, info = env.step(segment.last_reply)
-                steps += 1
-                returns += float(reward)
                 step_rewards.append(float(reward))
                 for k, v in info.get("reward_terms", {}).items():
                     terms[k] = terms.get(k, 0.0) + float(v)
@@ -282,15 +280,15 @@ class RagGymEnv(vf.Env[RagGymEnvConfig]):
                 format_errors += 0 if info.get("format_ok", True) else 1
                 interaction.trace.info["rag_gym"] = outcome(
                     info,
-                    returns,
+                    sum(step_rewards),
                     terms,
                     searches=searches,
                     format_errors=format_errors,
-                    steps=steps,
+                    steps=len(step_rewards),
                     done=bool(terminated or truncated),
                     step_rewards=list(step_rewards),
                 )
-                if terminated or truncated or steps >= data.max_turns:
+                if terminated or truncated or len(step_rewards) >= data.max_turns:
                     break
                 segment = await interaction.turn(obs or "Continue.")
         env.close()

@@ -915,8 +915,6 @@ def resume_config(run_dir: str | Path) -> tuple[EnvGRPOConfig, str | None, int |
             f"expected a GRPO run folder (config.json and init.json) to resume, got {run_dir}: "
             "pass the folder `rag-gym train grpo` printed or wrote"
         )
-    import dataclasses
-
     from transformers.trainer_utils import get_last_checkpoint
 
     checkpoint = get_last_checkpoint(run_dir)
@@ -925,11 +923,11 @@ def resume_config(run_dir: str | Path) -> tuple[EnvGRPOConfig, str | None, int |
             f"expected a checkpoint-N folder in {run_dir} to resume from, found none (the run "
             "stopped before its first save_steps): start it again"
         )
-    fields = json.loads(config.read_text())
+    record = json.loads(config.read_text())
     # runs from before the option judged refusals on the evidence so far
-    fields.setdefault("refusal_verifier", "evidence")
-    known = {f.name for f in dataclasses.fields(EnvGRPOConfig)}
-    gone = sorted(set(fields) - known)
+    record.setdefault("refusal_verifier", "evidence")
+    known = {f.name for f in fields(EnvGRPOConfig)}
+    gone = sorted(set(record) - known)
     if gone:
         import warnings
 
@@ -937,10 +935,10 @@ def resume_config(run_dir: str | Path) -> tuple[EnvGRPOConfig, str | None, int |
             f"{config} sets options this version no longer has, resumed without them: {gone}",
             stacklevel=2,
         )
-        fields = {k: v for k, v in fields.items() if k in known}
-    fields.update(run_dir=str(run_dir), resume_from_checkpoint=checkpoint)
+        record = {k: v for k, v in record.items() if k in known}
+    record.update(run_dir=str(run_dir), resume_from_checkpoint=checkpoint)
     start = json.loads(started.read_text())
-    return EnvGRPOConfig(**fields), start.get("init"), start.get("eval_n")
+    return EnvGRPOConfig(**record), start.get("init"), start.get("eval_n")
 
 
 def _json(obj: Any) -> str:

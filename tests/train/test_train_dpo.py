@@ -195,13 +195,14 @@ def _brancher(tokenizer, **kw):
 
 @requires_policy
 def test_replay_reproduces_the_visited_state(tokenizer):
-    from rag_gym.train.evo_rag_dpo import BranchJob, model_turns, replay
+    from rag_gym.train.evo_rag_dpo import BranchJob, replay
 
     brancher, policy = _brancher(tokenizer)
     brancher.set_stage("discovery")
     (ep,) = brancher.rollout(policy, [4])
     assert ep.turns == 2 and ep.finished and ep.em == 1.0
-    spans = model_turns(ep.env_mask)
+    spans = ep.turn_spans
+    assert [ep.env_mask[a:b] for a, b in spans] == [[1] * (b - a) for a, b in spans]
     first = tokenizer.decode(ep.completion_ids[slice(*spans[0])], skip_special_tokens=True)
     # Restore s_1 in a fresh env copy: what the model read there is what the rollout appended
     env = brancher.engine.make_env()

@@ -73,7 +73,6 @@ from rag_gym.train.evo_rag_dpo.branching import (
     VisitedState,
     branch_text,
     env_copies,
-    model_turns,
     replay,
 )
 from rag_gym.train.evo_rag_dpo.config import (
@@ -109,7 +108,6 @@ __all__ = [
     "branch_text",
     "env_copies",
     "evaluate_policy",
-    "model_turns",
     "policy_epoch",
     "policy_pair",
     "policy_pairs",

@@ -71,25 +71,6 @@ def replay(env: Any, index: int, actions: Sequence[str]) -> Replay:
     return Replay(question=question, steps=steps, info=info)
 
 
-def model_turns(env_mask: Sequence[int]) -> list[tuple[int, int]]:
-    """``(start, end)`` of each model-written run of a completion: one per turn (the env writes
-    at least one token between two turns).
-
-    >>> model_turns([1, 1, 0, 0, 1, 0])
-    [(0, 2), (4, 5)]
-    """
-    spans, start = [], None
-    for i, m in enumerate(env_mask):
-        if m and start is None:
-            start = i
-        elif not m and start is not None:
-            spans.append((start, i))
-            start = None
-    if start is not None:
-        spans.append((start, len(env_mask)))
-    return spans
-
-
 def branch_text(
     question: str, history: Sequence[ReplayStep], t: int, t_max: int, action: str
 ) -> str:
@@ -246,11 +227,11 @@ class SiblingBrancher:
     def replay_episode(self, episode: Episode, t: int | None = None) -> Replay:
         """Replay ``episode``'s first ``t`` actions (all by default) in env copy 0; the full
         replay must give the episode's return."""
-        spans = model_turns(episode.env_mask)
+        spans = episode.turn_spans
         if len(spans) != episode.turns:
             raise ValueError(
-                f"expected one model-written run per turn, got {len(spans)} runs for "
-                f"{episode.turns} turns (a turn that wrote no tokens?)"
+                f"expected one model-written run per turn, got {len(spans)} recorded spans for "
+                f"{episode.turns} turns: replay an Episode that RolloutEngine played"
             )
         texts = [self._decode(episode.completion_ids[a:b]) for a, b in spans]
         env = self._envs(1)[0]
@@ -276,7 +257,7 @@ class SiblingBrancher:
         owners: list[tuple[int, str, list[ReplayStep]]] = []
         for ep in episodes:
             full = self.replay_episode(ep)
-            spans = model_turns(ep.env_mask)
+            spans = ep.turn_spans
             chosen = list(range(len(spans)))
             if self.max_branch_states is not None and len(chosen) > self.max_branch_states:
                 chosen = sorted(self.rng.sample(chosen, self.max_branch_states))
@@ -338,7 +319,7 @@ class SiblingBrancher:
         envs = self._envs(len(jobs))
         branches: list[Episode] = []
         for job, env in zip(jobs, envs, strict=True):
-            spans = model_turns(job.episode.env_mask)
+            spans = job.episode.turn_spans
             start = spans[job.t][0]
             prefix = [self._decode(job.episode.completion_ids[a:b]) for a, b in spans[: job.t]]
             restored = replay(env, job.episode.index, prefix)
