@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 #: option types as Typer takes them; a field of another type gets a text option (JSON for a
-#: dict, a comma-separated list for a tuple of strings) or must be left out of the command
+#: dict or for a union that takes text, a comma-separated list for a tuple of strings) or must
+#: be left out of the command
 _SCALARS = (str, int, float, bool, Path)
 
 
@@ -128,8 +129,8 @@ def _option_type(owner: type, field: dataclasses.Field) -> tuple[Any, Callable[[
     if len(args) == 1 and next(iter(args)) in _SCALARS:
         (kind,) = args
         return (kind | None if optional else kind), lambda value: value
-    if dict in {typing.get_origin(a) or a for a in args}:  # JSON text the config parses
-        return str | None, lambda value: value
+    if dict in {typing.get_origin(a) or a for a in args} or str in args:
+        return str | None, lambda value: value  # JSON (or other) text the config parses
     if hint == tuple[str, ...]:
         return str, lambda value: tuple(x.strip() for x in value.split(",") if x.strip())
     raise TypeError(
@@ -142,7 +143,7 @@ def _cli_default(field: dataclasses.Field, kind: Any) -> Any:
     default = default_of(field)
     if kind is str and isinstance(default, tuple):
         return ",".join(default)
-    if kind == str | None and isinstance(default, dict):
+    if kind == str | None and isinstance(default, dict | tuple):
         return default or None
     return default
 

@@ -365,7 +365,7 @@ _GRPO_OPTIONS = Options(
     EnvGRPOConfig,
     flags={"env_id": "env", "max_steps": "steps", "learning_rate": "lr", "output_dir": "out"},
     exclude=frozenset(
-        {"exp_name", "run_dir", "stages", "dynamic_sampling", "dynamic_sampling_on"}
+        {"exp_name", "run_dir", "dynamic_sampling", "dynamic_sampling_on"}
         | {"resume_from_checkpoint"}
     ),
 )

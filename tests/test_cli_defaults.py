@@ -51,7 +51,8 @@ def test_every_option_is_its_config_fields_in_default_type_and_help(command):
             hint = hints[field.name]
             if hint == tuple[str, ...]:
                 assert (kind, parameter.default) == (str, ",".join(default)), field.name
-            elif isinstance(default, dict):
+            elif isinstance(default, dict) or (str in typing.get_args(hint) and hint != str | None):
+                # JSON text the config parses: an empty default is no option given
                 assert (kind, parameter.default) == (str | None, default or None), field.name
             else:
                 assert parameter.default == default, field.name
@@ -160,6 +161,15 @@ def test_options_set_their_fields(tmp_path, monkeypatch):
     assert cfg.text_env().tags_or_default == "eval_rar"  # the preset's own tags, as in Python
     assert cfg.num_generations == EnvGRPOConfig().num_generations
     assert cfg.run_dir == str(tmp_path / "g")
+    assert cfg.stages == ()
+
+    stages = '[["discovery", 0.5], ["refinement", 1.0]]'  # EVO-RAG's two stages, as JSON
+    args = ["train", "grpo", "--reward-preset", "evo_rag", "--stages", stages, *out]
+    result = runner.invoke(cli.app, args)
+    assert result.exit_code == 0, result.output
+    assert seen["grpo"][0].stages == (("discovery", 0.5), ("refinement", 1.0))
+    result = runner.invoke(cli.app, ["train", "grpo", "--stages", '["discovery"]', *out])
+    assert result.exit_code != 0 and "stages" in result.output
 
     result = runner.invoke(
         cli.app, ["train", "sft", "--lr", "0.25", "--demos", "0", "--run-name", "s", *out]
