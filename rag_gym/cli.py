@@ -1,6 +1,6 @@
 """The ``rag-gym`` command line: ``evaluate``, ``compare``, ``view``, ``agents``, ``envs``,
-``synth``, ``index build``, ``serve``, ``train`` (``sft``, ``grpo``, ``pipeline``, ``export``) and
-``openenv serve``."""
+``synth``, ``index build``, ``serve``, ``train`` (``sft``, ``grpo``, ``pipeline``, ``curves``,
+``export``) and ``openenv serve``."""
 
 from __future__ import annotations
 
@@ -531,6 +531,27 @@ def _pipeline_tests(report: dict[str, Any], sft_cfg: SFTConfig, test_n: int, roo
         typer.echo(f"{env_id} test ({test_n} questions, llama.cpp): EM {row['em']:.3f}")
     report["test"] = report["tests"][sources[0][0]]
     report["seconds"]["test"] = round(time.perf_counter() - t0, 1)
+
+
+@train_app.command("curves")
+def train_curves(
+    runs: Annotated[list[Path], typer.Argument(help="Training run folders, drawn on one plot.")],
+    keys: Annotated[
+        str, typer.Option(help="Logged values, one panel each, comma-separated.")
+    ] = "episode/em,episode/num_searches,reward",
+    out: Annotated[Path, typer.Option(help="The PNG to write.")] = Path("curves.png"),
+) -> None:
+    """Plot several training runs' per-step logs against the step on the same panels."""
+    from rag_gym.train.tracking import learning_curve, run_log_history
+
+    try:
+        logs = {run.name: run_log_history(run) for run in runs}
+    except (FileNotFoundError, KeyError, ValueError) as exc:
+        _fail(str(exc))
+    names = [k.strip() for k in keys.split(",") if k.strip()]
+    if learning_curve(logs, out, names) is None:
+        _fail(f"none of {names} is in the runs' logs: pass --keys with logged names")
+    typer.echo(f"wrote {out}")
 
 
 @train_app.command("export")

@@ -4,7 +4,7 @@ run writes at its end."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,34 +77,54 @@ def rolling_mean(values: Sequence[float], window: int) -> list[float]:
 
 
 def learning_curve(
-    log_history: Sequence[dict[str, Any]],
+    log_history: Sequence[dict[str, Any]] | Mapping[str, Sequence[dict[str, Any]]],
     path: str | Path,
     keys: Sequence[str],
     title: str = "",
     x_key: str = "step",
 ) -> Path | None:
     """Plot each of ``keys`` (those present) against ``x_key`` from a trainer's
-    ``state.log_history`` (or any list of dicts) into one PNG with a panel per key.
-    Returns the path, or ``None`` when no key was logged."""
+    ``state.log_history`` (or any list of dicts) into one PNG with a panel per key; a mapping
+    of names to log histories draws every run on the same panels, one colour and legend entry
+    per run. A series of 20 points or more is drawn faint, with its moving mean over a tenth of
+    its points on top. Returns the path, or ``None`` when no key was logged."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    present = [k for k in keys if any(k in row for row in log_history)]
+    runs = dict(log_history) if isinstance(log_history, Mapping) else {"": log_history}
+    present = [k for k in keys if any(k in row for log in runs.values() for row in log)]
     if not present:
         return None
     fig, axes = plt.subplots(len(present), 1, figsize=(6, 2.2 * len(present)), squeeze=False)
     for ax, key in zip(axes[:, 0], present, strict=True):
-        xs = [row.get(x_key, i) for i, row in enumerate(log_history) if key in row]
-        ys = [row[key] for row in log_history if key in row]
-        window = len(xs) // 10 if len(xs) >= 20 else 1
-        if window > 1:  # a noisy per-step series: draw it faint, with its moving mean on top
-            ax.plot(xs, ys, alpha=0.35, linewidth=0.8, label="per step")
-            ax.plot(xs, rolling_mean(ys, window), linewidth=1.8, label=f"mean of {window} steps")
+        for i, (name, log) in enumerate(runs.items()):
+            xs = [row.get(x_key, j) for j, row in enumerate(log) if key in row]
+            ys = [row[key] for row in log if key in row]
+            window = len(xs) // 10 if len(xs) >= 20 else 1
+            colour = f"C{i}"
+            if window > 1:  # a noisy per-step series: draw it faint, with its moving mean on top
+                mean = f"mean of {window} steps"
+                ax.plot(
+                    xs,
+                    ys,
+                    color=colour,
+                    alpha=0.25 if name else 0.35,
+                    linewidth=0.8,
+                    label=None if name else "per step",
+                )
+                ax.plot(
+                    xs,
+                    rolling_mean(ys, window),
+                    color=colour,
+                    linewidth=1.8,
+                    label=f"{name} ({mean})" if name else mean,
+                )
+            elif xs:
+                ax.plot(xs, ys, color=colour, marker="o", markersize=3, label=name or None)
+        if len(runs) > 1 or any(len(log) >= 20 for log in runs.values()):
             ax.legend(fontsize=7, loc="best")
-        else:
-            ax.plot(xs, ys, marker="o", markersize=3)
         ax.set_ylabel(key, fontsize=8)
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel(x_key)
@@ -116,3 +136,26 @@ def learning_curve(
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
+
+
+def run_log_history(run_dir: str | Path) -> list[dict[str, Any]]:
+    """A training run's per-step log: ``results.json``'s ``log_history`` for a finished run, else
+    the newest checkpoint's ``trainer_state.json`` (a run stopped before its end)."""
+    import json
+
+    run_dir = Path(run_dir)
+    results = run_dir / "results.json"
+    if results.is_file():
+        return list(json.loads(results.read_text())["log_history"])
+    steps = {p.name.removeprefix("checkpoint-"): p for p in run_dir.glob("checkpoint-*")}
+    states = [
+        steps[n] / "trainer_state.json"
+        for n in sorted((n for n in steps if n.isdigit()), key=int)
+        if (steps[n] / "trainer_state.json").is_file()
+    ]
+    if not states:
+        raise FileNotFoundError(
+            f"{run_dir} has no results.json and no checkpoint-*/trainer_state.json: expected the "
+            "folder of a rag-gym train run (sft, grpo or dpo)"
+        )
+    return list(json.loads(states[-1].read_text())["log_history"])
