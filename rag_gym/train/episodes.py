@@ -45,27 +45,35 @@ def env_factory(
     step_cost: float = 0.0,
     refusal: float = 0.0,
     refusal_verifier: str = "answerable",
+    retrieval_hit: float = 0.0,
     judge: str | None = None,
     judge_weight: float = 1.0,
     **env_kwargs: Any,
 ) -> Callable[[], gym.Env]:
     """A function that builds the text-action env a policy trains in: :func:`rag_gym.make` with
     the reward preset, ``text_actions=tags`` (``None``: ``True``), and as ``extra_terms`` EVO-RAG's
-    :class:`~rag_gym.wrappers.StepCost` when ``step_cost`` > 0 and its
-    :class:`~rag_gym.wrappers.RefusalReward` when ``refusal`` > 0 (the weights η and ρ, on top of
-    the preset's reward). ``refusal_verifier`` names the refusal reward's sufficiency verifier
+    :class:`~rag_gym.wrappers.StepCost` when ``step_cost`` > 0, its
+    :class:`~rag_gym.wrappers.RefusalReward` when ``refusal`` > 0 and its
+    :class:`~rag_gym.wrappers.RetrievalHitReward` (the gold-hit term) when ``retrieval_hit`` > 0
+    (the weights η, ρ and β, on top of the preset's reward). ``refusal_verifier`` names the refusal reward's sufficiency verifier
     (:data:`~rag_gym.wrappers.evo_rag.REFUSAL_VERIFIERS`): by default ``"answerable"``, the env's
     ground truth, because ``"evidence"`` (the evidence so far, as the paper's LLM judge sees it)
     rewards refusing before searching. ``judge`` (a backend spec) adds
     :class:`~rag_gym.wrappers.JudgedAnswerReward` with weight ``judge_weight``: one
     :class:`~rag_gym.generation.judges.LLMAnswerJudge`, shared by the factory's envs."""
-    for name, weight in (("step_cost", step_cost), ("refusal", refusal)):
+    weights = (("step_cost", step_cost), ("refusal", refusal), ("retrieval_hit", retrieval_hit))
+    for name, weight in weights:
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0:
             raise ValueError(f"expected {name} >= 0, got {weight!r}")
     from functools import partial
 
     import rag_gym
-    from rag_gym.wrappers.evo_rag import RefusalReward, StepCost, refusal_verifier_name
+    from rag_gym.wrappers.evo_rag import (
+        RefusalReward,
+        RetrievalHitReward,
+        StepCost,
+        refusal_verifier_name,
+    )
     from rag_gym.wrappers.judged import JudgedAnswerReward
 
     refusal_verifier_name(refusal_verifier)
@@ -76,6 +84,8 @@ def env_factory(
         terms.append(partial(StepCost, weight=float(step_cost)))
     if refusal:
         terms.append(partial(RefusalReward, weight=float(refusal), verifier=refusal_verifier))
+    if retrieval_hit:
+        terms.append(partial(RetrievalHitReward, weight=float(retrieval_hit)))
     if judge is not None:
         from rag_gym.generation.backends import make_lm
         from rag_gym.generation.judges import LLMAnswerJudge
@@ -117,6 +127,8 @@ class TextEnvSpec:
     refusal_verifier: str = "answerable"
     """Its sufficiency verifier: ``"answerable"`` (the env's ground truth) or ``"evidence"`` (every
     gold passage retrieved so far); see :func:`env_factory`."""
+    retrieval_hit: float = 0.0
+    """Weight of EVO-RAG's retrieval-hit (gold-hit) term (0 leaves it out)."""
     judge: str | None = None
     """An LLM judge's backend spec: its verdict on answers the env scores below 1 is a reward term
     (:class:`~rag_gym.wrappers.JudgedAnswerReward`); ``None`` leaves it out."""

@@ -135,6 +135,10 @@ class EnvGRPOConfig:
     ``"evidence"`` (:func:`rag_gym.wrappers.evo_rag.gold_coverage`: every gold passage retrieved so
     far, the paper's verifier made exact), under which a REFUSE before searching is +1 on every
     question, so a policy can earn the reward by refusing at once."""
+    retrieval_hit: float = 0.0
+    """Weight β of EVO-RAG's retrieval-hit term r_ret (the gold-hit term; arXiv:2505.17391, §3.2:
+    +1 for a SEARCH whose passages meet the gold ones, −1 for a SEARCH that misses, landing on
+    that SEARCH's turn), added on top of the preset's reward; 0 leaves it out."""
     judge: str | None = None
     """An LLM judge's backend spec (``llama_cpp``, ``openai:model@url``…): its verdict on the
     answers the env scores below 1 becomes a reward term (:class:`~rag_gym.wrappers.

@@ -61,6 +61,31 @@ def test_each_trainer_config_describes_its_env_with_one_spec():
     assert sft.text_env() == grpo.text_env()
     assert EnvGRPOConfig(step_cost=0.1).text_env().step_cost == 0.1
     assert EnvGRPOConfig(refusal=0.5).text_env().refusal == 0.5
+    assert EnvGRPOConfig(retrieval_hit=0.5).text_env().retrieval_hit == 0.5
+
+
+def test_the_retrieval_hit_weight_adds_evo_rags_gold_hit_term_on_the_search_turn():
+    from rag_gym.train.episodes import env_factory
+
+    make = env_factory(
+        "rag_gym/SynthHop-v0", tags="search_r1", retrieval_hit=0.5, dataset_kwargs=SMALL_WORLD
+    )
+    env, seen = make(), set()
+    for i in range(6):
+        _, info = env.reset(options={"question_index": i})
+        for query in (info["question"], "zzqx unrelated words"):
+            _, reward, _, _, info = env.step(f"<search>{query}</search>")
+            hit = bool(set(info["retrieved_ids"]) & set(info["gold_ids"]))
+            assert reward == (0.5 if hit else -0.5)  # the env's own reward is 0 on a search
+            assert info["reward_terms"]["retrieval_hit"] == reward
+            seen.add(hit)
+        _, reward, _, _, info = env.step("<answer>nobody</answer>")
+        assert info["reward_terms"]["retrieval_hit"] == 0.0  # not a search
+    assert seen == {True, False}
+    with pytest.raises(ValueError, match="expected retrieval_hit >= 0"):
+        env_factory("rag_gym/SynthHop-v0", retrieval_hit=-1.0)
+    with pytest.raises(ValueError, match="'retrieval_hit' is already in the reward"):
+        env_factory("rag_gym/SynthHop-v0", reward_preset="evo_rag", retrieval_hit=0.5, **ENV)()
 
 
 def _refuse_at_once(make) -> dict[bool, set[float]]:

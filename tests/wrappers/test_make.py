@@ -133,6 +133,14 @@ def test_make_refuses_bad_text_actions_and_extra_terms():
         rag_gym.make("rag_gym/SynthHop-v0", text_actions=3, **KW)
     with pytest.raises(TypeError, match="expected extra_terms to be callables env -> env, got"):
         rag_gym.make("rag_gym/SynthHop-v0", extra_terms=[0.1], **KW)
+    # a term the preset has already: one record per name in info["reward_terms"]
+    cost = functools.partial(StepCost, weight=0.05)
+    with pytest.raises(ValueError, match=r"'step_cost' is already in the reward .*'evo_rag'"):
+        rag_gym.make("rag_gym/SynthHop-v0", "evo_rag", extra_terms=[cost], **KW)
+    with pytest.raises(ValueError, match="'step_cost' is already in the reward"):
+        rag_gym.make("rag_gym/SynthHop-v0", extra_terms=[cost, cost], **KW)
+    env = rag_gym.make("rag_gym/SynthHop-v0", "eval_rar", extra_terms=[cost], **KW)
+    assert [w.name for w in env.spec.additional_wrappers][-1] == "StepCost"
 
 
 def test_only_the_env_factory_constructs_text_actions():
