@@ -26,6 +26,10 @@ def find_wrapper(env: gym.Env, cls: type) -> gym.Env | None:
     return None
 
 
+class DuplicateRewardTerm(ValueError):
+    """A reward term wrapped around an env whose reward already has a term of that name."""
+
+
 def record(info: dict[str, Any], name: str, raw: float, contribution: float) -> dict[str, Any]:
     """A copy of ``info`` with ``name``'s raw value and reward contribution recorded."""
     info = dict(info)
@@ -42,6 +46,15 @@ class RewardTerm(gym.Wrapper, gym.utils.RecordConstructorArgs):
     def __init__(self, env: gym.Env, weight: float = 1.0, **kwargs: Any) -> None:
         if not isinstance(weight, (int, float)) or isinstance(weight, bool):
             raise TypeError(f"expected weight to be a number, got {weight!r}")
+        below = env
+        while isinstance(below, gym.Wrapper):  # one record per name in info["reward_terms"]
+            if isinstance(below, RewardTerm) and below.name == self.name:
+                raise DuplicateRewardTerm(
+                    f"the term {self.name!r} is already in the reward ({type(below).__name__} "
+                    "beneath it): its record in info['reward_terms'] would hide the other's; "
+                    "leave one of them out"
+                )
+            below = below.env
         gym.utils.RecordConstructorArgs.__init__(self, weight=weight, **kwargs)
         gym.Wrapper.__init__(self, env)
         self.weight = float(weight)

@@ -38,7 +38,7 @@ from rag_gym.envs.reader import ReaderEnv
 from rag_gym.envs.search import SearchEnv
 from rag_gym.envs.tags import TagSet, tag_set
 from rag_gym.envs.tree import TreeSearchEnv
-from rag_gym.wrappers.base import DropBaseReward, RewardTerm
+from rag_gym.wrappers.base import DropBaseReward, DuplicateRewardTerm
 from rag_gym.wrappers.text_actions import TextActions, text_actions_of
 
 
@@ -198,27 +198,16 @@ def make(
     env = gym.make(env_id, max_episode_steps=max_episode_steps, **kwargs)
     env = apply(env, reward_preset, **(reward_kwargs or {}))
     for term in extra_terms:
-        taken = _term_names(env)
-        env = term(env)
-        if isinstance(env, RewardTerm) and env.name in taken:
-            raise ValueError(
-                f"the extra term {env.name!r} is already in the reward (the {reward_preset!r} "
-                "preset's or an earlier extra term's): its record in info['reward_terms'] would "
-                "hide the other's; leave it out, or use reward_preset='none' with extra terms"
-            )
+        try:
+            env = term(env)
+        except DuplicateRewardTerm as exc:
+            raise DuplicateRewardTerm(
+                f"{exc}: it is the {reward_preset!r} preset's or an earlier extra term's; use "
+                "reward_preset='none' with extra terms"
+            ) from None
     if text_actions is True:  # a tree or reader env takes text as it is
         text_actions = isinstance(env.unwrapped, SearchEnv) and default_tags(reward_preset)
     return with_text_actions(env, text_actions) if text_actions else env
-
-
-def _term_names(env: gym.Env) -> set[str]:
-    """The names of the reward terms in ``env``'s wrapper chain."""
-    names = set()
-    while isinstance(env, gym.Wrapper):
-        if isinstance(env, RewardTerm):
-            names.add(env.name)
-        env = env.env
-    return names
 
 
 def with_text_actions(env: gym.Env, tags: str | TagSet) -> gym.Env:

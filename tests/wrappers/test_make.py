@@ -139,6 +139,8 @@ def test_make_refuses_bad_text_actions_and_extra_terms():
         rag_gym.make("rag_gym/SynthHop-v0", "evo_rag", extra_terms=[cost], **KW)
     with pytest.raises(ValueError, match="'step_cost' is already in the reward"):
         rag_gym.make("rag_gym/SynthHop-v0", extra_terms=[cost, cost], **KW)
+    with pytest.raises(ValueError, match=r"'step_cost' is already in the reward \(StepCost"):
+        StepCost(StepCost(gym.make("rag_gym/SynthHop-v0", **KW)))  # a stack built by hand too
     env = rag_gym.make("rag_gym/SynthHop-v0", "eval_rar", extra_terms=[cost], **KW)
     assert [w.name for w in env.spec.additional_wrappers][-1] == "StepCost"
 
