@@ -57,10 +57,9 @@ def env_factory(
     :class:`~rag_gym.wrappers.RetrievalHitReward` (the gold-hit term) when ``retrieval_hit`` > 0
     (the weights η, ρ and β, on top of the preset's reward). ``refusal_verifier`` names the
     refusal reward's sufficiency verifier (:data:`~rag_gym.wrappers.evo_rag.REFUSAL_VERIFIERS`):
-    by default ``"answerable"``, the env's
-    ground truth, because ``"evidence"`` (the evidence so far, as the paper's LLM judge sees it)
-    rewards refusing before searching. ``judge`` (a backend spec) adds
-    :class:`~rag_gym.wrappers.JudgedAnswerReward` with weight ``judge_weight``: one
+    by default ``"answerable"``, the env's ground truth, because ``"evidence"`` (the evidence so
+    far, as the paper's LLM judge sees it) rewards refusing before searching. ``judge`` (a backend
+    spec) adds :class:`~rag_gym.wrappers.JudgedAnswerReward` with weight ``judge_weight``: one
     :class:`~rag_gym.generation.judges.LLMAnswerJudge`, shared by the factory's envs."""
     weights = (("step_cost", step_cost), ("refusal", refusal), ("retrieval_hit", retrieval_hit))
     for name, weight in weights:
