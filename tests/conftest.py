@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,10 @@ os.environ.setdefault("RAG_GYM_NO_PLUGINS", "1")
 # torch on one CPU thread (read when torch is imported) in every test, whatever ran before: on
 # two shared cores a second thread mostly waits for the first; an OMP_NUM_THREADS given wins
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Ctrl-C's default in the test process, and so in every process a test starts: a test run started
+# in the background (``cmd &``) inherits SIGINT ignored, which exec passes on to the runs under
+# test, while a handled signal is reset to its default there
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # the package in fixtures/plugins is put on the path by the tests that use it, never by collection
 collect_ignore = ["fixtures"]

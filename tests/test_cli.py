@@ -187,12 +187,9 @@ def test_evaluate_unknown_backend_did_you_mean(tmp_path):
 SMALL_ENV = json.dumps({"dataset_kwargs": {"n_passages": 2000, "n_questions": [60, 30, 30]}})
 
 #: runs the real command line in a process of its own; each random-agent step sleeps DELAY
-#: seconds, so that a signal lands mid-run (results do not depend on it). Ctrl-C's default is
-#: restored: a test run started in the background (``cmd &``) inherits SIGINT ignored, and so
-#: would the run under test.
+#: seconds, so that a signal lands mid-run (results do not depend on it).
 DRIVER = """
-import os, signal, sys, time
-signal.signal(signal.SIGINT, signal.default_int_handler)
+import os, sys, time
 from rag_gym.baselines.random import RandomAgent
 delay, act = float(os.environ.get("DELAY", "0")), RandomAgent.act_batch
 def slow(self, *args):

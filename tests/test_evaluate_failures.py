@@ -536,11 +536,8 @@ def test_a_judged_run_records_its_judge_and_from_run_replays_it(tmp_path):
     assert rows("again") == rows("first") and rows("first")[0]["judge"] == "1.0"
 
 
-#: Ctrl-C's default is restored: a test run started in the background (``cmd &``) inherits SIGINT
-#: ignored, and so would the run under test.
 DRIVER = """
-import signal, sys, time
-signal.signal(signal.SIGINT, signal.default_int_handler)
+import sys, time
 from pathlib import Path
 import rag_gym.view
 
